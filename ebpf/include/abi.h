@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * abi.h - every struct and constant shared by the eBPF programs and the Rust
+ * daemon. This file is the single definition: the Rust side is generated from
+ * it by bindgen (userspace/build.rs), so a field added here reaches both sides
+ * or the build fails.
+ *
+ * Rules for this file: fixed-width types only, explicit padding, no pointers,
+ * nothing that depends on vmlinux.h (bindgen reads it with <linux/types.h>).
+ */
+#ifndef STALLTRACE_ABI_H
+#define STALLTRACE_ABI_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+#define STALLTRACE_COMM_LEN 16
+
+/*
+ * Log-linear histogram geometry (hist.h holds the bucket math, hist.rs the
+ * Rust twin). Values below 2^HIST_GROUPING_POWER get one exact bucket each;
+ * every power of two above is split into 2^HIST_GROUPING_POWER linear
+ * sub-buckets, so a bucket is at most 1/16 = 6.25% wide relative to its lower
+ * bound. 976 buckets cover all of u64.
+ */
+#define HIST_GROUPING_POWER 4
+#define HIST_SUBBUCKETS (1 << HIST_GROUPING_POWER)
+#define HIST_BUCKETS ((64 - HIST_GROUPING_POWER + 1) * HIST_SUBBUCKETS)
+
+/*
+ * Counts are u32 per CPU to halve kernel memory (a block_stats value is
+ * per-CPU and per device and op). Userspace reads them every interval and
+ * takes wrapping deltas, so a bucket would have to take 2^32 events on one
+ * CPU between two reads to lose anything.
+ */
+struct hist {
+	__u64 sum;                   /* sum of recorded values: gives the mean */
+	__u32 buckets[HIST_BUCKETS]; /* per-bucket counts, wrapping */
+};
+
+/* ---- block family ------------------------------------------------------ */
+
+/* Request operations stalltrace keeps apart (the kernel has more; see block.bpf.c). */
+enum block_op {
+	BLOCK_OP_READ = 0,
+	BLOCK_OP_WRITE = 1,
+	BLOCK_OP_FLUSH = 2,
+	BLOCK_OP_DISCARD = 3,
+	BLOCK_OP_OTHER = 4,
+	BLOCK_OP_COUNT = 5,
+};
+
+/* Key of the per-CPU block statistics: one whole disk (not a partition), one op. */
+struct block_key {
+	__u32 major;
+	__u32 minor; /* the disk's first minor */
+	__u32 op;    /* enum block_op */
+};
+
+/* Per-CPU, per (disk, op) aggregate. Everything is a running total; userspace takes deltas. */
+struct block_stats {
+	__u64 requests;     /* requests completed by the device (issue seen) */
+	__u64 bytes;        /* bytes completed by requests */
+	__u64 bios;         /* bios completed (what submitters see; more than requests under merging) */
+	__u64 requeues;     /* requests handed back by the driver: a queue-full signal */
+	struct hist total;    /* bio submitted -> bio completed, ns */
+	struct hist tag_wait; /* bio submitted -> request allocated, ns */
+	struct hist queue;    /* request allocated -> issued to the driver, ns */
+	struct hist device;   /* issued -> completed, ns */
+	struct hist inflight; /* requests in flight on the disk at each issue (a count) */
+};
+
+/* Device-wide gauge (shared by all CPUs, updated atomically). */
+struct block_disk_state {
+	__s64 inflight; /* requests issued and not yet completed or requeued */
+};
+
+/* ---- events carried by ring buffers ------------------------------------ */
+
+enum event_kind {
+	EVENT_SLOW_IO = 1,
+};
+
+/* Which phases a slow_io event carries (a phase the hooks did not see is left out). */
+enum slow_io_phase_flags {
+	SLOW_IO_HAS_TAG_WAIT = 1,
+	SLOW_IO_HAS_QUEUE = 2,
+};
+
+/* An I/O slower than the slow-I/O threshold, sent when its request completes. */
+struct slow_io_event {
+	__u32 kind; /* EVENT_SLOW_IO */
+	__u32 flags; /* enum slow_io_phase_flags */
+	__u64 ts_ns; /* completion, CLOCK_MONOTONIC */
+	__u64 total_ns;
+	__u64 tag_wait_ns;
+	__u64 queue_ns;
+	__u64 device_ns;
+	__u64 sector;
+	__u32 bytes;
+	__u32 major;
+	__u32 minor;
+	__u32 op; /* enum block_op */
+	__u32 tgid; /* the submitter of the request's first bio */
+	__u32 pid;
+	__s32 error; /* blk_status_t of the completion; 0 is success */
+	__u32 pad;
+	char comm[STALLTRACE_COMM_LEN];
+};
+
+/* ---- loss accounting ----------------------------------------------------- */
+
+/*
+ * Every place where an event or a measurement can be dropped has an index
+ * here; each object counts drops in a per-CPU array `lost_counts` indexed by
+ * it, and the daemon reports non-zero deltas as `lost` records.
+ */
+enum lost_source {
+	LOST_SLOW_IO_RINGBUF = 0,  /* slow_io event: ring buffer full */
+	LOST_BIO_TRACK_FULL = 1,   /* bio start-time table full: bio not timed */
+	LOST_RQ_TRACK_FULL = 2,    /* request issue-time table full: request not timed or counted in flight */
+	LOST_BLOCK_STATS_FULL = 3, /* per-(disk, op) entry could not be created (table full or no memory) */
+	LOST_DISK_STATE_FULL = 4,  /* in-flight gauge table full */
+	LOST_BIO_CHAIN_TRUNCATED = 5, /* request with more bios than the completion walk covers: some totals missing */
+	LOST_SOURCE_COUNT = 6,
+};
+
+#endif /* STALLTRACE_ABI_H */

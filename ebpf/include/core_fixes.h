@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * core_fixes.h - every place where a kernel field moved between versions,
+ * handled with CO-RE existence checks (never with version numbers), and the
+ * one switch between the two hook flavours.
+ *
+ * Each .bpf.c is compiled twice by userspace/build.rs:
+ *   - tp_btf (default): arguments are BTF-typed pointers the verifier lets us
+ *     load from directly, so KREAD is a plain load (no helper call);
+ *   - raw_tp (-DSTALLTRACE_RAW_TP): arguments are untyped, so every load goes
+ *     through bpf_probe_read_kernel via BPF_CORE_READ.
+ * The daemon loads the raw_tp object only when tp_btf cannot be used.
+ */
+#ifndef STALLTRACE_CORE_FIXES_H
+#define STALLTRACE_CORE_FIXES_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#ifdef STALLTRACE_RAW_TP
+#define HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(on_##tp, ##args)
+#define KREAD(src, ...) BPF_CORE_READ(src, __VA_ARGS__)
+#else
+#define HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(on_##tp, ##args)
+/* Direct loads; vmlinux.h marks every struct preserve_access_index, so each is CO-RE relocated. */
+#define KREAD_1(s, a) ((s)->a)
+#define KREAD_2(s, a, b) ((s)->a->b)
+#define KREAD_3(s, a, b, c) ((s)->a->b->c)
+#define KREAD_PICK(_1, _2, _3, name, ...) name
+#define KREAD(src, ...) KREAD_PICK(__VA_ARGS__, KREAD_3, KREAD_2, KREAD_1)(src, __VA_ARGS__)
+#endif
+
+/* REQ_OP_BITS is a macro (not in BTF); the op has been the low 8 bits of cmd_flags since 4.10. */
+#define STALLTRACE_REQ_OP_MASK ((1U << 8) - 1)
+
+/* ---- block: where the disk of a request or bio lives --------------------- */
+
+/* Before 5.12 a bio pointed at its gendisk directly; since, through its block_device. */
+struct bio___pre_5_12 {
+	struct gendisk *bi_disk;
+} __attribute__((preserve_access_index));
+
+/* Before 5.16 a request carried rq_disk; since, it is reached through its queue. */
+struct request___pre_5_16 {
+	struct gendisk *rq_disk;
+} __attribute__((preserve_access_index));
+
+static __always_inline struct gendisk *bio_disk(struct bio *bio)
+{
+	if (bpf_core_field_exists(bio->bi_bdev))
+		return KREAD(bio, bi_bdev, bd_disk);
+	return KREAD((struct bio___pre_5_12 *)bio, bi_disk);
+}
+
+static __always_inline struct gendisk *request_disk(struct request *rq)
+{
+	struct request___pre_5_16 *old = (void *)rq;
+
+	if (bpf_core_field_exists(old->rq_disk))
+		return KREAD(old, rq_disk);
+	return KREAD(rq, q, disk);
+}
+
+/*
+ * rq->start_time_ns: set when the request is allocated, but only when the
+ * kernel needs it (I/O accounting on, a scheduler, or stats); 0 otherwise.
+ */
+static __always_inline __u64 request_alloc_ns(struct request *rq)
+{
+	if (bpf_core_field_exists(rq->start_time_ns))
+		return KREAD(rq, start_time_ns);
+	return 0;
+}
+
+#endif /* STALLTRACE_CORE_FIXES_H */

@@ -1,0 +1,161 @@
+//! Block devices as sysfs describes them: names and queue limits.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// The queue in front of a device: where a too-small or too-large depth shows.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct QueueLimits {
+    /// Active I/O scheduler (`none`, `mq-deadline`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    /// Requests the block layer allows in flight per hardware queue (queue/nr_requests).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nr_requests: Option<u64>,
+    /// Driver tags per hardware queue (mq/0/nr_tags): the device's own depth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hw_queue_depth: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nr_hw_queues: Option<u64>,
+    /// SCSI device queue depth (device/queue_depth), where the driver exposes it: the HBA LUN depth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_queue_depth: Option<u64>,
+}
+
+/// Root of sysfs; tests point it at a fixture tree.
+#[derive(Clone, Debug)]
+pub struct Sysfs {
+    root: PathBuf,
+}
+
+impl Default for Sysfs {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/sys"),
+        }
+    }
+}
+
+impl Sysfs {
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// Kernel name of a disk (`loop3`, `nvme0n1`), from /sys/dev/block/MAJ:MIN.
+    pub fn disk_name(&self, major: u32, minor: u32) -> Option<String> {
+        let link = std::fs::read_link(self.root.join(format!("dev/block/{major}:{minor}"))).ok()?;
+        Some(link.file_name()?.to_string_lossy().into_owned())
+    }
+
+    /// Whole disks with a non-zero size: `(name, major, first minor)`.
+    pub fn disks_with_media(&self) -> Vec<(String, u32, u32)> {
+        let Ok(dir) = std::fs::read_dir(self.root.join("block")) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in dir.flatten() {
+            let base = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let size = read_u64(&base.join("size")).unwrap_or(0);
+            let dev = read(&base.join("dev"));
+            let Some((major, minor)) = dev.as_deref().and_then(|d| d.split_once(':')) else {
+                continue;
+            };
+            if let (Ok(major), Ok(minor), true) = (major.parse(), minor.parse(), size > 0) {
+                out.push((name, major, minor));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn queue_limits(&self, disk: &str) -> QueueLimits {
+        let base = self.root.join("block").join(disk);
+        let mq = base.join("mq");
+        let nr_hw_queues = std::fs::read_dir(&mq).ok().map(|d| d.count() as u64);
+        QueueLimits {
+            scheduler: read(&base.join("queue/scheduler"))
+                .as_deref()
+                .and_then(active_scheduler),
+            nr_requests: read_u64(&base.join("queue/nr_requests")),
+            hw_queue_depth: read_u64(&mq.join("0/nr_tags")),
+            nr_hw_queues: nr_hw_queues.filter(|&n| n > 0),
+            device_queue_depth: read_u64(&base.join("device/queue_depth")),
+        }
+    }
+}
+
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    read(path)?.parse().ok()
+}
+
+/// `none [mq-deadline] kyber` -> `mq-deadline`; a single entry is the active one.
+fn active_scheduler(line: &str) -> Option<String> {
+    let mut words = line.split_whitespace();
+    let all: Vec<&str> = words.by_ref().collect();
+    if let Some(active) = all.iter().find(|w| w.starts_with('[')) {
+        return Some(active.trim_matches(|c| c == '[' || c == ']').to_string());
+    }
+    (all.len() == 1).then(|| all[0].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheduler_line_is_parsed() {
+        assert_eq!(
+            active_scheduler("none [mq-deadline] kyber bfq"),
+            Some("mq-deadline".into())
+        );
+        assert_eq!(active_scheduler("[none] mq-deadline"), Some("none".into()));
+        assert_eq!(active_scheduler("none"), Some("none".into()));
+        assert_eq!(active_scheduler(""), None);
+    }
+
+    #[test]
+    fn limits_read_from_a_sysfs_tree() {
+        let root = std::env::temp_dir().join(format!("stalltrace-sysfs-{}", std::process::id()));
+        let disk = root.join("block/sdz");
+        std::fs::create_dir_all(disk.join("queue")).unwrap();
+        std::fs::create_dir_all(disk.join("mq/0")).unwrap();
+        std::fs::create_dir_all(disk.join("mq/1")).unwrap();
+        std::fs::create_dir_all(disk.join("device")).unwrap();
+        std::fs::write(disk.join("queue/scheduler"), "[none] mq-deadline\n").unwrap();
+        std::fs::write(disk.join("queue/nr_requests"), "64\n").unwrap();
+        std::fs::write(disk.join("mq/0/nr_tags"), "128\n").unwrap();
+        std::fs::write(disk.join("device/queue_depth"), "32\n").unwrap();
+        std::fs::write(disk.join("dev"), "8:0\n").unwrap();
+        std::fs::write(disk.join("size"), "2048\n").unwrap();
+        std::fs::create_dir_all(root.join("block/loop7")).unwrap();
+        std::fs::write(root.join("block/loop7/dev"), "7:7\n").unwrap();
+        std::fs::write(root.join("block/loop7/size"), "0\n").unwrap();
+        std::fs::create_dir_all(root.join("dev/block")).unwrap();
+        std::os::unix::fs::symlink("../../block/sdz", root.join("dev/block/8:0")).unwrap();
+
+        let sys = Sysfs::at(&root);
+        assert_eq!(sys.disk_name(8, 0).as_deref(), Some("sdz"));
+        assert_eq!(sys.disk_name(8, 16), None);
+        assert_eq!(sys.disks_with_media(), [("sdz".to_string(), 8, 0)]);
+        let q = sys.queue_limits("sdz");
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            q,
+            QueueLimits {
+                scheduler: Some("none".into()),
+                nr_requests: Some(64),
+                hw_queue_depth: Some(128),
+                nr_hw_queues: Some(2),
+                device_queue_depth: Some(32),
+            }
+        );
+    }
+}

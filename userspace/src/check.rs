@@ -1,0 +1,92 @@
+//! `stalltrace check`: what this host supports. Attaches every family in the
+//! requested mode and in raw_tp (the fallback), reports each hook, and detaches.
+
+use crate::cli::CheckArgs;
+use crate::host;
+use crate::probes::{self, HookMode, ModeChoice};
+
+/// Prints the report; returns whether everything needed for `run` attached.
+pub fn check(args: &CheckArgs) -> bool {
+    println!("stalltrace {}", env!("CARGO_PKG_VERSION"));
+    println!("kernel      {}", host::kernel::release());
+    let btf = host::kernel::has_btf();
+    println!(
+        "btf         {}",
+        if btf {
+            format!("yes ({})", host::kernel::VMLINUX_BTF)
+        } else {
+            "MISSING".into()
+        }
+    );
+    let privileges = host::caps::require_tracing_privileges();
+    match &privileges {
+        Ok(()) => println!("privileges  ok"),
+        Err(e) => println!("privileges  MISSING: {e}"),
+    }
+    println!(
+        "bpf stats   {}",
+        if host::kernel::bpf_stats_enabled() {
+            "on (sysctl kernel.bpf_stats_enabled=1)"
+        } else {
+            "off (`stalltrace run --bpf-stats` turns them on for the run)"
+        }
+    );
+    let btf = match probes::preflight() {
+        Ok(btf) => btf,
+        Err(e) => {
+            println!("probes      not tried: {e}");
+            return false;
+        }
+    };
+
+    let mut ok = true;
+    for family in probes::FAMILIES {
+        let mut modes = vec![args.probes.probe_mode];
+        if args.probes.probe_mode != ModeChoice::RawTp {
+            modes.push(ModeChoice::RawTp);
+        }
+        for (i, mode) in modes.into_iter().enumerate() {
+            let label = if i == 0 { "selected" } else { "fallback" };
+            // Globals keep their compiled defaults: check only loads and attaches.
+            match probes::attach_family(family, mode, &[], &btf) {
+                Ok(attached) => {
+                    println!(
+                        "{:<11} {label} {mode:?}: {} hooks attached in {}",
+                        family.name,
+                        attached.hooks.len(),
+                        mode_name(attached.mode)
+                    );
+                    if let Some(why) = &attached.fallback_reason {
+                        println!("            tp_btf not usable: {why}");
+                    }
+                    for h in &attached.hooks {
+                        println!("              {:<24} ok", h.hook);
+                    }
+                }
+                Err(failure) => {
+                    ok &= i != 0;
+                    println!(
+                        "{:<11} {label} {mode:?}: FAILED: {}",
+                        family.name, failure.error
+                    );
+                    for h in &failure.hooks {
+                        let state = match (&h.error, h.attached) {
+                            (Some(e), _) => format!("FAILED ({}): {e}", mode_name(h.mode)),
+                            (None, true) => "ok".into(),
+                            (None, false) => "not tried".into(),
+                        };
+                        println!("              {:<24} {state}", h.hook);
+                    }
+                }
+            }
+        }
+    }
+    ok
+}
+
+fn mode_name(mode: HookMode) -> &'static str {
+    match mode {
+        HookMode::TpBtf => "tp_btf",
+        HookMode::RawTp => "raw_tp",
+    }
+}

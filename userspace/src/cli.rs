@@ -1,0 +1,165 @@
+//! Command line: `stalltrace run`, `stalltrace check`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::probes::ModeChoice;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "stalltrace",
+    version,
+    about = "eBPF latency tracer for SQL Server on Linux: why did the database stall just now?"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Attach to this host and stream JSON lines until stopped (SIGINT/SIGTERM) or --duration.
+    Run(RunArgs),
+    /// Report what this host supports: kernel, BTF, privileges, and which probes attach.
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProbeArgs {
+    /// Hook flavour: tp_btf (cheapest), raw_tp, or auto (tp_btf, falling back to raw_tp).
+    #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
+    pub probe_mode: ModeChoice,
+    /// Keep running without a probe family that cannot attach (reported in `start`) instead of exiting.
+    #[arg(long)]
+    pub degrade: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Aggregation interval: one record per device (and op) per interval.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Stop after this long (e.g. 30s, 5m); runs until SIGINT/SIGTERM when absent.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Write records to FILE (created or truncated) instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
+    #[arg(long, default_value_t = 50.0, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
+    pub slow_io_ms: f64,
+    /// Turn on the kernel's per-program run-time accounting while running, and report
+    /// each program's cost (ns per run) in the `stop` record. Costs ~20 ns per run.
+    #[arg(long)]
+    pub bpf_stats: bool,
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+}
+
+const DURATION_HINT: &str = "expected a duration such as 500ms, 1s, 30s or 5m";
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|_| DURATION_HINT.to_string())?;
+    if d.is_zero() {
+        return Err(format!("must be longer than zero; {DURATION_HINT}"));
+    }
+    Ok(d)
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err("must be between 100ms and 1h".into());
+    }
+    Ok(d)
+}
+
+fn parse_slow_io_ms(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => {
+            Err("expected a number of milliseconds, 0 or more (0 turns slow_io records off)".into())
+        }
+    }
+}
+
+/// A clap parse failure as the one line stalltrace prints for any error.
+pub fn usage_error_line(err: &clap::Error) -> String {
+    let rendered = err.to_string();
+    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let problem = first.trim_start_matches("error: ").trim();
+    format!("{problem}: see `stalltrace --help` or `stalltrace <command> --help`")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("stalltrace").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn run_defaults() {
+        let Command::Run(r) = parse(&["run"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(r.interval, Duration::from_secs(1));
+        assert_eq!(r.duration, None);
+        assert_eq!(r.slow_io_ms, 50.0);
+        assert_eq!(r.probes.probe_mode, ModeChoice::Auto);
+        assert!(!r.probes.degrade);
+    }
+
+    #[test]
+    fn run_flags_parse() {
+        let Command::Run(r) = parse(&[
+            "run",
+            "--interval",
+            "250ms",
+            "--duration",
+            "30s",
+            "--out",
+            "/tmp/x.jsonl",
+            "--slow-io-ms",
+            "0.5",
+            "--probe-mode",
+            "raw-tp",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(r.interval, Duration::from_millis(250));
+        assert_eq!(r.duration, Some(Duration::from_secs(30)));
+        assert_eq!(r.slow_io_ms, 0.5);
+        assert_eq!(r.probes.probe_mode, ModeChoice::RawTp);
+    }
+
+    #[test]
+    fn bad_flags_give_one_line_naming_problem_and_fix() {
+        for (args, needle) in [
+            (&["run", "--interval", "1x"][..], "--interval"),
+            (&["run", "--interval", "10ms"][..], "between 100ms and 1h"),
+            (&["run", "--duration", "0s"][..], "longer than zero"),
+            (&["run", "--slow-io-ms", "-3"][..], "--slow-io-ms"),
+            (&["run", "--bogus"][..], "--bogus"),
+            (&["frobnicate"][..], "frobnicate"),
+        ] {
+            let err = parse(args).unwrap_err();
+            let line = usage_error_line(&err);
+            assert!(!line.contains('\n'), "{line}");
+            assert!(line.contains(needle), "{args:?}: {line}");
+            assert!(line.contains("--help"), "{line}");
+        }
+    }
+}

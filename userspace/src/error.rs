@@ -1,0 +1,80 @@
+//! Errors a user sees: one line naming the problem and the fix.
+
+use std::fmt;
+
+/// A failure the user can act on. Printed as `stalltrace: <problem>: <fix>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserError {
+    pub problem: String,
+    pub fix: String,
+}
+
+impl UserError {
+    pub fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            problem: one_line(problem.into()),
+            fix: one_line(fix.into()),
+        }
+    }
+
+    pub fn not_privileged(missing: &str) -> Self {
+        Self::new(
+            format!("not allowed to load eBPF programs (missing {missing})"),
+            "run as root, e.g. `sudo stalltrace ...`, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE",
+        )
+    }
+
+    pub fn no_btf() -> Self {
+        Self::new(
+            "this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing)",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on current Debian, Ubuntu, RHEL and SLES kernels)",
+        )
+    }
+
+    pub fn probe_failed(family: &str, hook: &str, why: &str) -> Self {
+        Self::new(
+            format!("the {family} probe could not attach to {hook}: {why}"),
+            format!(
+                "run `stalltrace check` for what this kernel supports; pass --degrade to run without the {family} family"
+            ),
+        )
+    }
+}
+
+impl fmt::Display for UserError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.problem, self.fix)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+/// Kernel and library messages can span lines; a user error never does.
+fn one_line(s: String) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_one_line_with_problem_and_fix() {
+        let e =
+            UserError::probe_failed("block", "block_rq_issue", "Invalid argument\n(os error 22)");
+        let s = e.to_string();
+        assert!(!s.contains('\n'));
+        assert!(s.contains("block_rq_issue"));
+        assert!(s.contains("--degrade"));
+        assert!(
+            UserError::not_privileged("CAP_BPF")
+                .to_string()
+                .contains("sudo")
+        );
+        assert!(
+            UserError::no_btf()
+                .to_string()
+                .contains("CONFIG_DEBUG_INFO_BTF")
+        );
+    }
+}

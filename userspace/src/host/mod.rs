@@ -1,0 +1,13 @@
+//! What stalltrace reads about the host from /proc and /sys (never from the
+//! probes): identity, privileges, kernel features, clocks.
+
+pub mod caps;
+pub mod clock;
+pub mod kernel;
+
+/// The host name records carry (`host` field).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

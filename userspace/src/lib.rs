@@ -1,0 +1,16 @@
+//! stalltrace: eBPF latency tracer for SQL Server on Linux hosts.
+//!
+//! The crate is organised as DESIGN.md describes: one module per probe family
+//! (mirroring `ebpf/`), `hist` for the log-linear histograms, `host` for what is
+//! read from /proc and /sys, and `output` for the versioned JSON records.
+
+pub mod abi;
+pub mod block;
+pub mod check;
+pub mod cli;
+pub mod error;
+pub mod hist;
+pub mod host;
+pub mod output;
+pub mod probes;
+pub mod run;

@@ -1,0 +1,113 @@
+//! JSON lines: one record per line, each with `ts`, `host` and `type`.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+/// Bumped when a field is removed or changes meaning; additions keep it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+pub struct JsonWriter {
+    out: Box<dyn Write>,
+    host: String,
+    emitted: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    ts: &'a str,
+    host: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+impl JsonWriter {
+    pub fn new(out: Box<dyn Write>, host: String) -> Self {
+        Self {
+            out,
+            host,
+            emitted: BTreeMap::new(),
+        }
+    }
+
+    /// Write one record of type `kind` whose fields are `body`'s.
+    pub fn emit<T: Serialize>(&mut self, kind: &'static str, ts: &str, body: &T) -> io::Result<()> {
+        let envelope = Envelope {
+            ts,
+            host: &self.host,
+            kind,
+            body,
+        };
+        serde_json::to_writer(&mut self.out, &envelope)?;
+        self.out.write_all(b"\n")?;
+        *self.emitted.entry(kind).or_default() += 1;
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    /// Records written so far, by type.
+    pub fn emitted(&self) -> &BTreeMap<&'static str, u64> {
+        &self.emitted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn records_are_single_lines_with_the_envelope_first() {
+        #[derive(Serialize)]
+        struct Body {
+            dev: &'static str,
+            count: u64,
+        }
+        let buf = Shared::default();
+        let mut w = JsonWriter::new(Box::new(buf.clone()), "db1".into());
+        w.emit(
+            "block",
+            "2026-11-21T00:00:00.000000Z",
+            &Body {
+                dev: "loop3",
+                count: 7,
+            },
+        )
+        .unwrap();
+        w.emit(
+            "block",
+            "2026-11-21T00:00:01.000000Z",
+            &Body {
+                dev: "loop3",
+                count: 8,
+            },
+        )
+        .unwrap();
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[0],
+            r#"{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","dev":"loop3","count":7}"#
+        );
+        assert_eq!(w.emitted().get("block"), Some(&2));
+    }
+}

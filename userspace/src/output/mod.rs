@@ -1,0 +1,5 @@
+//! Record output. `json` is the stream contract (schema v1, docs/schema.json).
+
+mod json;
+
+pub use json::{JsonWriter, SCHEMA_VERSION};

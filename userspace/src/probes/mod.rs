@@ -1,0 +1,333 @@
+//! Loading and attaching a probe family's eBPF object.
+//!
+//! Every family is embedded twice (build.rs): a tp_btf object and a raw_tp one.
+//! `auto` tries tp_btf (cheapest: direct loads, no helper calls) and falls back
+//! to raw_tp, for the whole family at once, when any tp_btf hook cannot be
+//! loaded or attached. The hooks are read from the object itself: a program in
+//! section `tp_btf/<tracepoint>` is attached to `<tracepoint>`, so the C file is
+//! the only list of hooks.
+
+pub mod lost;
+pub mod stats;
+
+use aya::programs::{BtfTracePoint, RawTracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use serde::Serialize;
+
+use crate::error::UserError;
+
+/// One family's objects, compiled and embedded by build.rs.
+pub struct EmbeddedFamily {
+    pub name: &'static str,
+    pub tp_btf: &'static [u8],
+    pub raw_tp: &'static [u8],
+}
+
+pub static FAMILIES: &[EmbeddedFamily] = include!(concat!(env!("OUT_DIR"), "/families.rs"));
+
+pub fn embedded(name: &str) -> &'static EmbeddedFamily {
+    FAMILIES
+        .iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("family {name} is not embedded (no ebpf/{name}.bpf.c)"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum HookMode {
+    TpBtf,
+    RawTp,
+}
+
+impl HookMode {
+    pub fn section_prefix(self) -> &'static str {
+        match self {
+            HookMode::TpBtf => "tp_btf/",
+            HookMode::RawTp => "raw_tp/",
+        }
+    }
+}
+
+/// `--probe-mode`: which hook flavour to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ModeChoice {
+    /// tp_btf, falling back to raw_tp when tp_btf cannot attach
+    #[default]
+    Auto,
+    TpBtf,
+    RawTp,
+}
+
+/// What happened to one hook; carried in the `start` record's `probes`.
+#[derive(Clone, Debug, Serialize)]
+pub struct HookStatus {
+    pub family: &'static str,
+    pub hook: String,
+    pub mode: HookMode,
+    pub attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A family whose programs are all attached. Dropping it detaches them (links
+/// are file descriptors; nothing is pinned).
+pub struct AttachedFamily {
+    pub name: &'static str,
+    pub ebpf: Ebpf,
+    pub mode: HookMode,
+    pub hooks: Vec<HookStatus>,
+    /// Why tp_btf was not used, when auto fell back to raw_tp.
+    pub fallback_reason: Option<String>,
+}
+
+/// A family that could not attach: every attempt's statuses and the error to show.
+pub struct FamilyFailure {
+    pub hooks: Vec<HookStatus>,
+    pub error: UserError,
+}
+
+/// (program function, tracepoint) for every hook of `mode` in an object.
+pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<(String, String)> {
+    let file = object::File::parse(bytes).expect("embedded eBPF object is valid ELF");
+    let mut hooks = Vec::new();
+    for sym in file.symbols() {
+        if sym.kind() != SymbolKind::Text {
+            continue;
+        }
+        let Some(section) = sym
+            .section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+        else {
+            continue;
+        };
+        let (Ok(section), Ok(name)) = (section.name(), sym.name()) else {
+            continue;
+        };
+        if let Some(tp) = section.strip_prefix(mode.section_prefix()) {
+            hooks.push((name.to_string(), tp.to_string()));
+        }
+    }
+    hooks.sort();
+    hooks
+}
+
+/// Load and attach `family`; `globals` are `const volatile` u64s set before load.
+pub fn attach_family(
+    family: &EmbeddedFamily,
+    choice: ModeChoice,
+    globals: &[(&'static str, u64)],
+    btf: &Btf,
+) -> Result<AttachedFamily, FamilyFailure> {
+    let first = match choice {
+        ModeChoice::RawTp => HookMode::RawTp,
+        _ => HookMode::TpBtf,
+    };
+    match attach_mode(family, first, globals, btf) {
+        Ok((ebpf, hooks)) => Ok(AttachedFamily {
+            name: family.name,
+            ebpf,
+            mode: first,
+            hooks,
+            fallback_reason: None,
+        }),
+        Err(failed) if choice == ModeChoice::Auto => {
+            let reason = failed.error.problem.clone();
+            match attach_mode(family, HookMode::RawTp, globals, btf) {
+                Ok((ebpf, hooks)) => Ok(AttachedFamily {
+                    name: family.name,
+                    ebpf,
+                    mode: HookMode::RawTp,
+                    hooks,
+                    fallback_reason: Some(reason),
+                }),
+                Err(mut second) => {
+                    let mut hooks = failed.hooks;
+                    hooks.append(&mut second.hooks);
+                    Err(FamilyFailure {
+                        hooks,
+                        error: second.error,
+                    })
+                }
+            }
+        }
+        Err(failed) => Err(failed),
+    }
+}
+
+fn attach_mode(
+    family: &EmbeddedFamily,
+    mode: HookMode,
+    globals: &[(&'static str, u64)],
+    btf: &Btf,
+) -> Result<(Ebpf, Vec<HookStatus>), FamilyFailure> {
+    let bytes = match mode {
+        HookMode::TpBtf => family.tp_btf,
+        HookMode::RawTp => family.raw_tp,
+    };
+    let hooks = hooks_in_object(bytes, mode);
+    let mut statuses: Vec<HookStatus> = hooks
+        .iter()
+        .map(|(_, tp)| HookStatus {
+            family: family.name,
+            hook: tp.clone(),
+            mode,
+            attached: false,
+            error: None,
+        })
+        .collect();
+
+    let mut loader = EbpfLoader::new();
+    loader.btf(Some(btf));
+    for (name, value) in globals {
+        loader.override_global(name, value, true);
+    }
+    let mut ebpf = loader.load(bytes).map_err(|e| FamilyFailure {
+        hooks: statuses.clone(),
+        error: UserError::probe_failed(family.name, "its maps", &describe(&e)),
+    })?;
+
+    for (i, (program, tp)) in hooks.iter().enumerate() {
+        if let Err(why) = attach_one(&mut ebpf, program, tp, mode, btf) {
+            statuses[i].error = Some(why.clone());
+            return Err(FamilyFailure {
+                hooks: statuses,
+                error: UserError::probe_failed(family.name, &format!("{tp} ({mode:?})"), &why),
+            });
+        }
+        statuses[i].attached = true;
+    }
+    Ok((ebpf, statuses))
+}
+
+fn attach_one(
+    ebpf: &mut Ebpf,
+    program: &str,
+    tp: &str,
+    mode: HookMode,
+    btf: &Btf,
+) -> Result<(), String> {
+    let prog = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("program {program} missing from the object"))?;
+    match mode {
+        HookMode::TpBtf => {
+            let p: &mut BtfTracePoint = prog.try_into().map_err(|e| describe(&e))?;
+            p.load(tp, btf).map_err(|e| describe(&e))?;
+            p.attach().map_err(|e| describe(&e))?;
+        }
+        HookMode::RawTp => {
+            let p: &mut RawTracePoint = prog.try_into().map_err(|e| describe(&e))?;
+            p.load().map_err(|e| describe(&e))?;
+            p.attach(tp).map_err(|e| describe(&e))?;
+        }
+    }
+    Ok(())
+}
+
+/// An error and its causes on one line. A verifier rejection keeps only the
+/// log's last lines (the reason), not the whole program listing.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    let mut text = parts.join(": ");
+    if let Some(pos) = text.find("Verifier output:") {
+        let tail: Vec<&str> = text[pos..]
+            .lines()
+            .rev()
+            .filter(|l| !l.trim().is_empty())
+            .take(2)
+            .collect();
+        text = format!(
+            "{} verifier: {}",
+            &text[..pos],
+            tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+        );
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// What the run loop needs from an attached probe family.
+pub trait Family {
+    fn attached(&self) -> &AttachedFamily;
+    /// Turn every pending ring-buffer event into a record.
+    fn drain_events(
+        &mut self,
+        clock: &crate::host::clock::Clock,
+        out: &mut crate::output::JsonWriter,
+    ) -> std::io::Result<()>;
+    /// Emit this interval's aggregate records.
+    fn collect(
+        &mut self,
+        interval: std::time::Duration,
+        ts: &str,
+        out: &mut crate::output::JsonWriter,
+    ) -> std::io::Result<()>;
+    /// New losses since the last call, by source.
+    fn lost(&mut self) -> Vec<(String, u64)>;
+}
+
+/// Checks that must pass before anything is loaded; returns the kernel's BTF.
+pub fn preflight() -> Result<Btf, UserError> {
+    crate::host::caps::require_tracing_privileges()?;
+    if !crate::host::kernel::has_btf() {
+        return Err(UserError::no_btf());
+    }
+    raise_memlock_limit();
+    Btf::from_sys_fs().map_err(|e| {
+        UserError::new(
+            format!(
+                "cannot parse the kernel's BTF ({}): {}",
+                crate::host::kernel::VMLINUX_BTF,
+                describe(&e)
+            ),
+            "report this with `stalltrace check` output and the kernel version",
+        )
+    })
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memory
+/// cgroups and ignore it. Raising it is harmless where it is not needed.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct we pass; failure leaves the old limit.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_hooks_come_from_the_object_sections() {
+        let block = embedded("block");
+        for (mode, bytes) in [
+            (HookMode::TpBtf, block.tp_btf),
+            (HookMode::RawTp, block.raw_tp),
+        ] {
+            let hooks: Vec<String> = hooks_in_object(bytes, mode)
+                .into_iter()
+                .map(|(_, tp)| tp)
+                .collect();
+            assert_eq!(
+                hooks,
+                [
+                    "block_bio_complete",
+                    "block_bio_queue",
+                    "block_getrq",
+                    "block_rq_complete",
+                    "block_rq_issue",
+                    "block_rq_requeue"
+                ],
+                "{mode:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `stalltrace run`: attach, stream records every interval, stop cleanly.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::block::{BlockOptions, BlockProbe};
+use crate::cli::{ProbeArgs, RunArgs};
+use crate::error::UserError;
+use crate::host::{self, clock::Clock};
+use crate::output::{JsonWriter, SCHEMA_VERSION};
+use crate::probes::stats::{ProgramStats, program_stats};
+use crate::probes::{self, Family, FamilyFailure, HookMode, HookStatus};
+
+/// How often the ring buffers are drained between intervals. Events are
+/// submitted without a wakeup (a wakeup costs microseconds per event), so this
+/// timer is what bounds their delay.
+const POLL: Duration = Duration::from_millis(100);
+
+#[derive(Serialize, Clone, Debug)]
+pub struct FamilyReport {
+    pub family: &'static str,
+    pub attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<HookMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Every family this build knows, attached or failed.
+pub struct Attached {
+    pub families: Vec<Box<dyn Family>>,
+    pub reports: Vec<FamilyReport>,
+    pub hooks: Vec<HookStatus>,
+}
+
+/// Attach every family. A family that fails is an error unless `--degrade`.
+pub fn attach_all(args: &ProbeArgs, slow_io: Option<Duration>) -> Result<Attached, UserError> {
+    let btf = probes::preflight()?;
+    let mut out = Attached {
+        families: Vec::new(),
+        reports: Vec::new(),
+        hooks: Vec::new(),
+    };
+    let block = BlockProbe::attach(
+        &BlockOptions {
+            slow_io,
+            mode: args.probe_mode,
+        },
+        &btf,
+    );
+    accept(
+        &mut out,
+        "block",
+        block.map(|p| Box::new(p) as Box<dyn Family>),
+        args.degrade,
+    )?;
+    if out.families.is_empty() {
+        return Err(UserError::new(
+            "no probe family could attach",
+            "run `stalltrace check` to see why each probe failed",
+        ));
+    }
+    Ok(out)
+}
+
+fn accept(
+    out: &mut Attached,
+    name: &'static str,
+    result: Result<Box<dyn Family>, FamilyFailure>,
+    degrade: bool,
+) -> Result<(), UserError> {
+    match result {
+        Ok(family) => {
+            let a = family.attached();
+            out.hooks.extend(a.hooks.iter().cloned());
+            out.reports.push(FamilyReport {
+                family: name,
+                attached: true,
+                mode: Some(a.mode),
+                fallback_reason: a.fallback_reason.clone(),
+                error: None,
+            });
+            out.families.push(family);
+            Ok(())
+        }
+        Err(failure) if degrade => {
+            out.hooks.extend(failure.hooks);
+            out.reports.push(FamilyReport {
+                family: name,
+                attached: false,
+                mode: None,
+                fallback_reason: None,
+                error: Some(failure.error.problem),
+            });
+            Ok(())
+        }
+        // Returning drops everything attached so far: their links close with their fds.
+        Err(failure) => Err(failure.error),
+    }
+}
+
+#[derive(Serialize)]
+struct StartRecord<'a> {
+    schema: u32,
+    version: &'static str,
+    kernel: String,
+    interval_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_ms: Option<u64>,
+    /// 0 when slow_io records are off.
+    slow_io_ms: f64,
+    bpf_stats: bool,
+    families: &'a [FamilyReport],
+    probes: &'a [HookStatus],
+}
+
+#[derive(Serialize)]
+struct LostRecord<'a> {
+    interval_ms: u64,
+    /// Events or measurements not delivered in this interval, by source.
+    by_source: &'a BTreeMap<String, u64>,
+}
+
+#[derive(Serialize)]
+struct ProgramCost {
+    family: &'static str,
+    #[serde(flatten)]
+    stats: ProgramStats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ns_per_run: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct StopRecord<'a> {
+    reason: &'static str,
+    elapsed_ms: u64,
+    /// Records written before this one, by type.
+    records: &'a BTreeMap<&'static str, u64>,
+    /// Everything lost over the run, by source.
+    lost: &'a BTreeMap<String, u64>,
+    programs: Vec<ProgramCost>,
+}
+
+/// Turns on the kernel's per-program run-time accounting for as long as the returned fd lives.
+fn enable_bpf_stats() -> Result<OwnedFd, UserError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| {
+        UserError::new(
+            format!(
+                "cannot turn on BPF run-time statistics: {}",
+                probes::describe(&e)
+            ),
+            "drop --bpf-stats, or use a kernel of 5.8 or later",
+        )
+    })
+}
+
+fn open_output(args: &RunArgs) -> Result<Box<dyn Write>, UserError> {
+    match &args.out {
+        None => Ok(Box::new(BufWriter::new(io::stdout()))),
+        Some(path) => File::create(path)
+            .map(|f| Box::new(BufWriter::new(f)) as Box<dyn Write>)
+            .map_err(|e| {
+                UserError::new(
+                    format!("cannot write {}: {e}", path.display()),
+                    "pass --out a path in a writable directory, or leave it out to write to stdout",
+                )
+            }),
+    }
+}
+
+/// Why the loop ended.
+enum Stop {
+    Signal,
+    Duration,
+    OutputClosed,
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let output = open_output(args)?;
+    let _stats_fd = if args.bpf_stats {
+        Some(enable_bpf_stats()?)
+    } else {
+        None
+    };
+    let slow_io =
+        (args.slow_io_ms > 0.0).then(|| Duration::from_secs_f64(args.slow_io_ms / 1000.0));
+    let Attached {
+        mut families,
+        reports,
+        hooks,
+    } = attach_all(&args.probes, slow_io)?;
+
+    let clock = Clock::new();
+    let mut out = JsonWriter::new(output, host::hostname());
+    let started = Instant::now();
+    let start = StartRecord {
+        schema: SCHEMA_VERSION,
+        version: env!("CARGO_PKG_VERSION"),
+        kernel: host::kernel::release(),
+        interval_ms: args.interval.as_millis() as u64,
+        duration_ms: args.duration.map(|d| d.as_millis() as u64),
+        slow_io_ms: if slow_io.is_some() {
+            args.slow_io_ms
+        } else {
+            0.0
+        },
+        bpf_stats: args.bpf_stats || host::kernel::bpf_stats_enabled(),
+        families: &reports,
+        probes: &hooks,
+    };
+    let mut lost_total = BTreeMap::new();
+    let reason = match stream(
+        args,
+        &clock,
+        &mut families,
+        &mut out,
+        &start,
+        started,
+        &stop,
+        &mut lost_total,
+    ) {
+        Ok(reason) => reason,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Stop::OutputClosed,
+        Err(e) => return Err(e).context("writing records"),
+    };
+    if matches!(reason, Stop::OutputClosed) {
+        return Ok(());
+    }
+    let programs = families
+        .iter()
+        .flat_map(|f| {
+            let name = f.attached().name;
+            program_stats(&f.attached().ebpf)
+                .into_iter()
+                .map(move |stats| ProgramCost {
+                    family: name,
+                    ns_per_run: stats.ns_per_run().map(|v| (v * 10.0).round() / 10.0),
+                    stats,
+                })
+        })
+        .collect();
+    let stop_record = StopRecord {
+        reason: match reason {
+            Stop::Signal => "signal",
+            _ => "duration",
+        },
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        records: &out.emitted().clone(),
+        lost: &lost_total,
+        programs,
+    };
+    out.emit("stop", &Clock::now_rfc3339(), &stop_record)?;
+    out.flush()?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    args: &RunArgs,
+    clock: &Clock,
+    families: &mut [Box<dyn Family>],
+    out: &mut JsonWriter,
+    start: &StartRecord,
+    started: Instant,
+    stop: &AtomicBool,
+    lost_total: &mut BTreeMap<String, u64>,
+) -> io::Result<Stop> {
+    out.emit("start", &Clock::now_rfc3339(), start)?;
+    out.flush()?;
+    let deadline = args.duration.map(|d| started + d);
+    let mut last_collect = started;
+    let mut next_collect = started + args.interval;
+    loop {
+        let now = Instant::now();
+        let wake = [Some(next_collect), deadline, Some(now + POLL)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap();
+        std::thread::sleep(wake.saturating_duration_since(now).min(POLL));
+
+        let finished = if stop.load(Ordering::Relaxed) {
+            Some(Stop::Signal)
+        } else if deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(Stop::Duration)
+        } else {
+            None
+        };
+        for family in families.iter_mut() {
+            family.drain_events(clock, out)?;
+        }
+        let now = Instant::now();
+        if now >= next_collect || finished.is_some() {
+            let interval = now - last_collect;
+            let ts = Clock::now_rfc3339();
+            let mut lost = BTreeMap::new();
+            for family in families.iter_mut() {
+                family.collect(interval, &ts, out)?;
+                for (source, n) in family.lost() {
+                    *lost.entry(source.clone()).or_insert(0) += n;
+                    *lost_total.entry(source).or_insert(0) += n;
+                }
+            }
+            if !lost.is_empty() {
+                out.emit(
+                    "lost",
+                    &ts,
+                    &LostRecord {
+                        interval_ms: interval.as_millis() as u64,
+                        by_source: &lost,
+                    },
+                )?;
+            }
+            out.flush()?;
+            last_collect = now;
+            while next_collect <= now {
+                next_collect += args.interval;
+            }
+        }
+        if let Some(reason) = finished {
+            return Ok(reason);
+        }
+    }
+}

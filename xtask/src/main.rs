@@ -1,0 +1,77 @@
+//! `cargo xtask <task>`: the project's commands. Every task that needs tools
+//! installs them first (idempotently), so two commands on a fresh machine do
+//! all the set-up: `cargo xtask run` and `cargo xtask test`.
+
+mod bench;
+mod setup;
+mod util;
+mod vmlinux;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install every build and test dependency (apt packages, cargo-nextest); idempotent.
+    Setup,
+    /// Set up, build (release) and run `stalltrace run` with the given arguments.
+    Run {
+        /// Arguments for `stalltrace run` (e.g. -- --interval 5s --out /var/log/stalltrace.jsonl)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, check formatting and lints, and run the whole test suite (nextest).
+    Test {
+        /// Extra arguments for `cargo nextest run` (e.g. a test name filter)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Measure what stalltrace costs: `block` (fio IOPS with and without, ns per event).
+    Bench {
+        #[arg(default_value = "block")]
+        suite: String,
+    },
+    /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
+    Vmlinux,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.task {
+        Task::Setup => setup::setup(),
+        Task::Run { args } => {
+            setup::setup()?;
+            util::cargo(&["build", "--release", "-p", "stalltrace"])?;
+            let bin = util::workspace_root().join("target/release/stalltrace");
+            let mut full = vec!["run".to_string()];
+            full.extend(args);
+            util::exec(&bin, &full)
+        }
+        Task::Test { args } => {
+            setup::setup()?;
+            util::cargo(&["fmt", "--all", "--", "--check"])?;
+            util::cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])?;
+            let mut nextest = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
+            nextest.extend(args.iter().map(String::as_str));
+            util::cargo(&nextest)
+        }
+        Task::Bench { suite } => {
+            setup::setup()?;
+            bench::bench(&suite)
+        }
+        Task::Vmlinux => vmlinux::regenerate(),
+    }
+}

@@ -1,0 +1,62 @@
+//! Idempotent installation of every build and test dependency.
+
+use anyhow::bail;
+
+use crate::util;
+
+/// Debian packages: build (clang, llvm, libbpf headers, libclang for bindgen) and
+/// the lab (fio, iproute2, nftables, iperf3, sockperf, tshark, bpftool, bpftrace).
+const APT_PACKAGES: &[&str] = &[
+    "clang",
+    "llvm",
+    "libbpf-dev",
+    "libclang-dev",
+    "linux-libc-dev",
+    "pkg-config",
+    "bpftool",
+    "bpftrace",
+    "fio",
+    "iproute2",
+    "nftables",
+    "iperf3",
+    "sockperf",
+    "tshark",
+    "ethtool",
+    "util-linux",
+    "procps",
+];
+
+fn installed(package: &str) -> bool {
+    util::output("dpkg-query", &["-W", "-f=${Status}", package])
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+pub fn setup() -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
+    if !missing.is_empty() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(
+                "missing packages {}: run `cargo xtask setup` as root (it installs them with apt-get)",
+                missing.join(" ")
+            );
+        }
+        eprintln!("xtask: installing {}", missing.join(" "));
+        util::run("apt-get", &["update", "-qq"])?;
+        let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+        args.extend(&missing);
+        // tshark asks whether non-root users may capture; answer non-interactively.
+        // SAFETY: setting an environment variable before spawning children, single-threaded.
+        unsafe { std::env::set_var("DEBIAN_FRONTEND", "noninteractive") };
+        util::run("apt-get", &args)?;
+    }
+    if util::output("cargo", &["nextest", "--version"]).is_none() {
+        eprintln!("xtask: installing cargo-nextest");
+        util::cargo(&["install", "cargo-nextest", "--locked"])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! Process helpers for xtask.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Run a command to completion in the workspace root; fail if it fails.
+pub fn run(program: impl AsRef<Path>, args: &[&str]) -> anyhow::Result<()> {
+    let program = program.as_ref();
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("cannot start {}", program.display()))?;
+    if !status.success() {
+        bail!("{} {} failed ({status})", program.display(), args.join(" "));
+    }
+    Ok(())
+}
+
+pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    run(
+        std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+        args,
+    )
+}
+
+/// Output of a command, or None if it cannot run or fails.
+pub fn output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Replace this process with `program` (so signals reach it directly).
+pub fn exec(program: &Path, args: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let err = Command::new(program).args(args).exec();
+    Err(err).with_context(|| format!("cannot run {}", program.display()))
+}
