@@ -3,11 +3,17 @@
  * block.bpf.c - where a block I/O waits, per disk and op.
  *
  *   bio submitted     block_bio_queue     start of `total` and `tag_wait`
- *   request allocated block_getrq         end of `tag_wait` (rq->start_time_ns starts `queue`)
+ *   request allocated block_getrq         end of `tag_wait`, start of `queue`
  *   issued to driver  block_rq_issue      end of `queue`, start of `device`; in-flight +1
  *   handed back       block_rq_requeue    in-flight -1 (a queue-full signal)
- *   request completed block_rq_complete   end of `device`; in-flight -1; slow_io event
- *   bio completed     block_bio_complete  end of `total`
+ *   request completed block_rq_complete   end of `device`; in-flight -1; end of `total`
+ *                                         for the bios it finishes; slow_io event
+ *   bio completed     block_bio_complete  end of `total` on bio-based disks (dm, md)
+ *
+ * The phases are timed by these hooks alone, so tag_wait + queue + device
+ * adds up to total for the bio that allocated the request. The kernel's own
+ * rq->start_time_ns is not used: depending on the version it is stamped at
+ * allocation or when the plug is flushed, so it cannot split the phases.
  *
  * Everything is aggregated here into per-CPU histograms; only I/Os slower
  * than slow_io_ns cross to userspace one by one.
@@ -207,7 +213,8 @@ HOOK(block_rq_issue, struct request *rq)
 	struct block_disk_state *state;
 	struct block_stats *stats;
 	__u32 major, minor;
-	__u64 key = (__u64)rq, now, alloc_ns;
+	__u64 key = (__u64)rq, now, bio_key;
+	struct bio_track *origin;
 	__s64 depth;
 
 	if (!disk)
@@ -233,9 +240,11 @@ HOOK(block_rq_issue, struct request *rq)
 			count_lost(LOST_RQ_TRACK_FULL);
 			return 0;
 		}
-		alloc_ns = request_alloc_ns(rq);
-		if (alloc_ns && now > alloc_ns)
-			hist_add(&stats->queue, now - alloc_ns);
+		/* queue: from the allocation by the request's first bio (timed at getrq) */
+		bio_key = (__u64)KREAD(rq, bio);
+		origin = bio_key ? bpf_map_lookup_elem(&bio_track, &bio_key) : NULL;
+		if (origin && (origin->flags & SLOW_IO_HAS_TAG_WAIT))
+			hist_add(&stats->queue, now - origin->start_ns - origin->tag_wait_ns);
 	}
 
 	state = disk_state_for(major, minor);
@@ -277,10 +286,12 @@ HOOK(block_rq_requeue, struct request *rq)
  * Request-based disks do not trace bio completion (blk_update_request clears
  * BIO_TRACE_COMPLETION: the request's completion is traced instead), so the
  * bios a completion finishes are walked here: each one's submit-to-complete
- * time goes into `total`. A request rarely carries more than a few bios; past
- * MAX_BIOS_PER_COMPLETION the rest are counted as lost.
+ * time goes into `total`. A request holds at most max_segments bios (128-256
+ * on common drivers; large only for merged writeback); past
+ * MAX_BIOS_PER_COMPLETION the rest are counted as lost. The walk stops at the
+ * first bio the request has not finished, so it costs one step per bio done.
  */
-#define MAX_BIOS_PER_COMPLETION 16
+#define MAX_BIOS_PER_COMPLETION 256
 
 static __always_inline void complete_bios(struct request *rq, struct block_stats *stats,
 					  unsigned int nr_bytes, __u64 now, struct bio_track *first)
@@ -324,7 +335,8 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_track *o
 		return;
 	}
 	event->kind = EVENT_SLOW_IO;
-	event->flags = origin->flags | (queue_ns ? SLOW_IO_HAS_QUEUE : 0);
+	/* the queue phase starts at the allocation, known when the allocation was seen */
+	event->flags = origin->flags | (origin->flags & SLOW_IO_HAS_TAG_WAIT ? SLOW_IO_HAS_QUEUE : 0);
 	event->ts_ns = now;
 	event->total_ns = now - origin->start_ns;
 	event->tag_wait_ns = origin->tag_wait_ns;
@@ -347,7 +359,7 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 {
 	struct gendisk *disk = request_disk(rq);
 	__u32 data_len = KREAD(rq, __data_len);
-	__u64 key = (__u64)rq, now, queue_ns = 0, device_ns, alloc_ns;
+	__u64 key = (__u64)rq, now, queue_ns = 0, device_ns;
 	struct bio_track first = {};
 	struct block_disk_state *state;
 	struct block_stats *stats;
@@ -363,6 +375,8 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 	if (!stats)
 		return 0;
 	now = bpf_ktime_get_ns();
+	if (error)
+		__sync_fetch_and_add(&stats->errors, 1);
 	__sync_fetch_and_add(&stats->bytes, nr_bytes < data_len ? nr_bytes : data_len);
 	complete_bios(rq, stats, nr_bytes, now, &first);
 	if (nr_bytes < data_len)
@@ -384,9 +398,8 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 		if (state)
 			__sync_fetch_and_add(&state->inflight, -1);
 	}
-	alloc_ns = request_alloc_ns(rq);
-	if (alloc_ns && track->issue_ns > alloc_ns)
-		queue_ns = track->issue_ns - alloc_ns;
+	if (first.flags & SLOW_IO_HAS_TAG_WAIT)
+		queue_ns = track->issue_ns - first.start_ns - first.tag_wait_ns;
 	bpf_map_delete_elem(&rq_track, &key);
 
 	if (slow_io_ns && first.start_ns && now - first.start_ns >= slow_io_ns)
@@ -394,7 +407,11 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 	return 0;
 }
 
-/* Fires only for bio-based disks (device-mapper, md): request-based ones are handled above. */
+/*
+ * Fires for bio-based disks (device-mapper, md), and for bios that failed
+ * before they reached a request (e.g. BLK_STS_AGAIN for a REQ_NOWAIT bio that
+ * found no free tag: io_uring retries those, so they are errors, not latency).
+ */
 HOOK(block_bio_complete, struct request_queue *q, struct bio *bio)
 {
 	__u64 key = (__u64)bio;
@@ -406,8 +423,12 @@ HOOK(block_bio_complete, struct request_queue *q, struct bio *bio)
 		return 0;
 	stats = stats_for(track->major, track->minor, track->op);
 	if (stats) {
-		__sync_fetch_and_add(&stats->bios, 1);
-		hist_add(&stats->total, bpf_ktime_get_ns() - track->start_ns);
+		if (KREAD(bio, bi_status)) {
+			__sync_fetch_and_add(&stats->errors, 1);
+		} else {
+			__sync_fetch_and_add(&stats->bios, 1);
+			hist_add(&stats->total, bpf_ktime_get_ns() - track->start_ns);
+		}
 	}
 	bpf_map_delete_elem(&bio_track, &key);
 	return 0;

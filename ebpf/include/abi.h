@@ -64,6 +64,7 @@ struct block_stats {
 	__u64 bytes;        /* bytes completed by requests */
 	__u64 bios;         /* bios completed (what submitters see; more than requests under merging) */
 	__u64 requeues;     /* requests handed back by the driver: a queue-full signal */
+	__u64 errors;       /* requests completed with an error, and bios failed before reaching one */
 	struct hist total;    /* bio submitted -> bio completed, ns */
 	struct hist tag_wait; /* bio submitted -> request allocated, ns */
 	struct hist queue;    /* request allocated -> issued to the driver, ns */

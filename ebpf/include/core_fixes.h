@@ -63,15 +63,4 @@ static __always_inline struct gendisk *request_disk(struct request *rq)
 	return KREAD(rq, q, disk);
 }
 
-/*
- * rq->start_time_ns: set when the request is allocated, but only when the
- * kernel needs it (I/O accounting on, a scheduler, or stats); 0 otherwise.
- */
-static __always_inline __u64 request_alloc_ns(struct request *rq)
-{
-	if (bpf_core_field_exists(rq->start_time_ns))
-		return KREAD(rq, start_time_ns);
-	return 0;
-}
-
 #endif /* STALLTRACE_CORE_FIXES_H */

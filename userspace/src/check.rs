@@ -3,7 +3,7 @@
 
 use crate::cli::CheckArgs;
 use crate::host;
-use crate::probes::{self, HookMode, ModeChoice};
+use crate::probes::{self, ModeChoice};
 
 /// Prints the report; returns whether everything needed for `run` attached.
 pub fn check(args: &CheckArgs) -> bool {
@@ -54,7 +54,7 @@ pub fn check(args: &CheckArgs) -> bool {
                         "{:<11} {label} {mode:?}: {} hooks attached in {}",
                         family.name,
                         attached.hooks.len(),
-                        mode_name(attached.mode)
+                        attached.mode.name()
                     );
                     if let Some(why) = &attached.fallback_reason {
                         println!("            tp_btf not usable: {why}");
@@ -71,7 +71,7 @@ pub fn check(args: &CheckArgs) -> bool {
                     );
                     for h in &failure.hooks {
                         let state = match (&h.error, h.attached) {
-                            (Some(e), _) => format!("FAILED ({}): {e}", mode_name(h.mode)),
+                            (Some(e), _) => format!("FAILED ({}): {e}", h.mode.name()),
                             (None, true) => "ok".into(),
                             (None, false) => "not tried".into(),
                         };
@@ -82,11 +82,4 @@ pub fn check(args: &CheckArgs) -> bool {
         }
     }
     ok
-}
-
-fn mode_name(mode: HookMode) -> &'static str {
-    match mode {
-        HookMode::TpBtf => "tp_btf",
-        HookMode::RawTp => "raw_tp",
-    }
 }

@@ -132,7 +132,7 @@ mod tests {
             "--slow-io-ms",
             "0.5",
             "--probe-mode",
-            "raw-tp",
+            "raw_tp",
         ])
         .unwrap()
         .command

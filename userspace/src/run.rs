@@ -9,32 +9,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde::Serialize;
 
 use crate::block::{BlockOptions, BlockProbe};
 use crate::cli::{ProbeArgs, RunArgs};
 use crate::error::UserError;
 use crate::host::{self, clock::Clock};
+pub use crate::output::records::FamilyReport;
+use crate::output::records::{LostRecord, ProgramCost, StartRecord, StopRecord};
 use crate::output::{JsonWriter, SCHEMA_VERSION};
-use crate::probes::stats::{ProgramStats, program_stats};
-use crate::probes::{self, Family, FamilyFailure, HookMode, HookStatus};
+use crate::probes::stats::program_stats;
+use crate::probes::{self, Family, FamilyFailure, HookStatus};
 
 /// How often the ring buffers are drained between intervals. Events are
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
 /// timer is what bounds their delay.
 const POLL: Duration = Duration::from_millis(100);
-
-#[derive(Serialize, Clone, Debug)]
-pub struct FamilyReport {
-    pub family: &'static str,
-    pub attached: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<HookMode>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fallback_reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
 
 /// Every family this build knows, attached or failed.
 pub struct Attached {
@@ -107,48 +96,6 @@ fn accept(
         // Returning drops everything attached so far: their links close with their fds.
         Err(failure) => Err(failure.error),
     }
-}
-
-#[derive(Serialize)]
-struct StartRecord<'a> {
-    schema: u32,
-    version: &'static str,
-    kernel: String,
-    interval_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_ms: Option<u64>,
-    /// 0 when slow_io records are off.
-    slow_io_ms: f64,
-    bpf_stats: bool,
-    families: &'a [FamilyReport],
-    probes: &'a [HookStatus],
-}
-
-#[derive(Serialize)]
-struct LostRecord<'a> {
-    interval_ms: u64,
-    /// Events or measurements not delivered in this interval, by source.
-    by_source: &'a BTreeMap<String, u64>,
-}
-
-#[derive(Serialize)]
-struct ProgramCost {
-    family: &'static str,
-    #[serde(flatten)]
-    stats: ProgramStats,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ns_per_run: Option<f64>,
-}
-
-#[derive(Serialize)]
-struct StopRecord<'a> {
-    reason: &'static str,
-    elapsed_ms: u64,
-    /// Records written before this one, by type.
-    records: &'a BTreeMap<&'static str, u64>,
-    /// Everything lost over the run, by source.
-    lost: &'a BTreeMap<String, u64>,
-    programs: Vec<ProgramCost>,
 }
 
 /// Turns on the kernel's per-program run-time accounting for as long as the returned fd lives.

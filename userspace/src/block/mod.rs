@@ -32,7 +32,7 @@ pub struct BlockOptions {
 /// Interval-to-interval state of one (disk, op).
 #[derive(Default)]
 struct Series {
-    counters: [u64; 4],
+    counters: [u64; 5],
     total: KernelHistDelta,
     tag_wait: KernelHistDelta,
     queue: KernelHistDelta,
@@ -206,9 +206,10 @@ impl Family for BlockProbe {
                 per_cpu.iter().map(|s| s.bytes).sum(),
                 per_cpu.iter().map(|s| s.bios).sum(),
                 per_cpu.iter().map(|s| s.requeues).sum(),
+                per_cpu.iter().map(|s| s.errors).sum(),
             ];
-            let mut delta = [0u64; 4];
-            for i in 0..4 {
+            let mut delta = [0u64; 5];
+            for i in 0..5 {
                 delta[i] = counters[i].wrapping_sub(series.counters[i]);
             }
             series.counters = counters;
@@ -246,6 +247,7 @@ impl Family for BlockProbe {
                 bytes: delta[1],
                 bios: delta[2],
                 requeues: delta[3],
+                errors: delta[4],
                 latency_us: total.to_record(NS_TO_US),
                 tag_wait_us: tag_wait.to_record(NS_TO_US),
                 queue_us: queue.to_record(NS_TO_US),

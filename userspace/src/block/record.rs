@@ -33,6 +33,8 @@ pub struct BlockRecord {
     pub bios: u64,
     /// Requests the driver handed back (queue full, resource shortage).
     pub requeues: u64,
+    /// Requests completed with an error, and bios that failed before reaching a request.
+    pub errors: u64,
     /// Bio submitted -> bio completed.
     pub latency_us: HistogramRecord,
     /// Bio submitted -> request allocated: waiting for a tag (queue depth) or request.

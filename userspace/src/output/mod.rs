@@ -1,5 +1,8 @@
 //! Record output. `json` is the stream contract (schema v1, docs/schema.json).
 
 mod json;
+pub mod records;
+#[cfg(test)]
+mod schema_check;
 
 pub use json::{JsonWriter, SCHEMA_VERSION};

@@ -41,6 +41,13 @@ pub enum HookMode {
 }
 
 impl HookMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            HookMode::TpBtf => "tp_btf",
+            HookMode::RawTp => "raw_tp",
+        }
+    }
+
     pub fn section_prefix(self) -> &'static str {
         match self {
             HookMode::TpBtf => "tp_btf/",
@@ -55,7 +62,11 @@ pub enum ModeChoice {
     /// tp_btf, falling back to raw_tp when tp_btf cannot attach
     #[default]
     Auto,
+    /// BTF-typed tracepoints only (direct loads: the cheapest)
+    #[value(name = "tp_btf", alias = "tp-btf")]
     TpBtf,
+    /// raw tracepoints only (every read through bpf_probe_read_kernel)
+    #[value(name = "raw_tp", alias = "raw-tp")]
     RawTp,
 }
 
@@ -66,6 +77,9 @@ pub struct HookStatus {
     pub hook: String,
     pub mode: HookMode,
     pub attached: bool,
+    /// Kernel program id once loaded (`bpftool prog show id N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_id: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -144,10 +158,15 @@ pub fn attach_family(
                 Err(mut second) => {
                     let mut hooks = failed.hooks;
                     hooks.append(&mut second.hooks);
-                    Err(FamilyFailure {
-                        hooks,
-                        error: second.error,
-                    })
+                    // Name both attempts: the user needs to know tp_btf was tried first.
+                    let error = UserError::new(
+                        format!(
+                            "{}; tp_btf had failed first: {reason}",
+                            second.error.problem
+                        ),
+                        second.error.fix,
+                    );
+                    Err(FamilyFailure { hooks, error })
                 }
             }
         }
@@ -173,6 +192,7 @@ fn attach_mode(
             hook: tp.clone(),
             mode,
             attached: false,
+            program_id: None,
             error: None,
         })
         .collect();
@@ -188,25 +208,46 @@ fn attach_mode(
     })?;
 
     for (i, (program, tp)) in hooks.iter().enumerate() {
-        if let Err(why) = attach_one(&mut ebpf, program, tp, mode, btf) {
-            statuses[i].error = Some(why.clone());
-            return Err(FamilyFailure {
-                hooks: statuses,
-                error: UserError::probe_failed(family.name, &format!("{tp} ({mode:?})"), &why),
-            });
+        match attach_one(&mut ebpf, program, &hook_target(tp), mode, btf) {
+            Ok(id) => {
+                statuses[i].attached = true;
+                statuses[i].program_id = id;
+            }
+            Err(why) => {
+                statuses[i].error = Some(why.clone());
+                // Returning drops `ebpf`: whatever attached so far is detached with it.
+                return Err(FamilyFailure {
+                    hooks: statuses,
+                    error: UserError::probe_failed(
+                        family.name,
+                        &format!("{tp} ({})", mode.name()),
+                        &why,
+                    ),
+                });
+            }
         }
-        statuses[i].attached = true;
     }
     Ok((ebpf, statuses))
 }
 
+/// Fault injection for the tests of attach failures: `STALLTRACE_FAULT_MISSING_HOOK=<tracepoint>`
+/// makes that hook point at a tracepoint that does not exist, as on a kernel
+/// without it. Never set in production.
+fn hook_target(tp: &str) -> String {
+    match std::env::var("STALLTRACE_FAULT_MISSING_HOOK") {
+        Ok(missing) if missing == tp => format!("{tp}_missing_by_fault_injection"),
+        _ => tp.to_string(),
+    }
+}
+
+/// Load and attach one program; returns its kernel program id.
 fn attach_one(
     ebpf: &mut Ebpf,
     program: &str,
     tp: &str,
     mode: HookMode,
     btf: &Btf,
-) -> Result<(), String> {
+) -> Result<Option<u32>, String> {
     let prog = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("program {program} missing from the object"))?;
@@ -215,14 +256,15 @@ fn attach_one(
             let p: &mut BtfTracePoint = prog.try_into().map_err(|e| describe(&e))?;
             p.load(tp, btf).map_err(|e| describe(&e))?;
             p.attach().map_err(|e| describe(&e))?;
+            Ok(p.info().ok().map(|i| i.id()))
         }
         HookMode::RawTp => {
             let p: &mut RawTracePoint = prog.try_into().map_err(|e| describe(&e))?;
             p.load().map_err(|e| describe(&e))?;
             p.attach(tp).map_err(|e| describe(&e))?;
+            Ok(p.info().ok().map(|i| i.id()))
         }
     }
-    Ok(())
 }
 
 /// An error and its causes on one line. A verifier rejection keeps only the

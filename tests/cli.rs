@@ -1,0 +1,219 @@
+//! The binary's behaviour at its edges: errors are one line naming the problem
+//! and the fix, with a non-zero exit and nothing left attached; signals stop it
+//! cleanly; `check` reports every hook.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+
+fn stalltrace(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(stalltrace_bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn one_line_error(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "expected exactly one line on stderr, got: {stderr:?}"
+    );
+    assert!(stderr.starts_with("stalltrace: "), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing may be streamed on error: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
+/// Ids of loaded BPF programs, from bpftool (independent of stalltrace).
+fn loaded_program_ids() -> Vec<u64> {
+    let json: serde_json::Value =
+        serde_json::from_str(&sh("bpftool", &["--json", "prog", "show"])).unwrap();
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_bad_flag_is_one_line_and_exit_2() {
+    let out = stalltrace(&["run", "--interval", "fast"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("--interval") && line.contains("--help"),
+        "{line}"
+    );
+}
+
+#[test]
+fn without_privileges_it_says_so_and_attaches_nothing() {
+    require_root();
+    // The same binary as an unprivileged user: no capabilities at all.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(stalltrace_bin())
+        .args(["run", "--duration", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line_error(&out);
+    assert!(line.contains("not allowed to load eBPF programs"), "{line}");
+    assert!(line.contains("CAP_BPF") && line.contains("sudo"), "{line}");
+}
+
+#[test]
+fn an_unwritable_output_fails_before_attaching() {
+    require_root();
+    let out = stalltrace(
+        &[
+            "run",
+            "--duration",
+            "1s",
+            "--out",
+            "/proc/stalltrace-cannot-write-here",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("cannot write /proc/stalltrace-cannot-write-here") && line.contains("--out"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_probe_that_cannot_attach_is_named_and_nothing_stays_attached() {
+    require_root();
+    let before = loaded_program_ids();
+    let out = stalltrace(
+        &["run", "--duration", "1s"],
+        &[("STALLTRACE_FAULT_MISSING_HOOK", "block_rq_issue")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line_error(&out);
+    assert!(line.contains("block_rq_issue"), "{line}");
+    assert!(
+        line.contains("tp_btf") && line.contains("raw_tp"),
+        "both attempts named: {line}"
+    );
+    assert!(line.contains("stalltrace check"), "{line}");
+    // Every program this run loaded is gone (other tests' programs may come and go).
+    let after = loaded_program_ids();
+    let max_before = before.iter().max().copied().unwrap_or(0);
+    let leaked: Vec<_> = after.iter().filter(|id| **id > max_before).collect();
+    for id in leaked {
+        let info = sh("bpftool", &["prog", "show", "id", &id.to_string()]);
+        assert!(
+            !info.contains("on_block_"),
+            "a block program survived the failed run: {info}"
+        );
+    }
+    // --degrade without any family left is still an error.
+    let out = stalltrace(
+        &["run", "--duration", "1s", "--degrade"],
+        &[("STALLTRACE_FAULT_MISSING_HOOK", "block_rq_issue")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_line_error(&out).contains("no probe family could attach"));
+}
+
+#[test]
+fn sigterm_writes_stop_and_detaches_every_program() {
+    require_root();
+    let tracer = Tracer::start(&["--interval", "200ms"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let records = tracer.stop_with(libc::SIGTERM);
+    let start = of_type(&records, "start")[0];
+    let stop = of_type(&records, "stop");
+    assert_eq!(stop.len(), 1);
+    assert_eq!(stop[0]["reason"], "signal");
+    assert_eq!(
+        records.last().unwrap()["type"],
+        "stop",
+        "stop is the last record"
+    );
+    let ids: Vec<u64> = start["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["program_id"]
+                .as_u64()
+                .expect("attached probes carry their program id")
+        })
+        .collect();
+    assert_eq!(ids.len(), 6);
+    let loaded = loaded_program_ids();
+    for id in ids {
+        assert!(
+            !loaded.contains(&id),
+            "program {id} still loaded after exit"
+        );
+    }
+}
+
+#[test]
+fn duration_ends_the_run_with_a_stop_record() {
+    require_root();
+    let out = stalltrace(&["run", "--duration", "1s", "--interval", "250ms"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = parse_records(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(records.first().unwrap()["type"], "start");
+    let stop = records.last().unwrap();
+    assert_eq!(stop["type"], "stop");
+    assert_eq!(stop["reason"], "duration");
+    let elapsed = stop["elapsed_ms"].as_u64().unwrap();
+    assert!(
+        (1000..3000).contains(&elapsed),
+        "elapsed {elapsed} ms for --duration 1s"
+    );
+}
+
+#[test]
+fn check_lists_every_hook_in_both_modes() {
+    require_root();
+    let out = stalltrace(&["check"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for hook in [
+        "block_bio_queue",
+        "block_getrq",
+        "block_rq_issue",
+        "block_rq_requeue",
+        "block_rq_complete",
+        "block_bio_complete",
+    ] {
+        assert_eq!(
+            text.matches(&format!("{hook} ")).count(),
+            2,
+            "{hook} in tp_btf and raw_tp:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("hooks attached in tp_btf") && text.contains("hooks attached in raw_tp"),
+        "{text}"
+    );
+}

@@ -1,0 +1,586 @@
+//! Keeps docs/schema.json honest: every record type the binary emits is built
+//! here from the real record structs, written through the real `JsonWriter`
+//! envelope, and validated against the schema; and the schema is shown to
+//! reject what it must (unknown fields, missing fields, a malformed `ts`).
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use super::JsonWriter;
+use super::records::{FamilyReport, LostRecord, ProgramCost, StartRecord, StopRecord};
+use crate::abi::{self, slow_io_event};
+use crate::block::record::{BlockRecord, SlowIoRecord, op_name};
+use crate::block::sysfs::QueueLimits;
+use crate::hist::{Histogram, HistogramRecord};
+use crate::host::clock::{Clock, monotonic_ns};
+use crate::probes::lost::source_name;
+use crate::probes::stats::ProgramStats;
+use crate::probes::{HookMode, HookStatus};
+
+const SCHEMA: &str = include_str!("../../../docs/schema.json");
+
+/// Every record type `stalltrace run` emits today.
+const RECORD_TYPES: [&str; 5] = ["start", "block", "slow_io", "lost", "stop"];
+
+/// Top-level fields serialized only when set (`skip_serializing_if`), by record type.
+const OPTIONAL: &[(&str, &str)] = &[
+    ("start", "duration_ms"),
+    ("block", "role"),
+    ("slow_io", "tag_wait_us"),
+    ("slow_io", "queue_us"),
+];
+
+fn schema() -> Value {
+    serde_json::from_str(SCHEMA).expect("docs/schema.json is not valid JSON")
+}
+
+fn validator() -> jsonschema::Validator {
+    jsonschema::draft202012::options()
+        .should_validate_formats(true)
+        .build(&schema())
+        .expect("docs/schema.json does not compile")
+}
+
+fn errors(v: &jsonschema::Validator, record: &Value) -> Vec<String> {
+    v.iter_errors(record)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A latency histogram as the block family builds it: nanoseconds in, microseconds out.
+fn latency_us(values_ns: &[(u64, u64)]) -> HistogramRecord {
+    let mut h = Histogram::default();
+    for &(v, n) in values_ns {
+        h.record(v, n);
+    }
+    h.to_record(1e-3)
+}
+
+fn inflight(depths: &[(u64, u64)]) -> HistogramRecord {
+    let mut h = Histogram::default();
+    for &(v, n) in depths {
+        h.record(v, n);
+    }
+    h.to_record(1.0)
+}
+
+fn slow_io(flags: u32, op: u32) -> SlowIoRecord {
+    let mut e = slow_io_event {
+        kind: abi::EVENT_SLOW_IO,
+        flags,
+        ts_ns: monotonic_ns(),
+        total_ns: 212_345_678,
+        tag_wait_ns: 180_000_123,
+        queue_ns: 4_321,
+        device_ns: 32_000_000,
+        sector: 1_953_525_160,
+        bytes: 65_536,
+        major: 259,
+        minor: 0,
+        op,
+        tgid: 4242,
+        pid: 4251,
+        error: 0,
+        ..Default::default()
+    };
+    for (i, b) in b"sqlservr".iter().enumerate() {
+        e.comm[i] = *b as _;
+    }
+    SlowIoRecord::from_event(&e, "nvme0n1".into())
+}
+
+/// One realistic instance of every record type, with optional fields both
+/// present and absent, exactly as `JsonWriter` writes them.
+fn emitted_lines() -> Vec<String> {
+    let buf = Shared::default();
+    let mut w = JsonWriter::new(Box::new(buf.clone()), "sqlhost-01".into());
+    let clock = Clock::new();
+    let now = Clock::now_rfc3339;
+
+    // start: a fallback to raw_tp with a failed tp_btf hook, and a family that failed (--degrade).
+    let families = [
+        FamilyReport {
+            family: "block",
+            attached: true,
+            mode: Some(HookMode::RawTp),
+            fallback_reason: Some(
+                "cannot attach the block probe at block_getrq (TpBtf): Invalid argument".into(),
+            ),
+            error: None,
+        },
+        FamilyReport {
+            family: "tcp",
+            attached: false,
+            mode: None,
+            fallback_reason: None,
+            error: Some("cannot attach the tcp probe at its maps: Operation not permitted".into()),
+        },
+    ];
+    let probes = [
+        HookStatus {
+            family: "block",
+            hook: "block_bio_complete".into(),
+            mode: HookMode::TpBtf,
+            attached: true,
+            program_id: Some(4711),
+            error: None,
+        },
+        HookStatus {
+            family: "block",
+            hook: "block_getrq".into(),
+            mode: HookMode::TpBtf,
+            attached: false,
+            program_id: None,
+            error: Some("Invalid argument (os error 22)".into()),
+        },
+        HookStatus {
+            family: "block",
+            hook: "block_rq_issue".into(),
+            mode: HookMode::TpBtf,
+            attached: false,
+            program_id: None,
+            error: None,
+        },
+        HookStatus {
+            family: "block",
+            hook: "block_getrq".into(),
+            mode: HookMode::RawTp,
+            attached: true,
+            program_id: None, // attached, id not reported
+            error: None,
+        },
+    ];
+    let start = StartRecord {
+        schema: super::SCHEMA_VERSION,
+        version: env!("CARGO_PKG_VERSION"),
+        kernel: "6.18.0-stalltrace".into(),
+        interval_ms: 1000,
+        duration_ms: Some(30_000),
+        slow_io_ms: 0.5,
+        bpf_stats: true,
+        families: &families,
+        probes: &probes,
+    };
+    w.emit("start", &now(), &start).unwrap();
+    // start: the plainest run (no --duration, slow_io off, every hook attached).
+    let families = [FamilyReport {
+        family: "block",
+        attached: true,
+        mode: Some(HookMode::TpBtf),
+        fallback_reason: None,
+        error: None,
+    }];
+    let start = StartRecord {
+        duration_ms: None,
+        slow_io_ms: 0.0,
+        bpf_stats: false,
+        families: &families,
+        probes: &probes[..1],
+        ..start
+    };
+    w.emit("start", &now(), &start).unwrap();
+
+    // block: a busy disk with every queue limit known and a role.
+    let ts = now();
+    let busy = BlockRecord {
+        dev: "nvme0n1".into(),
+        major: 259,
+        minor: 0,
+        op: "write",
+        interval_ms: 1001,
+        count: 5210,
+        bytes: 21_340_160,
+        bios: 5400,
+        requeues: 3,
+        errors: 1,
+        latency_us: latency_us(&[(85_000, 5000), (1_200_000, 390), (250_000_000, 10)]),
+        tag_wait_us: latency_us(&[(300, 5000), (900_000, 400)]),
+        queue_us: latency_us(&[(2_000, 5210)]),
+        device_us: latency_us(&[(70_000, 5200), (30_000_000, 10)]),
+        inflight: inflight(&[(1, 10), (8, 4000), (32, 1200)]),
+        inflight_now: 7,
+        queue_limit: QueueLimits {
+            scheduler: Some("mq-deadline".into()),
+            nr_requests: Some(64),
+            hw_queue_depth: Some(1023),
+            nr_hw_queues: Some(2),
+            device_queue_depth: Some(32),
+        },
+        role: Some("log".into()),
+    };
+    w.emit("block", &ts, &busy).unwrap();
+    // block: every op name, idle (empty histograms), nothing known about the queue.
+    for op in 0..abi::BLOCK_OP_COUNT {
+        let idle = BlockRecord {
+            dev: "7:3".into(),
+            major: 7,
+            minor: 3,
+            op: op_name(op),
+            interval_ms: 999,
+            count: 0,
+            bytes: 0,
+            bios: 0,
+            requeues: 0,
+            errors: 0,
+            latency_us: latency_us(&[]),
+            tag_wait_us: latency_us(&[]),
+            queue_us: latency_us(&[]),
+            device_us: latency_us(&[]),
+            inflight: inflight(&[]),
+            inflight_now: 0,
+            queue_limit: QueueLimits::default(),
+            role: None,
+        };
+        w.emit("block", &ts, &idle).unwrap();
+    }
+
+    // slow_io: decoded from kernel events, with and without the optional phases.
+    for flags in [
+        abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
+        abi::SLOW_IO_HAS_TAG_WAIT,
+        0,
+    ] {
+        let r = slow_io(flags, abi::BLOCK_OP_WRITE);
+        w.emit("slow_io", &clock.monotonic_to_rfc3339(monotonic_ns()), &r)
+            .unwrap();
+    }
+
+    // lost: every kernel loss source the block family names, and a recursion miss.
+    let mut by_source: BTreeMap<String, u64> = (0..abi::LOST_SOURCE_COUNT)
+        .map(|s| (format!("block.{}", source_name(s)), u64::from(s) + 1))
+        .collect();
+    by_source.insert("block.recursion_miss.on_block_rq_issue".into(), 2);
+    let lost = LostRecord {
+        interval_ms: 1000,
+        by_source: &by_source,
+    };
+    w.emit("lost", &now(), &lost).unwrap();
+
+    // stop: with program costs (bpf stats on and off) and losses ...
+    let cost = |program: &str, run_count, run_time_ns| {
+        let stats = ProgramStats {
+            program: program.into(),
+            run_count,
+            run_time_ns,
+            recursion_misses: 2,
+        };
+        // as run.rs computes it
+        ProgramCost {
+            family: "block",
+            ns_per_run: stats.ns_per_run().map(|v| (v * 10.0).round() / 10.0),
+            stats,
+        }
+    };
+    let records = w.emitted().clone();
+    let stop = StopRecord {
+        reason: "duration",
+        elapsed_ms: 30_004,
+        records: &records,
+        lost: &by_source,
+        programs: vec![
+            cost("on_block_rq_issue", 123_456, 9_876_543),
+            cost("on_block_getrq", 0, 0),
+        ],
+    };
+    w.emit("stop", &now(), &stop).unwrap();
+    // ... and without either.
+    let records = w.emitted().clone();
+    let nothing = BTreeMap::new();
+    let stop = StopRecord {
+        reason: "signal",
+        elapsed_ms: 12,
+        records: &records,
+        lost: &nothing,
+        programs: Vec::new(),
+    };
+    w.emit("stop", &now(), &stop).unwrap();
+
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    text.lines().map(str::to_string).collect()
+}
+
+fn emitted() -> Vec<Value> {
+    emitted_lines()
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("a record line is JSON"))
+        .collect()
+}
+
+fn first_of(records: &[Value], kind: &str) -> Value {
+    records
+        .iter()
+        .find(|r| r["type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} record built"))
+        .clone()
+}
+
+#[test]
+fn schema_is_a_valid_draft_2020_12_schema() {
+    let s = schema();
+    assert_eq!(s["$schema"], "https://json-schema.org/draft/2020-12/schema");
+    if let Err(e) = jsonschema::meta::validate(&s) {
+        panic!("docs/schema.json is not a valid JSON Schema: {e}");
+    }
+    let types: Vec<&str> = s["$defs"]["record_type"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(types, RECORD_TYPES, "record types in the schema");
+    for t in RECORD_TYPES {
+        let def = &s["$defs"][t];
+        assert_eq!(def["properties"]["type"]["const"], t, "$defs/{t}");
+        assert_eq!(def["additionalProperties"], false, "$defs/{t}");
+    }
+    assert_eq!(
+        s["$defs"]["start"]["properties"]["schema"]["const"],
+        super::SCHEMA_VERSION
+    );
+}
+
+#[test]
+fn every_field_and_shape_is_described() {
+    fn walk(node: &Value, path: &str, missing: &mut Vec<String>) {
+        let Value::Object(map) = node else {
+            if let Value::Array(items) = node {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}/{i}"), missing);
+                }
+            }
+            return;
+        };
+        for (key, value) in map {
+            // Conditions restate properties already described; they need no descriptions.
+            if matches!(key.as_str(), "if" | "then" | "else" | "not") {
+                continue;
+            }
+            if key == "properties" || key == "$defs" {
+                for (name, sub) in value.as_object().unwrap() {
+                    let described = sub
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .is_some_and(|d| !d.trim().is_empty());
+                    if !described {
+                        missing.push(format!("{path}/{key}/{name}"));
+                    }
+                }
+            }
+            walk(value, &format!("{path}/{key}"), missing);
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&schema(), "#", &mut missing);
+    assert!(missing.is_empty(), "without a description: {missing:#?}");
+}
+
+#[test]
+fn every_record_the_code_builds_validates() {
+    let v = validator();
+    let records = emitted();
+    for (line, record) in emitted_lines().iter().zip(&records) {
+        let errs = errors(&v, record);
+        assert!(errs.is_empty(), "{line}\n{errs:#?}");
+    }
+    for t in RECORD_TYPES {
+        assert!(
+            records.iter().any(|r| r["type"] == t),
+            "no {t} record checked"
+        );
+    }
+    // Optional fields were checked both present and absent.
+    for &(t, field) in OPTIONAL {
+        let of_type: Vec<_> = records.iter().filter(|r| r["type"] == t).collect();
+        assert!(
+            of_type.iter().any(|r| r.get(field).is_some()),
+            "{t}.{field} present"
+        );
+        assert!(
+            of_type.iter().any(|r| r.get(field).is_none()),
+            "{t}.{field} absent"
+        );
+    }
+}
+
+#[test]
+fn the_real_timestamp_formats_match() {
+    let v = validator();
+    let mut record = first_of(&emitted(), "lost");
+    for ts in [
+        Clock::now_rfc3339(),
+        Clock::new().monotonic_to_rfc3339(monotonic_ns()),
+        Clock::new().monotonic_to_rfc3339(0),
+    ] {
+        record["ts"] = json!(ts);
+        assert!(v.is_valid(&record), "{ts}");
+    }
+}
+
+#[test]
+fn a_malformed_ts_fails() {
+    let v = validator();
+    let good = first_of(&emitted(), "block");
+    for ts in [
+        "2026-11-21T22:43:51.014898+00:00", // offset instead of Z
+        "2026-11-21T22:43:51.014898z",
+        "2026-11-21T22:43:51Z",           // no fraction
+        "2026-11-21T22:43:51.014Z",       // milliseconds
+        "2026-11-21T22:43:51.014898123Z", // nanoseconds
+        "2026-11-21 22:43:51.014898Z",    // space separator
+        "2026-13-21T22:43:51.014898Z",    // month 13
+        "1795473831",
+        "",
+    ] {
+        let mut bad = good.clone();
+        bad["ts"] = json!(ts);
+        assert!(!v.is_valid(&bad), "ts {ts:?} was accepted");
+    }
+    let mut bad = good;
+    bad["ts"] = json!(1_795_473_831_014_898u64);
+    assert!(!v.is_valid(&bad), "numeric ts was accepted");
+}
+
+/// Every object in every record is closed: a field added in Rust without
+/// updating the schema fails, at any depth (records, histograms, queue
+/// limits, hook statuses, program costs; and keys of the by-name maps).
+#[test]
+fn an_unknown_field_fails_anywhere() {
+    fn object_paths(node: &Value, path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        match node {
+            Value::Object(map) => {
+                out.push(path.clone());
+                for (k, v) in map {
+                    let mut p = path.clone();
+                    p.push(k.clone());
+                    object_paths(v, p, out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    let mut p = path.clone();
+                    p.push(i.to_string());
+                    object_paths(v, p, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn at<'a>(node: &'a mut Value, path: &[String]) -> &'a mut Value {
+        path.iter().fold(node, |n, key| match n {
+            Value::Array(items) => &mut items[key.parse::<usize>().unwrap()],
+            _ => &mut n[key.as_str()],
+        })
+    }
+    let v = validator();
+    let mut checked = 0;
+    for record in emitted() {
+        let mut paths = Vec::new();
+        object_paths(&record, Vec::new(), &mut paths);
+        for path in paths {
+            let mut bad = record.clone();
+            at(&mut bad, &path)
+                .as_object_mut()
+                .unwrap()
+                .insert("unexpected_field".into(), json!(1));
+            assert!(
+                !v.is_valid(&bad),
+                "{} record: an unknown field at /{} was accepted",
+                record["type"],
+                path.join("/")
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "{checked}");
+}
+
+#[test]
+fn a_missing_field_fails() {
+    let v = validator();
+    let records = emitted();
+
+    let mut block = first_of(&records, "block");
+    block.as_object_mut().unwrap().remove("latency_us");
+    assert!(
+        !v.is_valid(&block),
+        "a block record without latency_us was accepted"
+    );
+
+    // Every top-level field that is always serialized is required.
+    for record in &records {
+        let t = record["type"].as_str().unwrap();
+        for field in record.as_object().unwrap().keys() {
+            let mut without = record.clone();
+            without.as_object_mut().unwrap().remove(field);
+            let optional = OPTIONAL.contains(&(t, field.as_str()));
+            assert_eq!(
+                v.is_valid(&without),
+                optional,
+                "{t} record without {field}: optional is {optional}"
+            );
+        }
+    }
+    // ... and every histogram field.
+    for field in ["count", "mean", "p50", "p90", "p99", "max", "buckets"] {
+        let mut bad = first_of(&records, "block");
+        bad["device_us"].as_object_mut().unwrap().remove(field);
+        assert!(
+            !v.is_valid(&bad),
+            "a histogram without {field} was accepted"
+        );
+    }
+}
+
+#[test]
+fn wrong_values_fail() {
+    let v = validator();
+    let records = emitted();
+    let bad = |kind: &str, edit: &dyn Fn(&mut Value)| {
+        let mut r = first_of(&records, kind);
+        edit(&mut r);
+        assert!(!v.is_valid(&r), "accepted: {r}");
+    };
+    // A type the schema does not know (not emitted yet) fails.
+    bad("lost", &|r| r["type"] = json!("tcp_retransmit"));
+    bad("start", &|r| r["schema"] = json!(2));
+    bad("block", &|r| r["op"] = json!("readwrite"));
+    bad("block", &|r| r["count"] = json!(-1));
+    bad("block", &|r| r["latency_us"]["p99"] = json!("12"));
+    bad("block", &|r| {
+        r["latency_us"]["buckets"][0] = json!([1.0, 2.0])
+    });
+    // An empty histogram has no statistics.
+    bad("block", &|r| r["latency_us"]["count"] = json!(0));
+    bad("slow_io", &|r| r["pid"] = json!(-1));
+    bad("start", &|r| r["probes"][0]["mode"] = json!("kprobe"));
+    bad("start", &|r| {
+        r["families"][0]["error"] = json!("attached and failed")
+    });
+    bad("lost", &|r| r["by_source"] = json!({}));
+    bad("lost", &|r| r["by_source"] = json!({"no family prefix": 1}));
+    bad("stop", &|r| r["reason"] = json!("crash"));
+    bad("stop", &|r| r["records"]["tcp_retransmit"] = json!(1));
+    bad("stop", &|r| {
+        r["programs"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("ns_per_run");
+    });
+    bad("stop", &|r| r["programs"][1]["ns_per_run"] = json!(0.0));
+}
