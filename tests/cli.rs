@@ -32,15 +32,37 @@ fn one_line_error(out: &Output) -> String {
     stderr
 }
 
-/// Ids of loaded BPF programs, from bpftool (independent of stalltrace).
-fn loaded_program_ids() -> Vec<u64> {
+/// (id, name) of every loaded BPF program, from bpftool (independent of stalltrace).
+fn loaded_programs() -> Vec<(u64, String)> {
     let json: serde_json::Value =
         serde_json::from_str(&sh("bpftool", &["--json", "prog", "show"])).unwrap();
     json.as_array()
         .unwrap()
         .iter()
-        .map(|p| p["id"].as_u64().unwrap())
+        .map(|p| {
+            (
+                p["id"].as_u64().unwrap(),
+                p["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
         .collect()
+}
+
+/// Programs matching `gone` must disappear: the kernel frees a program after an
+/// RCU grace period once its last fd is closed, so allow it a moment.
+fn wait_until_unloaded(what: &str, gone: impl Fn(&(u64, String)) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left: Vec<_> = loaded_programs().into_iter().filter(&gone).collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: still loaded 5 s after exit: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -99,7 +121,7 @@ fn an_unwritable_output_fails_before_attaching() {
 #[test]
 fn a_probe_that_cannot_attach_is_named_and_nothing_stays_attached() {
     require_root();
-    let before = loaded_program_ids();
+    let before: Vec<u64> = loaded_programs().into_iter().map(|(id, _)| id).collect();
     let out = stalltrace(
         &["run", "--duration", "1s"],
         &[("STALLTRACE_FAULT_MISSING_HOOK", "block_rq_issue")],
@@ -112,17 +134,13 @@ fn a_probe_that_cannot_attach_is_named_and_nothing_stays_attached() {
         "both attempts named: {line}"
     );
     assert!(line.contains("stalltrace check"), "{line}");
-    // Every program this run loaded is gone (other tests' programs may come and go).
-    let after = loaded_program_ids();
+    // Every program this run loaded is gone. (This binary's tests run one at a
+    // time with the other privileged tests, .config/nextest.toml, so no other
+    // stalltrace of the suite is loading programs meanwhile.)
     let max_before = before.iter().max().copied().unwrap_or(0);
-    let leaked: Vec<_> = after.iter().filter(|id| **id > max_before).collect();
-    for id in leaked {
-        let info = sh("bpftool", &["prog", "show", "id", &id.to_string()]);
-        assert!(
-            !info.contains("on_block_"),
-            "a block program survived the failed run: {info}"
-        );
-    }
+    wait_until_unloaded("block programs of the failed run", |(id, name)| {
+        *id > max_before && name.starts_with("on_block_")
+    });
     // --degrade without any family left is still an error.
     let out = stalltrace(
         &["run", "--duration", "1s", "--degrade"],
@@ -158,13 +176,7 @@ fn sigterm_writes_stop_and_detaches_every_program() {
         })
         .collect();
     assert_eq!(ids.len(), 6);
-    let loaded = loaded_program_ids();
-    for id in ids {
-        assert!(
-            !loaded.contains(&id),
-            "program {id} still loaded after exit"
-        );
-    }
+    wait_until_unloaded("the run's programs", |(id, _)| ids.contains(id));
 }
 
 #[test]

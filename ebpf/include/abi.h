@@ -65,6 +65,7 @@ struct block_stats {
 	__u64 bios;         /* bios completed (what submitters see; more than requests under merging) */
 	__u64 requeues;     /* requests handed back by the driver: a queue-full signal */
 	__u64 errors;       /* requests completed with an error, and bios failed before reaching one */
+	__u64 unseen;       /* requests whose completion never reached the hooks (found out later) */
 	struct hist total;    /* bio submitted -> bio completed, ns */
 	struct hist tag_wait; /* bio submitted -> request allocated, ns */
 	struct hist queue;    /* request allocated -> issued to the driver, ns */
@@ -72,9 +73,40 @@ struct block_stats {
 	struct hist inflight; /* requests in flight on the disk at each issue (a count) */
 };
 
-/* Device-wide gauge (shared by all CPUs, updated atomically). */
-struct block_disk_state {
-	__s64 inflight; /* requests issued and not yet completed or requeued */
+/*
+ * The disk table: one entry per disk seen, shared by all CPUs, holding the
+ * in-flight gauge. A direct-mapped array (see slots.bpf.h); userspace reads
+ * all of it each interval.
+ */
+#define BLOCK_DISK_TABLE_BITS 8 /* 256 disks */
+
+struct block_disk {
+	__u64 id;         /* major << 32 | first minor; 0 = free slot */
+	__u64 claimed_ns; /* when the disk was first seen */
+	__s64 inflight;   /* requests issued and not yet completed or requeued */
+	__u64 pad;
+};
+
+/*
+ * Per-object slots (see slots.bpf.h): every slot starts with this head.
+ */
+struct slot_head {
+	__u64 owner;    /* the object's address; 0 = free */
+	__u64 stamp_ns; /* when it was claimed */
+};
+
+/*
+ * A request from issue to completion (block.bpf.c). The daemon reads these
+ * only to settle requests whose completion never reached the hooks.
+ */
+#define BLOCK_RQ_SLOT_BITS 15 /* 32768 requests in flight */
+
+struct block_rq_slot {
+	struct slot_head head; /* owner: the request; stamp_ns: first issued */
+	__u64 issue_ns;        /* last issued (after a requeue, the re-issue) */
+	__u64 disk_id;         /* major << 32 | first minor */
+	__u32 op;              /* enum block_op */
+	__u32 in_flight;       /* 0 after a requeue, until the request is issued again */
 };
 
 /* ---- events carried by ring buffers ------------------------------------ */
@@ -119,12 +151,13 @@ struct slow_io_event {
  */
 enum lost_source {
 	LOST_SLOW_IO_RINGBUF = 0,  /* slow_io event: ring buffer full */
-	LOST_BIO_TRACK_FULL = 1,   /* bio start-time table full: bio not timed */
-	LOST_RQ_TRACK_FULL = 2,    /* request issue-time table full: request not timed or counted in flight */
+	LOST_BIO_TRACK_FULL = 1,   /* no free slot for a bio: bio not timed */
+	LOST_RQ_TRACK_FULL = 2,    /* no free slot for a request: not timed, not counted in flight */
 	LOST_BLOCK_STATS_FULL = 3, /* per-(disk, op) entry could not be created (table full or no memory) */
-	LOST_DISK_STATE_FULL = 4,  /* in-flight gauge table full */
+	LOST_DISK_STATE_FULL = 4,  /* disk table full: a disk's in-flight gauge not kept */
 	LOST_BIO_CHAIN_TRUNCATED = 5, /* request with more bios than the completion walk covers: some totals missing */
-	LOST_SOURCE_COUNT = 6,
+	LOST_STALE_SLOT = 6,       /* a bio or request tracked for over 10 minutes was displaced: its completion had been missed */
+	LOST_SOURCE_COUNT = 7,
 };
 
 #endif /* STALLTRACE_ABI_H */

@@ -14,4 +14,5 @@ include!(concat!(env!("OUT_DIR"), "/abi.rs"));
 // SAFETY: plain C structs of integers with explicit padding; any bit pattern is valid.
 unsafe impl aya::Pod for block_key {}
 unsafe impl aya::Pod for block_stats {}
-unsafe impl aya::Pod for block_disk_state {}
+unsafe impl aya::Pod for block_disk {}
+unsafe impl aya::Pod for block_rq_slot {}

@@ -2,6 +2,8 @@
 //! one `block` record per disk and op per interval, and its ring buffer into
 //! `slow_io` records.
 
+pub mod interval;
+pub mod reconcile;
 pub mod record;
 pub mod sysfs;
 
@@ -10,14 +12,14 @@ use std::io;
 use std::time::Duration;
 
 use aya::Btf;
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf};
+use aya::maps::{Array, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf};
 
-use crate::abi::{self, block_disk_state, block_key, block_stats, slow_io_event};
-use crate::hist::KernelHistDelta;
+use crate::abi::{self, block_disk, block_key, block_rq_slot, block_stats, slow_io_event};
 use crate::host::clock::Clock;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Family, FamilyFailure, ModeChoice};
+use interval::{Interval, Series};
 use record::{BlockRecord, SlowIoRecord, op_name};
 use sysfs::Sysfs;
 
@@ -29,22 +31,11 @@ pub struct BlockOptions {
     pub mode: ModeChoice,
 }
 
-/// Interval-to-interval state of one (disk, op).
-#[derive(Default)]
-struct Series {
-    counters: [u64; 5],
-    total: KernelHistDelta,
-    tag_wait: KernelHistDelta,
-    queue: KernelHistDelta,
-    device: KernelHistDelta,
-    inflight: KernelHistDelta,
-    active_last_interval: bool,
-}
-
 pub struct BlockProbe {
     family: AttachedFamily,
     stats: PerCpuHashMap<MapData, block_key, block_stats>,
-    disks: BpfHashMap<MapData, u64, block_disk_state>,
+    disks: Array<MapData, block_disk>,
+    rq_slots: Array<MapData, block_rq_slot>,
     events: RingBuf<MapData>,
     lost: LostCounters,
     series: BTreeMap<(u32, u32, u32), Series>,
@@ -65,11 +56,12 @@ impl BlockProbe {
         )?;
         let taken = Self::take_maps(&mut family);
         match taken {
-            Ok((stats, disks, events, lost)) => {
+            Ok((stats, disks, rq_slots, events, lost)) => {
                 let mut probe = Self {
                     family,
                     stats,
                     disks,
+                    rq_slots,
                     events,
                     lost,
                     series: BTreeMap::new(),
@@ -92,7 +84,8 @@ impl BlockProbe {
         family: &mut AttachedFamily,
     ) -> anyhow::Result<(
         PerCpuHashMap<MapData, block_key, block_stats>,
-        BpfHashMap<MapData, u64, block_disk_state>,
+        Array<MapData, block_disk>,
+        Array<MapData, block_rq_slot>,
         RingBuf<MapData>,
         LostCounters,
     )> {
@@ -102,10 +95,11 @@ impl BlockProbe {
                 .ok_or_else(|| anyhow::anyhow!("block object has no map {name}"))
         };
         let stats = PerCpuHashMap::try_from(take("block_stats")?)?;
-        let disks = BpfHashMap::try_from(take("block_disks")?)?;
+        let disks = Array::try_from(take("block_disks")?)?;
+        let rq_slots = Array::try_from(take("rq_slots")?)?;
         let events = RingBuf::try_from(take("block_events")?)?;
         let lost = LostCounters::take("block", ebpf)?;
-        Ok((stats, disks, events, lost))
+        Ok((stats, disks, rq_slots, events, lost))
     }
 
     /// Create the read/write/flush entries of every disk with media before its
@@ -144,6 +138,42 @@ impl BlockProbe {
                 self.prepared.insert((major, minor));
             }
         }
+    }
+
+    /// Each disk's in-flight gauge, after settling the requests of idle disks
+    /// whose completion the hooks never saw (see reconcile.rs). Returns the
+    /// gauges and what was settled by (major, minor, op).
+    #[allow(clippy::type_complexity)]
+    fn inflight_after_settling(
+        &mut self,
+        busy: &HashSet<(u32, u32)>,
+    ) -> (HashMap<(u32, u32), i64>, HashMap<(u32, u32, u32), u64>) {
+        let mut gauges = HashMap::new();
+        let mut settled = HashMap::new();
+        let table: Vec<(u32, block_disk)> = self
+            .disks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.ok().map(|d| (i as u32, d)))
+            .filter(|(_, d)| d.id != 0)
+            .collect();
+        for (index, disk) in table {
+            let key = ((disk.id >> 32) as u32, disk.id as u32);
+            let mut inflight = disk.inflight;
+            if inflight > 0 && !busy.contains(&key) {
+                let name = self.disk_name(key.0, key.1);
+                if reconcile::kernel_says_idle(&self.sysfs, &name) {
+                    for (op, n) in
+                        reconcile::settle(&mut self.rq_slots, &mut self.disks, index, disk.id)
+                    {
+                        settled.insert((key.0, key.1, op), n);
+                    }
+                    inflight = 0;
+                }
+            }
+            gauges.insert(key, inflight);
+        }
+        (gauges, settled)
     }
 
     fn disk_name(&mut self, major: u32, minor: u32) -> String {
@@ -189,52 +219,42 @@ impl Family for BlockProbe {
     /// disk still has requests in flight.
     fn collect(&mut self, interval: Duration, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
         self.prepare_disks();
-        let mut inflight_now: HashMap<(u32, u32), i64> = HashMap::new();
-        for item in self.disks.iter().flatten() {
-            let (id, state) = item;
-            inflight_now.insert(((id >> 32) as u32, id as u32), state.inflight);
-        }
-        let snapshot: Vec<_> = self.stats.iter().flatten().collect();
-        let mut records = Vec::new();
-        for (key, per_cpu) in snapshot {
-            let series = self
-                .series
-                .entry((key.major, key.minor, key.op))
-                .or_default();
-            let counters = [
-                per_cpu.iter().map(|s| s.requests).sum::<u64>(),
-                per_cpu.iter().map(|s| s.bytes).sum(),
-                per_cpu.iter().map(|s| s.bios).sum(),
-                per_cpu.iter().map(|s| s.requeues).sum(),
-                per_cpu.iter().map(|s| s.errors).sum(),
-            ];
-            let mut delta = [0u64; 5];
-            for i in 0..5 {
-                delta[i] = counters[i].wrapping_sub(series.counters[i]);
-            }
-            series.counters = counters;
-            let total = series.total.advance(per_cpu.iter().map(|s| &s.total));
-            let tag_wait = series.tag_wait.advance(per_cpu.iter().map(|s| &s.tag_wait));
-            let queue = series.queue.advance(per_cpu.iter().map(|s| &s.queue));
-            let device = series.device.advance(per_cpu.iter().map(|s| &s.device));
-            let inflight = series.inflight.advance(per_cpu.iter().map(|s| &s.inflight));
+        let intervals: Vec<(block_key, Interval)> = self
+            .stats
+            .iter()
+            .flatten()
+            .map(|(key, per_cpu)| {
+                let series = self
+                    .series
+                    .entry((key.major, key.minor, key.op))
+                    .or_default();
+                (key, series.advance(&per_cpu))
+            })
+            .collect();
+        let busy: HashSet<(u32, u32)> = intervals
+            .iter()
+            .filter(|(_, i)| i.did_io())
+            .map(|(k, _)| (k.major, k.minor))
+            .collect();
+        let (inflight_now, settled) = self.inflight_after_settling(&busy);
 
-            let active = delta.iter().any(|&d| d > 0)
-                || [&total, &tag_wait, &queue, &device, &inflight]
-                    .iter()
-                    .any(|h| h.count() > 0);
-            let now = inflight_now
-                .get(&(key.major, key.minor))
+        for (key, iv) in intervals {
+            let disk = (key.major, key.minor);
+            let now = inflight_now.get(&disk).copied().unwrap_or(0);
+            let settled_here = settled
+                .get(&(key.major, key.minor, key.op))
                 .copied()
                 .unwrap_or(0);
+            let series = self
+                .series
+                .get_mut(&(key.major, key.minor, key.op))
+                .expect("advanced above");
+            let active = iv.is_active() || settled_here > 0;
             let emit = active || series.active_last_interval || now != 0;
             series.active_last_interval = active;
             if !emit {
                 continue;
             }
-            records.push((key, delta, total, tag_wait, queue, device, inflight, now));
-        }
-        for (key, delta, total, tag_wait, queue, device, inflight, now) in records {
             let dev = self.disk_name(key.major, key.minor);
             let record = BlockRecord {
                 queue_limit: self.sysfs.queue_limits(&dev),
@@ -243,16 +263,17 @@ impl Family for BlockProbe {
                 minor: key.minor,
                 op: op_name(key.op),
                 interval_ms: interval.as_millis() as u64,
-                count: delta[0],
-                bytes: delta[1],
-                bios: delta[2],
-                requeues: delta[3],
-                errors: delta[4],
-                latency_us: total.to_record(NS_TO_US),
-                tag_wait_us: tag_wait.to_record(NS_TO_US),
-                queue_us: queue.to_record(NS_TO_US),
-                device_us: device.to_record(NS_TO_US),
-                inflight: inflight.to_record(1.0),
+                count: iv.requests,
+                bytes: iv.bytes,
+                bios: iv.bios,
+                requeues: iv.requeues,
+                errors: iv.errors,
+                completions_unseen: iv.unseen + settled_here,
+                latency_us: iv.total.to_record(NS_TO_US),
+                tag_wait_us: iv.tag_wait.to_record(NS_TO_US),
+                queue_us: iv.queue.to_record(NS_TO_US),
+                device_us: iv.device.to_record(NS_TO_US),
+                inflight: iv.inflight.to_record(1.0),
                 inflight_now: now,
                 role: None,
             };

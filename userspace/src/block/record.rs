@@ -35,6 +35,9 @@ pub struct BlockRecord {
     pub requeues: u64,
     /// Requests completed with an error, and bios that failed before reaching a request.
     pub errors: u64,
+    /// Requests completed without the hooks seeing it, found out in this interval
+    /// (not in `count` nor in the phase histograms).
+    pub completions_unseen: u64,
     /// Bio submitted -> bio completed.
     pub latency_us: HistogramRecord,
     /// Bio submitted -> request allocated: waiting for a tag (queue depth) or request.

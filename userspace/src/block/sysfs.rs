@@ -70,6 +70,22 @@ impl Sysfs {
         out
     }
 
+    /// The kernel's own count of requests in flight (reads, writes): `/sys/block/X/inflight`.
+    /// For blk-mq disks it only counts requests with I/O accounting on.
+    pub fn kernel_inflight(&self, disk: &str) -> Option<(u64, u64)> {
+        let text = read(&self.root.join("block").join(disk).join("inflight"))?;
+        let mut it = text.split_whitespace().map(|v| v.parse::<u64>());
+        match (it.next(), it.next()) {
+            (Some(Ok(r)), Some(Ok(w))) => Some((r, w)),
+            _ => None,
+        }
+    }
+
+    /// Whether the disk keeps I/O statistics (`queue/iostats`).
+    pub fn io_accounting(&self, disk: &str) -> Option<bool> {
+        read_u64(&self.root.join("block").join(disk).join("queue/iostats")).map(|v| v == 1)
+    }
+
     pub fn queue_limits(&self, disk: &str) -> QueueLimits {
         let base = self.root.join("block").join(disk);
         let mq = base.join("mq");
@@ -135,6 +151,8 @@ mod tests {
         std::fs::write(disk.join("device/queue_depth"), "32\n").unwrap();
         std::fs::write(disk.join("dev"), "8:0\n").unwrap();
         std::fs::write(disk.join("size"), "2048\n").unwrap();
+        std::fs::write(disk.join("inflight"), "       0        3\n").unwrap();
+        std::fs::write(disk.join("queue/iostats"), "1\n").unwrap();
         std::fs::create_dir_all(root.join("block/loop7")).unwrap();
         std::fs::write(root.join("block/loop7/dev"), "7:7\n").unwrap();
         std::fs::write(root.join("block/loop7/size"), "0\n").unwrap();
@@ -145,6 +163,9 @@ mod tests {
         assert_eq!(sys.disk_name(8, 0).as_deref(), Some("sdz"));
         assert_eq!(sys.disk_name(8, 16), None);
         assert_eq!(sys.disks_with_media(), [("sdz".to_string(), 8, 0)]);
+        assert_eq!(sys.kernel_inflight("sdz"), Some((0, 3)));
+        assert_eq!(sys.io_accounting("sdz"), Some(true));
+        assert_eq!(sys.kernel_inflight("loop7"), None);
         let q = sys.queue_limits("sdz");
         std::fs::remove_dir_all(&root).unwrap();
         assert_eq!(

@@ -19,6 +19,7 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_BLOCK_STATS_FULL => "block_stats_entry_unavailable",
         abi::LOST_DISK_STATE_FULL => "disk_table_full",
         abi::LOST_BIO_CHAIN_TRUNCATED => "bio_chain_truncated",
+        abi::LOST_STALE_SLOT => "stale_slot_displaced",
         _ => "unknown",
     }
 }

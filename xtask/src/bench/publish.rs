@@ -1,0 +1,141 @@
+//! Where results go: docs/BENCHMARKS.md and docs/benchmarks.json, each shared
+//! by every suite. A suite rewrites only its own part (the text between its
+//! markers, its own key), so publishing one suite keeps the others' figures.
+
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use crate::util;
+
+/// The machine a run describes.
+#[derive(Serialize, Clone, Debug)]
+pub struct Host {
+    pub date: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+}
+
+impl Host {
+    pub fn this() -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |line: &str| line.split_once(':').map(|(_, v)| v.trim().to_string());
+        Host {
+            date: util::output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            cpu_model: cpuinfo
+                .lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(field)
+                .unwrap_or_else(|| "unknown".into()),
+            cpus: cpuinfo
+                .lines()
+                .filter(|l| l.starts_with("processor"))
+                .count(),
+        }
+    }
+}
+
+const INTRO: &str = "# Benchmarks
+
+What stalltrace costs the host it runs on, measured by `cargo xtask bench <suite>`
+(`cargo xtask bench all` runs every suite). Each suite rewrites only its own section
+of this file (between its `bench:<suite>` markers) and its own key in
+[benchmarks.json](benchmarks.json); everything else here is kept, so edit freely
+outside the markers.
+";
+
+fn docs() -> PathBuf {
+    util::workspace_root().join("docs")
+}
+
+/// Replace `suite`'s section of docs/BENCHMARKS.md with `body`, and its key of
+/// docs/benchmarks.json (under "suites") with `json`.
+pub fn publish(suite: &str, body: &str, json: serde_json::Value) -> anyhow::Result<()> {
+    let md_path = docs().join("BENCHMARKS.md");
+    let old = match fs::read_to_string(&md_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => INTRO.to_string(),
+        Err(e) => return Err(e).context(format!("cannot read {}", md_path.display())),
+    };
+    let new = replace_section(&old, suite, body)?;
+
+    let json_path = docs().join("benchmarks.json");
+    let mut all: serde_json::Value = match fs::read_to_string(&json_path) {
+        Ok(text) => serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not valid JSON; fix or remove it, then re-run",
+                json_path.display()
+            )
+        })?,
+        Err(_) => serde_json::json!({}),
+    };
+    let Some(map) = all.as_object_mut() else {
+        bail!("{} is not a JSON object", json_path.display());
+    };
+    map.insert(
+        "about".into(),
+        "stalltrace benchmark results, one key per suite under `suites`; written by `cargo xtask bench`".into(),
+    );
+    let suites = map.entry("suites").or_insert_with(|| serde_json::json!({}));
+    let Some(suites) = suites.as_object_mut() else {
+        bail!("`suites` in {} is not an object", json_path.display());
+    };
+    suites.insert(suite.to_string(), json);
+
+    fs::write(&md_path, new).with_context(|| format!("cannot write {}", md_path.display()))?;
+    fs::write(&json_path, serde_json::to_string_pretty(&all)? + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    eprintln!(
+        "bench: wrote {} and {}",
+        md_path.display(),
+        json_path.display()
+    );
+    Ok(())
+}
+
+/// `doc` with the text between `suite`'s markers replaced by `body`; the
+/// section is appended when the markers are absent.
+fn replace_section(doc: &str, suite: &str, body: &str) -> anyhow::Result<String> {
+    let start = format!("<!-- bench:{suite}:start -->");
+    let end = format!("<!-- bench:{suite}:end -->");
+    let section = format!("{start}\n{}\n{end}", body.trim_end());
+    match (doc.find(&start), doc.find(&end)) {
+        (Some(s), Some(e)) if s < e => {
+            Ok(format!("{}{section}{}", &doc[..s], &doc[e + end.len()..]))
+        }
+        (None, None) => Ok(format!("{}\n{section}\n", doc.trim_end())),
+        _ => bail!("BENCHMARKS.md has a broken `{suite}` marker pair; fix it by hand"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_section;
+
+    #[test]
+    fn rewrites_only_its_own_section() {
+        let doc = "# B\n\n<!-- bench:net:start -->\nnet v1\n<!-- bench:net:end -->\n";
+        let once = replace_section(doc, "block", "block v1\n").unwrap();
+        assert!(once.contains("net v1") && once.contains("block v1"));
+        let twice = replace_section(&once, "block", "block v2").unwrap();
+        assert!(twice.contains("net v1") && twice.contains("block v2"));
+        assert!(!twice.contains("block v1"));
+        assert_eq!(twice.matches("bench:block:start").count(), 1);
+        let net = replace_section(&twice, "net", "net v2").unwrap();
+        assert!(net.contains("net v2") && net.contains("block v2") && !net.contains("net v1"));
+    }
+
+    #[test]
+    fn broken_markers_are_an_error() {
+        let doc = "<!-- bench:block:end -->\n<!-- bench:block:start -->\n";
+        assert!(replace_section(doc, "block", "x").is_err());
+    }
+}

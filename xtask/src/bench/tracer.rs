@@ -1,0 +1,271 @@
+//! One stalltrace daemon for one traced fio run, held as a guard: whatever
+//! happens (error, panic, Ctrl-C), `Drop` stops it, so no BPF program stays
+//! attached to skew the next untraced round or outlive the bench.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use super::interrupt;
+
+/// Loading and verifying the programs takes about a second here; allow for a loaded host.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The flags under test; `--out FILE` is added per run.
+pub const ARGS: &[&str] = &[
+    "run",
+    "--bpf-stats",
+    "--slow-io-ms",
+    "0",
+    "--interval",
+    "1s",
+];
+
+pub struct Tracer {
+    pid: libc::pid_t,
+    reaped: bool,
+    out: PathBuf,
+    stderr: PathBuf,
+    /// The `start` record, as written.
+    pub start: serde_json::Value,
+}
+
+/// The daemon's usage so far, from /proc.
+pub struct Usage {
+    /// user + system, all threads.
+    pub cpu_s: f64,
+    /// Peak resident set (VmHWM).
+    pub peak_rss_kib: u64,
+}
+
+/// What the daemon reported and used, after it exited.
+pub struct Finished {
+    pub stop: StopRecord,
+    /// user + system over its whole life: load, verify and attach included.
+    pub lifetime_cpu_s: f64,
+}
+
+/// The part of the `stop` record the bench reads; unknown fields are ignored
+/// so the record can grow.
+#[derive(Deserialize, Debug)]
+pub struct StopRecord {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub lost: std::collections::BTreeMap<String, u64>,
+    pub programs: Vec<ProgramCost>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+pub struct ProgramCost {
+    pub family: String,
+    pub program: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    pub recursion_misses: u64,
+}
+
+impl Tracer {
+    /// Start `bin` writing to files in `dir`; return once its `start` record is written,
+    /// i.e. once every probe is attached.
+    pub fn start(bin: &Path, dir: &Path, tag: &str) -> anyhow::Result<Self> {
+        let out = dir.join(format!("{tag}.jsonl"));
+        let stderr = dir.join(format!("{tag}.stderr"));
+        let mut cmd = Command::new(bin);
+        cmd.args(ARGS)
+            .arg("--out")
+            .arg(&out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr)?);
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        // If xtask is killed outright, the daemon gets SIGINT and detaches.
+        unsafe {
+            cmd.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        // Reaped with wait4 below, which also yields its rusage; dropping a
+        // std Child neither waits for nor kills it.
+        let mut tracer = Tracer {
+            pid: child.id() as libc::pid_t,
+            reaped: false,
+            out,
+            stderr,
+            start: serde_json::Value::Null,
+        };
+        let began = Instant::now();
+        loop {
+            interrupt::check()?;
+            if let Some(start) = tracer.first_record() {
+                if start["type"] != "start" {
+                    bail!("stalltrace's first record is not `start`: {start}");
+                }
+                tracer.start = start;
+                return Ok(tracer);
+            }
+            if let Some((status, _)) = tracer.try_reap() {
+                bail!(
+                    "stalltrace exited ({}) before writing its start record: {}",
+                    describe(status),
+                    tracer.stderr_tail()
+                );
+            }
+            if began.elapsed() > START_TIMEOUT {
+                bail!("stalltrace wrote no start record within {START_TIMEOUT:?}");
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn usage(&self) -> anyhow::Result<Usage> {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        Ok(Usage {
+            cpu_s: cpu_ticks(&stat).context("unexpected /proc/PID/stat")? as f64 / clock_ticks(),
+            peak_rss_kib: vm_hwm_kib(&status).context("no VmHWM in /proc/PID/status")?,
+        })
+    }
+
+    /// SIGINT, wait for a clean exit, and read the `stop` record (the last line).
+    pub fn stop(mut self) -> anyhow::Result<Finished> {
+        // SAFETY: kill has no memory-safety preconditions; pid is our unreaped child.
+        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        let (status, usage) = self.wait(STOP_TIMEOUT).with_context(|| {
+            format!("stalltrace did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it")
+        })?;
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            bail!(
+                "stalltrace exited with {}: {}",
+                describe(status),
+                self.stderr_tail()
+            );
+        }
+        let text = fs::read_to_string(&self.out)?;
+        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+        let stop: StopRecord = serde_json::from_str(last)
+            .with_context(|| format!("stalltrace's last line is not a stop record: {last}"))?;
+        if stop.kind != "stop" {
+            bail!("stalltrace's last record is `{}`, not `stop`", stop.kind);
+        }
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        Ok(Finished {
+            stop,
+            lifetime_cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        })
+    }
+
+    fn first_record(&self) -> Option<serde_json::Value> {
+        let text = fs::read_to_string(&self.out).ok()?;
+        // Only a complete line: the writer may be mid-record.
+        let (line, _) = text.split_once('\n')?;
+        serde_json::from_str(line).ok()
+    }
+
+    fn try_reap(&mut self) -> Option<(libc::c_int, libc::rusage)> {
+        let mut status = 0;
+        // SAFETY: rusage is plain data, valid when zeroed; both pointers outlive the call.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::wait4(self.pid, &mut status, libc::WNOHANG, &mut usage) };
+        if rc == 0 {
+            return None;
+        }
+        // rc == -1 means it is not our child any more: nothing left to wait for.
+        self.reaped = true;
+        Some((status, usage))
+    }
+
+    /// Wait up to `limit`; after that SIGKILL it, reap it, and return None.
+    fn wait(&mut self, limit: Duration) -> Option<(libc::c_int, libc::rusage)> {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if let Some(done) = self.try_reap() {
+                return Some(done);
+            }
+            sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as in stop(); a blocking wait4 after SIGKILL returns promptly.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+        self.reaped = true;
+        None
+    }
+
+    fn stderr_tail(&self) -> String {
+        let text = fs::read_to_string(&self.stderr).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" / ")
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        eprintln!("bench: stopping stalltrace (pid {})", self.pid);
+        // SAFETY: as in stop().
+        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        self.wait(Duration::from_secs(10));
+    }
+}
+
+/// utime + stime (fields 14 and 15) of /proc/PID/stat, in clock ticks. The
+/// command name (field 2) may hold spaces and parentheses, so count from its
+/// closing parenthesis.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn vm_hwm_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+fn describe(status: libc::c_int) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_survive_odd_command_names() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0";
+        assert_eq!(cpu_ticks(stat), Some(10));
+    }
+
+    #[test]
+    fn vm_hwm_in_kib() {
+        let status = "Name:\tstalltrace\nVmPeak:\t  9000 kB\nVmHWM:\t   12345 kB\n";
+        assert_eq!(vm_hwm_kib(status), Some(12345));
+    }
+}
