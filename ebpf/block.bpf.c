@@ -152,20 +152,28 @@ static __always_inline struct block_stats *stats_for(__u32 major, __u32 minor, _
 	return bpf_map_lookup_elem(&block_stats, &key);
 }
 
-/* The disk's entry in the disk table, claimed on first sight (never displaced). */
-static __always_inline struct block_disk *disk_for(__u32 major, __u32 minor, __u64 now)
+/* The disk's entry in the disk table, claimed on first sight (never displaced); `*index` is its index. */
+static __always_inline struct block_disk *disk_for(__u64 id, __u64 now, __u32 *index)
 {
-	__u64 id = ((__u64)major << 32) | minor;
 	struct block_disk *disk;
 	bool stale = false;
 
-	disk = slot_find(&block_disks, BLOCK_DISK_TABLE_BITS, id);
+	disk = slot_find(&block_disks, BLOCK_DISK_TABLE_BITS, id, index);
 	if (disk)
 		return disk;
-	disk = slot_claim(&block_disks, BLOCK_DISK_TABLE_BITS, id, now, 0, &stale);
+	disk = slot_claim(&block_disks, BLOCK_DISK_TABLE_BITS, id, now, 0, &stale, index);
 	if (!disk)
 		count_lost(LOST_DISK_STATE_FULL);
 	return disk;
+}
+
+/* The disk table entry a request slot recorded at issue. */
+static __always_inline struct block_disk *disk_of(struct block_rq_slot *slot)
+{
+	__u32 index = slot->disk_index;
+	struct block_disk *disk = bpf_map_lookup_elem(&block_disks, &index);
+
+	return disk && disk->id == slot->disk_id ? disk : NULL;
 }
 
 /* The submitter's name: direct loads from current in tp_btf, the helper in raw_tp. */
@@ -187,11 +195,13 @@ HOOK(block_bio_queue, struct bio *bio)
 	struct bio_slot *slot;
 	bool stale = false;
 	__u64 now, id;
+	__u32 index;
 
 	if (!disk)
 		return 0;
 	now = bpf_ktime_get_ns();
-	slot = slot_claim(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_BIO_QUEUE), now, SLOT_STALE_NS, &stale);
+	slot = slot_claim(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_BIO_QUEUE), now, SLOT_STALE_NS, &stale,
+			  &index);
 	if (stale)
 		count_lost(LOST_STALE_SLOT);
 	if (!slot) {
@@ -212,7 +222,8 @@ HOOK(block_bio_queue, struct bio *bio)
 /* Only stamps the allocation: the histograms are fed at issue, where the stats are looked up anyway. */
 HOOK(block_getrq, struct bio *bio)
 {
-	struct bio_slot *slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_GETRQ));
+	__u32 index;
+	struct bio_slot *slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_GETRQ), &index);
 
 	if (slot)
 		slot->alloc_ns = bpf_ktime_get_ns();
@@ -226,11 +237,10 @@ HOOK(block_getrq, struct bio *bio)
  * do not run, and no recursion miss is recorded). Settle that earlier life on
  * its own disk and op (with shared tag sets it may have been another disk).
  */
-static __always_inline void settle_unseen(struct block_rq_slot *slot, __u64 now)
+static __always_inline void settle_unseen(struct block_rq_slot *slot)
 {
-	__u32 major = slot->disk_id >> 32, minor = (__u32)slot->disk_id;
-	struct block_stats *stats = stats_for(major, minor, slot->op);
-	struct block_disk *disk = disk_for(major, minor, now);
+	struct block_stats *stats = stats_for(slot->disk_id >> 32, (__u32)slot->disk_id, slot->op);
+	struct block_disk *disk = disk_of(slot);
 
 	if (stats)
 		__sync_fetch_and_add(&stats->unseen, 1);
@@ -239,62 +249,55 @@ static __always_inline void settle_unseen(struct block_rq_slot *slot, __u64 now)
 	slot->in_flight = 0;
 }
 
+/*
+ * Issue: only bookkeeping (the slot and the disk's gauge). Every histogram of
+ * a request is fed at its completion, where the per-(disk, op) statistics are
+ * looked up anyway: one per-CPU hash lookup per I/O instead of two.
+ */
 HOOK(block_rq_issue, struct request *rq)
 {
 	struct gendisk *gd = request_disk(rq);
-	__u64 key = ptr_key(rq, PROG_RQ_ISSUE), now;
-	struct block_stats *stats;
-	struct bio_slot *origin;
-	struct block_disk *disk;
+	__u64 key = ptr_key(rq, PROG_RQ_ISSUE), now, disk_id;
 	struct block_rq_slot *slot;
-	__u32 major, minor, op;
+	struct block_disk *disk;
+	__u32 index, disk_index;
 	bool stale = false;
 	__s64 depth;
 
 	if (!gd)
 		return 0;
 	now = bpf_ktime_get_ns();
-	major = KREAD(gd, major);
-	minor = KREAD(gd, first_minor);
-	op = block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len));
-	stats = stats_for(major, minor, op);
-	if (!stats)
-		return 0;
+	disk_id = ((__u64)KREAD(gd, major) << 32) | (__u32)KREAD(gd, first_minor);
 
-	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key);
+	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key, &index);
 	if (slot && slot->in_flight) {
-		settle_unseen(slot, now);
+		settle_unseen(slot);
 		slot_release(slot);
 		slot = NULL;
 	}
-	if (slot) {
-		/* re-issue after a requeue */
-		slot->issue_ns = now;
-	} else {
-		slot = slot_claim(&rq_slots, RQ_SLOT_BITS, key, now, SLOT_STALE_NS, &stale);
+	if (!slot) {
+		slot = slot_claim(&rq_slots, RQ_SLOT_BITS, key, now, SLOT_STALE_NS, &stale, &index);
 		if (stale)
 			count_lost(LOST_STALE_SLOT);
 		if (!slot) {
 			count_lost(LOST_RQ_TRACK_FULL);
 			return 0;
 		}
-		slot->issue_ns = now;
-		slot->disk_id = ((__u64)major << 32) | minor;
-		slot->op = op;
-		/* first issue: the allocating bio's wait for a tag, then in the queue */
-		origin = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(KREAD(rq, bio), PROG_RQ_ISSUE));
-		if (origin && origin->alloc_ns) {
-			hist_add(&stats->tag_wait, origin->alloc_ns - origin->head.stamp_ns);
-			hist_add(&stats->queue, now - origin->alloc_ns);
-		}
+		slot->disk_id = disk_id;
+		slot->op = block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len));
 	}
+	/* else: issued again after a requeue */
+	slot->issue_ns = now;
 	slot->in_flight = 1;
 
-	disk = disk_for(major, minor, now);
-	if (!disk)
+	disk = disk_for(disk_id, now, &disk_index);
+	if (!disk) {
+		slot->depth = 0;
 		return 0;
+	}
 	depth = __sync_fetch_and_add(&disk->inflight, 1) + 1;
-	hist_add(&stats->inflight, depth > 0 ? depth : 0);
+	slot->depth = depth > 0 ? depth : 0;
+	slot->disk_index = disk_index;
 	return 0;
 }
 
@@ -304,7 +307,7 @@ HOOK(block_rq_requeue, struct request *rq)
 	struct block_stats *stats;
 	struct block_disk *disk;
 	struct block_rq_slot *slot;
-	__u32 major, minor;
+	__u32 major, minor, index;
 
 	if (!gd)
 		return 0;
@@ -314,11 +317,11 @@ HOOK(block_rq_requeue, struct request *rq)
 	if (stats)
 		__sync_fetch_and_add(&stats->requeues, 1);
 
-	slot = slot_find(&rq_slots, RQ_SLOT_BITS, ptr_key(rq, PROG_RQ_REQUEUE));
+	slot = slot_find(&rq_slots, RQ_SLOT_BITS, ptr_key(rq, PROG_RQ_REQUEUE), &index);
 	if (!slot || !slot->in_flight)
 		return 0;
 	slot->in_flight = 0;
-	disk = disk_for(major, minor, bpf_ktime_get_ns());
+	disk = disk_of(slot);
 	if (disk)
 		__sync_fetch_and_add(&disk->inflight, -1);
 	return 0;
@@ -341,7 +344,7 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 	struct bio *bio = KREAD(rq, bio);
 	struct bio_slot *slot;
 	__u64 done = 0;
-	__u32 size;
+	__u32 size, index;
 	int i;
 
 	for (i = 0; i < MAX_BIOS_PER_COMPLETION; i++) {
@@ -351,7 +354,7 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 		if (done + size > nr_bytes)
 			return; /* not finished by this (partial) completion */
 		done += size;
-		slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_RQ_COMPLETE));
+		slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_RQ_COMPLETE), &index);
 		if (slot) {
 			if (i == 0)
 				*first = *slot;
@@ -366,7 +369,7 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 }
 
 static __always_inline void send_slow_io(struct request *rq, struct bio_slot *origin, __u32 op,
-					 __u64 now, __u64 issue_ns, __u64 device_ns, int error)
+					 __u64 now, __u64 first_issue_ns, __u64 device_ns, int error)
 {
 	struct slow_io_event *event;
 
@@ -383,7 +386,7 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 		/* the queue phase starts at the allocation, known when the allocation was seen */
 		event->flags = SLOW_IO_HAS_TAG_WAIT | SLOW_IO_HAS_QUEUE;
 		event->tag_wait_ns = origin->alloc_ns - origin->head.stamp_ns;
-		event->queue_ns = issue_ns - origin->alloc_ns;
+		event->queue_ns = first_issue_ns - origin->alloc_ns;
 	}
 	event->ts_ns = now;
 	event->total_ns = now - origin->head.stamp_ns;
@@ -405,19 +408,17 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 {
 	struct gendisk *gd = request_disk(rq);
 	__u32 data_len = KREAD(rq, __data_len);
+	__u64 now, first_issue_ns, device_ns;
 	struct bio_slot first = {};
 	struct block_stats *stats;
-	struct block_disk *disk;
 	struct block_rq_slot *slot;
-	__u64 now, issue_ns, device_ns;
-	__u32 major, minor, op;
+	struct block_disk *disk;
+	__u32 op, index;
 
 	if (!gd)
 		return 0;
-	major = KREAD(gd, major);
-	minor = KREAD(gd, first_minor);
 	op = block_op_of(KREAD(rq, cmd_flags), data_len);
-	stats = stats_for(major, minor, op);
+	stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);
 	if (!stats)
 		return 0;
 	now = bpf_ktime_get_ns();
@@ -434,22 +435,28 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 	 * original request, which completes without ever being issued (its
 	 * flush_rq is).
 	 */
-	slot = slot_find(&rq_slots, RQ_SLOT_BITS, ptr_key(rq, PROG_RQ_COMPLETE));
+	slot = slot_find(&rq_slots, RQ_SLOT_BITS, ptr_key(rq, PROG_RQ_COMPLETE), &index);
 	if (!slot)
 		return 0;
 	__sync_fetch_and_add(&stats->requests, 1);
-	issue_ns = slot->issue_ns;
-	device_ns = now - issue_ns;
+	first_issue_ns = slot->head.stamp_ns;
+	device_ns = now - slot->issue_ns;
 	if (slot->in_flight) {
 		hist_add(&stats->device, device_ns);
-		disk = disk_for(major, minor, now);
+		hist_add(&stats->inflight, slot->depth);
+		disk = disk_of(slot);
 		if (disk)
 			__sync_fetch_and_add(&disk->inflight, -1);
+	}
+	/* the allocating bio's wait for a tag, then in the queue until the first issue */
+	if (first.head.owner && first.alloc_ns) {
+		hist_add(&stats->tag_wait, first.alloc_ns - first.head.stamp_ns);
+		hist_add(&stats->queue, first_issue_ns - first.alloc_ns);
 	}
 	slot_release(slot);
 
 	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns)
-		send_slow_io(rq, &first, op, now, issue_ns, device_ns, error);
+		send_slow_io(rq, &first, op, now, first_issue_ns, device_ns, error);
 	return 0;
 }
 
@@ -460,7 +467,8 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
  */
 HOOK(block_bio_complete, struct request_queue *q, struct bio *bio)
 {
-	struct bio_slot *slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_BIO_COMPLETE));
+	__u32 index;
+	struct bio_slot *slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_BIO_COMPLETE), &index);
 	struct block_stats *stats;
 
 	if (!slot)

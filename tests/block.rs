@@ -27,18 +27,7 @@ fn completed_requests_match_fio_and_diskstats() {
     disk.set_queue("scheduler", "none");
     let tracer = Tracer::start(&["--interval", INTERVAL, "--slow-io-ms", "0"]);
     let before = disk.diskstats();
-    let fio = fio(
-        &disk.dev,
-        &[
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=libaio",
-            "--iodepth=16",
-            "--runtime=4",
-            "--time_based",
-        ],
-    );
+    let fio = randread_4k(&disk.dev, &["--ioengine=libaio", "--iodepth=16"], 4);
     let after = disk.diskstats();
     settle();
     let records = tracer.stop();
@@ -104,18 +93,7 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     let disk = LoopDevice::new(Backing::Disk, 512, true);
     disk.set_queue("scheduler", "none");
     let tracer = Tracer::start(&["--interval", INTERVAL, "--slow-io-ms", "0"]);
-    let fio = fio(
-        &disk.dev,
-        &[
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=psync",
-            "--iodepth=1",
-            "--runtime=4",
-            "--time_based",
-        ],
-    );
+    let fio = randread_4k(&disk.dev, &["--ioengine=psync", "--iodepth=1"], 4);
     settle();
     let records = tracer.stop();
     let reads = block_records(&records, &disk.name, "read");
@@ -198,18 +176,10 @@ fn sixteen_deep(disk: &LoopDevice) -> QueueRun {
     // once. (One libaio job at iodepth 32 does not on this 2-vCPU VM: fio's own
     // submit/reap loop holds most of its 32 I/Os in user space or in the
     // completion ring, and its clat counts that time as well.)
-    let fio = fio(
+    let fio = randread_4k(
         &disk.dev,
-        &[
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=psync",
-            "--numjobs=16",
-            "--group_reporting",
-            "--runtime=3",
-            "--time_based",
-        ],
+        &["--ioengine=psync", "--numjobs=16", "--group_reporting"],
+        3,
     );
     settle();
     let records = tracer.stop();
@@ -379,18 +349,7 @@ fn raw_tp_fallback_measures_the_same() {
         "--probe-mode",
         "raw-tp",
     ]);
-    let fio = fio(
-        &disk.dev,
-        &[
-            "--rw=randread",
-            "--bs=4k",
-            "--direct=1",
-            "--ioengine=libaio",
-            "--iodepth=8",
-            "--runtime=2",
-            "--time_based",
-        ],
-    );
+    let fio = randread_4k(&disk.dev, &["--ioengine=libaio", "--iodepth=8"], 2);
     settle();
     let records = tracer.stop();
     let start = &of_type(&records, "start")[0];

@@ -70,7 +70,7 @@ struct block_stats {
 	struct hist tag_wait; /* bio submitted -> request allocated, ns */
 	struct hist queue;    /* request allocated -> issued to the driver, ns */
 	struct hist device;   /* issued -> completed, ns */
-	struct hist inflight; /* requests in flight on the disk at each issue (a count) */
+	struct hist inflight; /* requests in flight on the disk at the issue of each completed request (a count) */
 };
 
 /*
@@ -107,6 +107,8 @@ struct block_rq_slot {
 	__u64 disk_id;         /* major << 32 | first minor */
 	__u32 op;              /* enum block_op */
 	__u32 in_flight;       /* 0 after a requeue, until the request is issued again */
+	__u32 depth;           /* requests in flight on the disk at its (last) issue, itself included */
+	__u32 disk_index;      /* the disk's entry in the disk table */
 };
 
 /* ---- events carried by ring buffers ------------------------------------ */

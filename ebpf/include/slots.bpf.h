@@ -74,14 +74,15 @@ static __always_inline __u32 slot_home(__u64 key, __u32 bits)
 }
 
 /*
- * Claim a slot for `key` (non-zero) in `table` (2^bits entries). Returns NULL
- * when all SLOT_PROBES candidates are held by other owners. A slot still
+ * Claim a slot for `key` (non-zero) in `table` (2^bits entries); `*index` is
+ * set to its index. Returns NULL when all SLOT_PROBES candidates are held by
+ * other owners. A slot still
  * owned by the same key (its last completion was missed) is reused. With
  * `stale_ns` non-zero, an owner claimed longer ago than that is displaced,
  * and `*took_stale` is set.
  */
 static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u64 now, __u64 stale_ns,
-					bool *took_stale)
+					bool *took_stale, __u32 *index)
 {
 	__u32 home = slot_home(key, bits), idx, i;
 	struct slot_head *slot;
@@ -106,11 +107,12 @@ static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u6
 	return NULL;
 claimed:
 	slot->stamp_ns = now;
+	*index = idx;
 	return slot;
 }
 
-/* The slot `key` owns, or NULL. */
-static __always_inline void *slot_find(void *table, __u32 bits, __u64 key)
+/* The slot `key` owns, or NULL; `*index` is set to its index. */
+static __always_inline void *slot_find(void *table, __u32 bits, __u64 key, __u32 *index)
 {
 	__u32 home = slot_home(key, bits), idx, i;
 	struct slot_head *slot;
@@ -120,8 +122,10 @@ static __always_inline void *slot_find(void *table, __u32 bits, __u64 key)
 	for (i = 0; i < SLOT_PROBES; i++) {
 		idx = (home + i) & ((1U << bits) - 1);
 		slot = bpf_map_lookup_elem(table, &idx);
-		if (slot && slot->owner == key)
+		if (slot && slot->owner == key) {
+			*index = idx;
 			return slot;
+		}
 	}
 	return NULL;
 }

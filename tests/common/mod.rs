@@ -226,6 +226,21 @@ pub struct Fio {
     pub clat_mean_us: f64,
 }
 
+/// fio 4k random reads with O_DIRECT on `dev` for `runtime_s` seconds;
+/// `engine` holds the engine and depth options (e.g. `--ioengine=libaio`, `--iodepth=16`).
+pub fn randread_4k(dev: &str, engine: &[&str], runtime_s: u32) -> Fio {
+    let runtime = format!("--runtime={runtime_s}");
+    let mut job = vec![
+        "--rw=randread",
+        "--bs=4k",
+        "--direct=1",
+        "--time_based",
+        &runtime,
+    ];
+    job.extend_from_slice(engine);
+    fio(dev, &job)
+}
+
 /// Run fio against `dev` with `--output-format=json` and the given job options.
 pub fn fio(dev: &str, job: &[&str]) -> Fio {
     let mut args = vec![

@@ -57,22 +57,33 @@ impl JsonWriter {
     }
 }
 
+/// An in-memory sink for tests: clones share one buffer, so a test keeps a
+/// handle while the writer owns the boxed other.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct SharedBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl SharedBuffer {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+#[cfg(test)]
+impl Write for SharedBuffer {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-    impl Write for Shared {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     #[test]
     fn records_are_single_lines_with_the_envelope_first() {
@@ -81,7 +92,7 @@ mod tests {
             dev: &'static str,
             count: u64,
         }
-        let buf = Shared::default();
+        let buf = SharedBuffer::default();
         let mut w = JsonWriter::new(Box::new(buf.clone()), "db1".into());
         w.emit(
             "block",
@@ -101,7 +112,7 @@ mod tests {
             },
         )
         .unwrap();
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(

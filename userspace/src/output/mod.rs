@@ -5,4 +5,6 @@ pub mod records;
 #[cfg(test)]
 mod schema_check;
 
+#[cfg(test)]
+pub(crate) use json::SharedBuffer;
 pub use json::{JsonWriter, SCHEMA_VERSION};

@@ -4,13 +4,11 @@
 //! reject what it must (unknown fields, missing fields, a malformed `ts`).
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
-use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::JsonWriter;
 use super::records::{FamilyReport, LostRecord, ProgramCost, StartRecord, StopRecord};
+use super::{JsonWriter, SharedBuffer};
 use crate::abi::{self, slow_io_event};
 use crate::block::record::{BlockRecord, SlowIoRecord, op_name};
 use crate::block::sysfs::QueueLimits;
@@ -48,19 +46,6 @@ fn errors(v: &jsonschema::Validator, record: &Value) -> Vec<String> {
     v.iter_errors(record)
         .map(|e| format!("{}: {e}", e.instance_path()))
         .collect()
-}
-
-#[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A latency histogram as the block family builds it: nanoseconds in, microseconds out.
@@ -108,7 +93,7 @@ fn slow_io(flags: u32, op: u32) -> SlowIoRecord {
 /// One realistic instance of every record type, with optional fields both
 /// present and absent, exactly as `JsonWriter` writes them.
 fn emitted_lines() -> Vec<String> {
-    let buf = Shared::default();
+    let buf = SharedBuffer::default();
     let mut w = JsonWriter::new(Box::new(buf.clone()), "sqlhost-01".into());
     let clock = Clock::new();
     let now = Clock::now_rfc3339;
@@ -313,7 +298,7 @@ fn emitted_lines() -> Vec<String> {
     };
     w.emit("stop", &now(), &stop).unwrap();
 
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let text = buf.text();
     text.lines().map(str::to_string).collect()
 }
 

@@ -19,15 +19,24 @@ use super::interrupt;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The flags under test; `--out FILE` is added per run.
-pub const ARGS: &[&str] = &[
-    "run",
-    "--bpf-stats",
-    "--slow-io-ms",
-    "0",
-    "--interval",
-    "1s",
-];
+/// The flags under test; `--out FILE` is added per run, and [`BPF_STATS`]
+/// for the runs that measure each program's cost.
+pub const ARGS: &[&str] = &["run", "--slow-io-ms", "0", "--interval", "1s"];
+
+/// Turns on the kernel's per-program accounting for the daemon's life. The
+/// kernel then wraps every run of every BPF program on the host in two clock
+/// reads and a counter update, so the runs that use it are slower than
+/// stalltrace as deployed, and are kept apart from the ones that judge IOPS.
+pub const BPF_STATS: &str = "--bpf-stats";
+
+/// The command line as published (`--out FILE` standing for the per-run file).
+pub fn command_line(bpf_stats: bool) -> String {
+    let mut args: Vec<&str> = ARGS.to_vec();
+    if bpf_stats {
+        args.insert(1, BPF_STATS);
+    }
+    format!("stalltrace {} --out FILE", args.join(" "))
+}
 
 pub struct Tracer {
     pid: libc::pid_t,
@@ -74,13 +83,15 @@ pub struct ProgramCost {
 }
 
 impl Tracer {
-    /// Start `bin` writing to files in `dir`; return once its `start` record is written,
-    /// i.e. once every probe is attached.
-    pub fn start(bin: &Path, dir: &Path, tag: &str) -> anyhow::Result<Self> {
+    /// Start `bin` writing to files in `dir`, with `--bpf-stats` when
+    /// `bpf_stats`; return once its `start` record is written, i.e. once every
+    /// probe is attached.
+    pub fn start(bin: &Path, dir: &Path, tag: &str, bpf_stats: bool) -> anyhow::Result<Self> {
         let out = dir.join(format!("{tag}.jsonl"));
         let stderr = dir.join(format!("{tag}.stderr"));
         let mut cmd = Command::new(bin);
         cmd.args(ARGS)
+            .args(bpf_stats.then_some(BPF_STATS))
             .arg("--out")
             .arg(&out)
             .stdin(Stdio::null())
@@ -261,6 +272,18 @@ mod tests {
     fn cpu_ticks_survive_odd_command_names() {
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0";
         assert_eq!(cpu_ticks(stat), Some(10));
+    }
+
+    #[test]
+    fn command_line_with_and_without_bpf_stats() {
+        assert_eq!(
+            command_line(false),
+            "stalltrace run --slow-io-ms 0 --interval 1s --out FILE"
+        );
+        assert_eq!(
+            command_line(true),
+            "stalltrace run --bpf-stats --slow-io-ms 0 --interval 1s --out FILE"
+        );
     }
 
     #[test]
