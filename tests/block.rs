@@ -127,35 +127,38 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
         "p99 {p99} above fio {}",
         fio.clat_p99_us
     );
-    // And close to it: what fio adds is a syscall, a context switch and a wakeup
-    // (10-20 us in this VM) on top of a ~60 us device time. Beyond 40% (p50) or
-    // 50% (p99) below fio, stalltrace would be missing time.
+    // And close to it. At the median, what fio adds is a syscall, a context
+    // switch and a wakeup (10-20 us in this VM) on top of a ~60 us device time:
+    // beyond 40% below fio, stalltrace would be missing time. fio's tail also
+    // carries the scheduling delays of its own thread on a shared 2-vCPU VM
+    // (measured: up to ~2x the I/O time at p99 when other work runs), so the
+    // p99 bound is looser; the device-dominance check above and the p50 bound
+    // are what catch a tracer that misses part of each I/O.
     assert!(
         p50 >= fio.clat_p50_us * 0.60,
         "p50 {p50} too far below fio {}",
         fio.clat_p50_us
     );
     assert!(
-        p99 >= fio.clat_p99_us * 0.50,
+        p99 >= fio.clat_p99_us * 0.30,
         "p99 {p99} too far below fio {}",
         fio.clat_p99_us
     );
 
-    // One I/O at a time: one in flight at (nearly) every issue. The disk is not
-    // fio's alone: udev's blkid re-reads a new device's labels when a writer
-    // closes it, so a few issues can see a second request.
+    // One I/O at a time: one in flight at every issue. Exception: a completion
+    // the hooks never saw (`completions_unseen`, see docs/records.md) leaves its
+    // request counted until that request is issued again, and the issues in
+    // between see one more; the test then only asks for the median.
     let count = sum_field(&reads, "count");
+    let unseen = sum_field(&reads, "completions_unseen");
     eprintln!(
-        "{count} reads traced, fio did {}; in flight {inflight:?}; lost {:?}",
-        fio.ios,
-        of_type(&records, "lost")
+        "{count} reads traced + {unseen} unseen, fio did {}; in flight {inflight:?}",
+        fio.ios
     );
     assert_eq!(inflight.percentile(0.5), 1.0);
-    let (two_or_more, _) = inflight.count_at_least(2.0);
-    assert!(
-        (two_or_more as f64) <= 0.01 * inflight.count() as f64,
-        "more than 1% of issues saw a second request in flight: {inflight:?}"
-    );
+    if unseen == 0 {
+        assert_eq!(inflight.max(), 1.0, "in flight {inflight:?}");
+    }
     assert_eq!(reads.last().unwrap()["inflight_now"], 0);
 }
 

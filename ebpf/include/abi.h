@@ -115,6 +115,7 @@ struct block_rq_slot {
 
 enum event_kind {
 	EVENT_SLOW_IO = 1,
+	EVENT_TCP_RETRANSMIT = 2,
 };
 
 /* Which phases a slow_io event carries (a phase the hooks did not see is left out). */
@@ -144,6 +145,97 @@ struct slow_io_event {
 	char comm[STALLTRACE_COMM_LEN];
 };
 
+/* ---- tcp family ---------------------------------------------------------- */
+
+/* Why a segment was sent again, from the kernel's own state at the retransmit. */
+enum tcp_retx_kind {
+	TCP_RETX_RTO = 1,  /* in loss recovery: the retransmission timer fired (TCP_CA_Loss) */
+	TCP_RETX_FAST = 2, /* fast retransmit / recovery (dupacks, SACK, RACK) */
+	TCP_RETX_TLP = 3,  /* tail loss probe */
+	TCP_RETX_SYN = 4,  /* a SYN or SYN-ACK sent again */
+};
+
+enum tcp_retx_flags {
+	TCP_RETX_F_TIMER = 1,   /* sent by the retransmission timer itself (one per timeout) */
+	TCP_RETX_F_COUNTED = 2, /* the kernel counted its segments in RetransSegs */
+	TCP_RETX_F_SYNACK = 4,  /* a SYN-ACK of a connection not yet accepted */
+	TCP_RETX_F_OWNER = 8,   /* tgid/pid/comm are the socket owner's */
+	TCP_RETX_F_EPISODE = 16, /* stalled_ms is set */
+};
+
+/* One retransmission (or attempt: err != 0), sent through the ring buffer. */
+struct tcp_retransmit_event {
+	__u32 kind;  /* EVENT_TCP_RETRANSMIT */
+	__u32 flags; /* enum tcp_retx_flags */
+	__u64 ts_ns; /* CLOCK_MONOTONIC */
+	__u64 sock_ino; /* inode of the socket's file (0 if none): matches /proc/PID/fd and sock_diag */
+	__u32 netns;    /* network namespace inode */
+	__u16 family;   /* AF_INET or AF_INET6 (v4-mapped addresses are reported as AF_INET) */
+	__u16 sport;    /* local port, host order */
+	__u16 dport;    /* remote port, host order */
+	__u8 state;     /* TCP state (TCP_ESTABLISHED = 1, ...) */
+	__u8 ca_state;  /* congestion-avoidance state (Open 0 .. Loss 4) */
+	__u8 retx_kind; /* enum tcp_retx_kind */
+	__u8 backoff;   /* icsk_backoff: RTO doublings before this one */
+	__u8 retransmits; /* icsk_retransmits: consecutive timeouts so far */
+	__u8 pad0;
+	__u8 saddr[16]; /* v4 in the first 4 bytes, network order */
+	__u8 daddr[16];
+	__s32 err;      /* 0 when it went out; see docs/records.md */
+	__u32 segs;     /* segments it carries (GSO) */
+	__u32 bytes;
+	__u32 seq;
+	__u32 rto_jiffies; /* icsk_rto; the daemon converts with the kernel's HZ */
+	__u32 srtt_us;
+	__u32 stalled_ms; /* since this loss episode's first retransmission (or the first SYN) */
+	__u32 tgid;
+	__u32 pid;
+	__u32 pad1;
+	char comm[STALLTRACE_COMM_LEN];
+};
+
+/* A remote peer of a local port, in one network namespace. */
+struct tcp_peer_key {
+	__u8 raddr[16]; /* first, 8-byte aligned: v4 in the first 4 bytes */
+	__u32 netns;
+	__u16 family;
+	__u16 lport; /* host order */
+	__u16 rport; /* host order */
+	__u16 pad;
+};
+
+/* Running totals per peer; shared by all CPUs (atomic adds): a per-CPU value this size would cost CPUs x peers. */
+struct tcp_peer_stats {
+	struct hist srtt; /* smoothed RTT at each ACK that advanced snd_una, ns */
+	__u64 retrans_events;
+	__u64 retrans_segs; /* counted by the kernel (RetransSegs) */
+	__u64 rto_timeouts; /* retransmission timer expiries */
+	__u64 fast;
+	__u64 tlp;
+	__u64 syn;
+};
+
+/* ---- netdev family --------------------------------------------------------- */
+
+/* An interface: ifindex is per network namespace. */
+struct netdev_key {
+	__u32 netns;
+	__u32 ifindex;
+};
+
+/* Per-CPU, per interface running totals. */
+struct netdev_stats {
+	__u64 tx_busy;       /* the driver refused a packet (NETDEV_TX_BUSY): its ring was full */
+	__u64 tx_timeouts;   /* transmit watchdog fired (net_dev_xmit_timeout) */
+	__u64 tx_stalls;     /* byte queue limits saw completions stall (dql_stall_detected) */
+	__u64 qdisc_untimed; /* packets handed to the driver without a departure time to time the qdisc with */
+	struct hist qdisc;   /* departure time set by TCP -> handed to the driver, ns */
+	struct hist xmit;    /* the driver's transmit call, ns */
+	struct hist rx;      /* driver receive -> TCP socket processing, ns (1 in NETDEV_RX_SAMPLE packets) */
+};
+
+#define NETDEV_RX_SAMPLE 16
+
 /* ---- loss accounting ----------------------------------------------------- */
 
 /*
@@ -159,7 +251,9 @@ enum lost_source {
 	LOST_DISK_STATE_FULL = 4,  /* disk table full: a disk's in-flight gauge not kept */
 	LOST_BIO_CHAIN_TRUNCATED = 5, /* request with more bios than the completion walk covers: some totals missing */
 	LOST_STALE_SLOT = 6,       /* a bio or request tracked for over 10 minutes was displaced: its completion had been missed */
-	LOST_SOURCE_COUNT = 7,
+	LOST_TCP_RINGBUF = 7,      /* tcp_retransmit event: ring buffer full (the peer counters still have it) */
+	LOST_NETDEV_STATS_FULL = 8, /* per-interface entry could not be created */
+	LOST_SOURCE_COUNT = 9,
 };
 
 #endif /* STALLTRACE_ABI_H */

@@ -19,11 +19,18 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+/*
+ * HOOK: a program the family cannot work without. OPTIONAL_HOOK: one on a
+ * tracepoint only some kernels have; the daemon attaches it when it can and
+ * reports it when it cannot (the name prefix tells it which, see probes/mod.rs).
+ */
 #ifdef STALLTRACE_RAW_TP
 #define HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(on_##tp, ##args)
+#define OPTIONAL_HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(maybe_##tp, ##args)
 #define KREAD(src, ...) BPF_CORE_READ(src, __VA_ARGS__)
 #else
 #define HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(on_##tp, ##args)
+#define OPTIONAL_HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(maybe_##tp, ##args)
 /* Direct loads; vmlinux.h marks every struct preserve_access_index, so each is CO-RE relocated. */
 #define KREAD_1(s, a) ((s)->a)
 #define KREAD_2(s, a, b) ((s)->a->b)
@@ -31,6 +38,46 @@
 #define KREAD_PICK(_1, _2, _3, name, ...) name
 #define KREAD(src, ...) KREAD_PICK(__VA_ARGS__, KREAD_3, KREAD_2, KREAD_1)(src, __VA_ARGS__)
 #endif
+
+/*
+ * Bitfields: their offsets are relocated too, and loaded with the right width.
+ * A struct sock is a tcp_sock only for TCP; in tp_btf the verifier accepts
+ * tcp_sock loads only through bpf_skc_to_tcp_sock (NULL if not TCP).
+ */
+#ifdef STALLTRACE_RAW_TP
+#define KREAD_BF(src, field) BPF_CORE_READ_BITFIELD_PROBED(src, field)
+#define TCP_SK(sk) ((struct tcp_sock *)(sk))
+#else
+#define KREAD_BF(src, field) BPF_CORE_READ_BITFIELD(src, field)
+#define TCP_SK(sk) bpf_skc_to_tcp_sock((void *)(sk))
+#endif
+
+/* ---- tcp ---------------------------------------------------------------------- */
+
+/* Since 6.7 a socket may keep its timestamps (retrans_stamp included) in us instead of ms. */
+static __always_inline bool tcp_usec_ts(struct tcp_sock *tp)
+{
+	if (bpf_core_field_exists(tp->tcp_usec_ts))
+		return KREAD_BF(tp, tcp_usec_ts);
+	return false;
+}
+
+/* ---- netdev ------------------------------------------------------------------- */
+
+/* skb->tstamp_type (6.11+) was the one-bit skb->mono_delivery_time before (5.18+). */
+struct sk_buff___pre_6_11 {
+	__u8 mono_delivery_time : 1;
+} __attribute__((preserve_access_index));
+
+/* Whether skb->tstamp is a CLOCK_MONOTONIC departure time (TCP sets one on every packet). */
+static __always_inline bool skb_tstamp_is_mono(const struct sk_buff *skb)
+{
+	if (bpf_core_field_exists(skb->tstamp_type))
+		return KREAD_BF(skb, tstamp_type) == 1 /* SKB_CLOCK_MONOTONIC */;
+	if (bpf_core_field_exists(((struct sk_buff___pre_6_11 *)skb)->mono_delivery_time))
+		return KREAD_BF((struct sk_buff___pre_6_11 *)skb, mono_delivery_time);
+	return false;
+}
 
 /* REQ_OP_BITS is a macro (not in BTF); the op has been the low 8 bits of cmd_flags since 4.10. */
 #define STALLTRACE_REQ_OP_MASK ((1U << 8) - 1)

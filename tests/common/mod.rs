@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod netlab;
+
 /// Privileged tests never skip: without root they cannot do their job, so they fail.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.

@@ -48,7 +48,7 @@ pub fn check(args: &CheckArgs) -> bool {
         for (i, mode) in modes.into_iter().enumerate() {
             let label = if i == 0 { "selected" } else { "fallback" };
             // Globals keep their compiled defaults: check only loads and attaches.
-            match probes::attach_family(family, mode, &[], &btf) {
+            match probes::attach_family(family, mode, &probes::Setup::default(), &btf) {
                 Ok(attached) => {
                     println!(
                         "{:<11} {label} {mode:?}: {} hooks attached in {}",

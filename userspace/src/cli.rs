@@ -56,6 +56,23 @@ pub struct RunArgs {
     pub bpf_stats: bool,
     #[command(flatten)]
     pub probes: ProbeArgs,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+}
+
+/// What to watch; each flag may be repeated, and an absent flag means everything.
+#[derive(Args, Debug, Clone, Default)]
+pub struct FilterArgs {
+    /// Only TCP connections with this port at either end.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
+    /// Only this network namespace: a name from `ip netns list`, `host`, a path such as
+    /// /proc/PID/ns/net, or a namespace inode number.
+    #[arg(long = "netns", value_name = "NETNS")]
+    pub netns: Vec<String>,
+    /// Only this network interface (by name, in any watched namespace).
+    #[arg(long = "iface", value_name = "IFACE")]
+    pub ifaces: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -133,6 +150,12 @@ mod tests {
             "0.5",
             "--probe-mode",
             "raw_tp",
+            "--port",
+            "1433",
+            "--port",
+            "5022",
+            "--netns",
+            "db",
         ])
         .unwrap()
         .command
@@ -143,6 +166,8 @@ mod tests {
         assert_eq!(r.duration, Some(Duration::from_secs(30)));
         assert_eq!(r.slow_io_ms, 0.5);
         assert_eq!(r.probes.probe_mode, ModeChoice::RawTp);
+        assert_eq!(r.filters.ports, [1433, 5022]);
+        assert_eq!(r.filters.netns, ["db"]);
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub mod cli;
 pub mod error;
 pub mod hist;
 pub mod host;
+pub mod netdev;
 pub mod output;
 pub mod probes;
 pub mod run;
+pub mod tcp;

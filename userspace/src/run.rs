@@ -13,12 +13,15 @@ use anyhow::Context;
 use crate::block::{BlockOptions, BlockProbe};
 use crate::cli::{ProbeArgs, RunArgs};
 use crate::error::UserError;
+use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
+use crate::netdev::{NetdevOptions, NetdevProbe};
 pub use crate::output::records::FamilyReport;
-use crate::output::records::{LostRecord, ProgramCost, StartRecord, StopRecord};
+use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
 use crate::output::{JsonWriter, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
 use crate::probes::{self, Family, FamilyFailure, HookStatus};
+use crate::tcp::{TcpOptions, TcpProbe};
 
 /// How often the ring buffers are drained between intervals. Events are
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
@@ -32,8 +35,17 @@ pub struct Attached {
     pub hooks: Vec<HookStatus>,
 }
 
+/// Everything the families are set up with.
+pub struct Plan {
+    pub slow_io: Option<Duration>,
+    pub ports: Vec<u16>,
+    pub netns: Vec<Netns>,
+    pub ifaces: Vec<String>,
+    pub hz: u32,
+}
+
 /// Attach every family. A family that fails is an error unless `--degrade`.
-pub fn attach_all(args: &ProbeArgs, slow_io: Option<Duration>) -> Result<Attached, UserError> {
+pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> {
     let btf = probes::preflight()?;
     let mut out = Attached {
         families: Vec::new(),
@@ -42,7 +54,7 @@ pub fn attach_all(args: &ProbeArgs, slow_io: Option<Duration>) -> Result<Attache
     };
     let block = BlockProbe::attach(
         &BlockOptions {
-            slow_io,
+            slow_io: plan.slow_io,
             mode: args.probe_mode,
         },
         &btf,
@@ -51,6 +63,35 @@ pub fn attach_all(args: &ProbeArgs, slow_io: Option<Duration>) -> Result<Attache
         &mut out,
         "block",
         block.map(|p| Box::new(p) as Box<dyn Family>),
+        args.degrade,
+    )?;
+    let tcp = TcpProbe::attach(
+        &TcpOptions {
+            mode: args.probe_mode,
+            netns: plan.netns.iter().map(|n| n.inode).collect(),
+            ports: plan.ports.clone(),
+            hz: plan.hz,
+        },
+        &btf,
+    );
+    accept(
+        &mut out,
+        "tcp",
+        tcp.map(|p| Box::new(p) as Box<dyn Family>),
+        args.degrade,
+    )?;
+    let netdev = NetdevProbe::attach(
+        &NetdevOptions {
+            mode: args.probe_mode,
+            netns: plan.netns.clone(),
+            ifaces: plan.ifaces.clone(),
+        },
+        &btf,
+    );
+    accept(
+        &mut out,
+        "netdev",
+        netdev.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
     if out.families.is_empty() {
@@ -146,11 +187,25 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let slow_io =
         (args.slow_io_ms > 0.0).then(|| Duration::from_secs_f64(args.slow_io_ms / 1000.0));
+    let netns = args
+        .filters
+        .netns
+        .iter()
+        .map(|spec| netns::resolve(spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (hz, hz_source) = host::kernel::hz();
+    let plan = Plan {
+        slow_io,
+        ports: args.filters.ports.clone(),
+        netns,
+        ifaces: args.filters.ifaces.clone(),
+        hz,
+    };
     let Attached {
         mut families,
         reports,
         hooks,
-    } = attach_all(&args.probes, slow_io)?;
+    } = attach_all(&args.probes, &plan)?;
 
     let clock = Clock::new();
     let mut out = JsonWriter::new(output, host::hostname());
@@ -167,6 +222,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             0.0
         },
         bpf_stats: args.bpf_stats || host::kernel::bpf_stats_enabled(),
+        kernel_hz: hz,
+        kernel_hz_source: hz_source,
+        filters: Filters {
+            ports: &plan.ports,
+            netns: &plan.netns,
+            ifaces: &plan.ifaces,
+        },
         families: &reports,
         probes: &hooks,
     };

@@ -48,12 +48,12 @@ pub struct BlockProbe {
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
         let slow_io_ns = opts.slow_io.map_or(0, |d| d.as_nanos() as u64);
-        let mut family = probes::attach_family(
-            probes::embedded("block"),
-            opts.mode,
-            &[("slow_io_ns", slow_io_ns)],
-            btf,
-        )?;
+        let globals = [("slow_io_ns", slow_io_ns)];
+        let setup = probes::Setup {
+            globals: &globals,
+            before_attach: None,
+        };
+        let mut family = probes::attach_family(probes::embedded("block"), opts.mode, &setup, btf)?;
         let taken = Self::take_maps(&mut family);
         match taken {
             Ok((stats, disks, rq_slots, events, lost)) => {
@@ -90,14 +90,10 @@ impl BlockProbe {
         LostCounters,
     )> {
         let ebpf = &mut family.ebpf;
-        let mut take = |name: &str| {
-            ebpf.take_map(name)
-                .ok_or_else(|| anyhow::anyhow!("block object has no map {name}"))
-        };
-        let stats = PerCpuHashMap::try_from(take("block_stats")?)?;
-        let disks = Array::try_from(take("block_disks")?)?;
-        let rq_slots = Array::try_from(take("rq_slots")?)?;
-        let events = RingBuf::try_from(take("block_events")?)?;
+        let stats = probes::take_map(ebpf, "block_stats")?;
+        let disks = probes::take_map(ebpf, "block_disks")?;
+        let rq_slots = probes::take_map(ebpf, "rq_slots")?;
+        let events = probes::take_map(ebpf, "block_events")?;
         let lost = LostCounters::take("block", ebpf)?;
         Ok((stats, disks, rq_slots, events, lost))
     }

@@ -4,6 +4,9 @@
 pub mod caps;
 pub mod clock;
 pub mod kernel;
+pub mod link;
+pub mod netlink;
+pub mod netns;
 
 /// The host name records carry (`host` field).
 pub fn hostname() -> String {

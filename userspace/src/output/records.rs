@@ -32,8 +32,20 @@ pub struct StartRecord<'a> {
     /// 0 when slow_io records are off.
     pub slow_io_ms: f64,
     pub bpf_stats: bool,
+    /// The kernel's CONFIG_HZ (turns jiffies into time) and where it was read.
+    pub kernel_hz: u32,
+    pub kernel_hz_source: &'static str,
+    pub filters: Filters<'a>,
     pub families: &'a [FamilyReport],
     pub probes: &'a [HookStatus],
+}
+
+/// What the run was limited to; empty lists mean everything.
+#[derive(Serialize)]
+pub struct Filters<'a> {
+    pub ports: &'a [u16],
+    pub netns: &'a [crate::host::netns::Netns],
+    pub ifaces: &'a [String],
 }
 
 #[derive(Serialize)]

@@ -7,21 +7,33 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::records::{FamilyReport, LostRecord, ProgramCost, StartRecord, StopRecord};
+use super::records::{FamilyReport, Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
 use super::{JsonWriter, SharedBuffer};
 use crate::abi::{self, slow_io_event};
 use crate::block::record::{BlockRecord, SlowIoRecord, op_name};
 use crate::block::sysfs::QueueLimits;
 use crate::hist::{Histogram, HistogramRecord};
 use crate::host::clock::{Clock, monotonic_ns};
+use crate::host::link::{Exposed, LinkCounters, LinkHealth, PauseCounters, QdiscStats};
+use crate::netdev::record::NetdevRecord;
 use crate::probes::lost::source_name;
 use crate::probes::stats::ProgramStats;
 use crate::probes::{HookMode, HookStatus};
+use crate::tcp::record::{TcpRetransmitRecord, TcpRttRecord};
 
 const SCHEMA: &str = include_str!("../../../docs/schema.json");
 
 /// Every record type `stalltrace run` emits today.
-const RECORD_TYPES: [&str; 5] = ["start", "block", "slow_io", "lost", "stop"];
+const RECORD_TYPES: [&str; 8] = [
+    "start",
+    "block",
+    "slow_io",
+    "tcp_retransmit",
+    "tcp_rtt",
+    "netdev",
+    "lost",
+    "stop",
+];
 
 /// Top-level fields serialized only when set (`skip_serializing_if`), by record type.
 const OPTIONAL: &[(&str, &str)] = &[
@@ -29,6 +41,16 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("block", "role"),
     ("slow_io", "tag_wait_us"),
     ("slow_io", "queue_us"),
+    ("tcp_retransmit", "stalled_ms"),
+    ("tcp_retransmit", "pid"),
+    ("tcp_retransmit", "tid"),
+    ("tcp_retransmit", "comm"),
+    ("tcp_retransmit", "sock_ino"),
+    ("netdev", "link"),
+    ("netdev", "rx_packets"),
+    ("netdev", "rx_bytes"),
+    ("netdev", "tx_packets"),
+    ("netdev", "tx_bytes"),
 ];
 
 fn schema() -> Value {
@@ -119,10 +141,20 @@ fn emitted_lines() -> Vec<String> {
     ];
     let probes = [
         HookStatus {
+            family: "netdev",
+            hook: "dql_stall_detected".into(),
+            mode: HookMode::TpBtf,
+            attached: false,
+            optional: true,
+            program_id: None,
+            error: Some("unknown BTF type `btf_trace_dql_stall_detected`".into()),
+        },
+        HookStatus {
             family: "block",
             hook: "block_bio_complete".into(),
             mode: HookMode::TpBtf,
             attached: true,
+            optional: false,
             program_id: Some(4711),
             error: None,
         },
@@ -131,6 +163,7 @@ fn emitted_lines() -> Vec<String> {
             hook: "block_getrq".into(),
             mode: HookMode::TpBtf,
             attached: false,
+            optional: false,
             program_id: None,
             error: Some("Invalid argument (os error 22)".into()),
         },
@@ -139,6 +172,7 @@ fn emitted_lines() -> Vec<String> {
             hook: "block_rq_issue".into(),
             mode: HookMode::TpBtf,
             attached: false,
+            optional: false,
             program_id: None,
             error: None,
         },
@@ -147,10 +181,17 @@ fn emitted_lines() -> Vec<String> {
             hook: "block_getrq".into(),
             mode: HookMode::RawTp,
             attached: true,
+            optional: false,
             program_id: None, // attached, id not reported
             error: None,
         },
     ];
+    let netns = [crate::host::netns::Netns {
+        spec: "sqlns".into(),
+        inode: 4026532317,
+        path: None,
+    }];
+    let ifaces = ["eth0".to_string()];
     let start = StartRecord {
         schema: super::SCHEMA_VERSION,
         version: env!("CARGO_PKG_VERSION"),
@@ -159,6 +200,13 @@ fn emitted_lines() -> Vec<String> {
         duration_ms: Some(30_000),
         slow_io_ms: 0.5,
         bpf_stats: true,
+        kernel_hz: 250,
+        kernel_hz_source: "/proc/config.gz",
+        filters: Filters {
+            ports: &[1433, 5022],
+            netns: &netns,
+            ifaces: &ifaces,
+        },
         families: &families,
         probes: &probes,
     };
@@ -175,6 +223,11 @@ fn emitted_lines() -> Vec<String> {
         duration_ms: None,
         slow_io_ms: 0.0,
         bpf_stats: false,
+        filters: Filters {
+            ports: &[],
+            netns: &[],
+            ifaces: &[],
+        },
         families: &families,
         probes: &probes[..1],
         ..start
@@ -247,6 +300,160 @@ fn emitted_lines() -> Vec<String> {
         w.emit("slow_io", &clock.monotonic_to_rfc3339(monotonic_ns()), &r)
             .unwrap();
     }
+
+    // tcp_retransmit: an owned RTO timer retransmit in an episode, and a bare v6 fast one.
+    let mut rto = abi::tcp_retransmit_event {
+        kind: abi::EVENT_TCP_RETRANSMIT,
+        flags: abi::TCP_RETX_F_TIMER
+            | abi::TCP_RETX_F_COUNTED
+            | abi::TCP_RETX_F_OWNER
+            | abi::TCP_RETX_F_EPISODE,
+        sock_ino: 912_345,
+        netns: 4026531840,
+        family: 2,
+        sport: 1433,
+        dport: 50_123,
+        state: 1,
+        ca_state: 4,
+        retx_kind: abi::TCP_RETX_RTO as u8,
+        backoff: 1,
+        retransmits: 2,
+        segs: 1,
+        bytes: 1448,
+        rto_jiffies: 100,
+        srtt_us: 350,
+        stalled_ms: 612,
+        tgid: 4242,
+        pid: 4250,
+        ..Default::default()
+    };
+    rto.saddr[..4].copy_from_slice(&[10, 1, 2, 3]);
+    rto.daddr[..4].copy_from_slice(&[10, 1, 2, 4]);
+    for (i, b) in b"sqlservr".iter().enumerate() {
+        rto.comm[i] = *b as _;
+    }
+    let ts = clock.monotonic_to_rfc3339(monotonic_ns());
+    w.emit(
+        "tcp_retransmit",
+        &ts,
+        &TcpRetransmitRecord::from_event(&rto, 250),
+    )
+    .unwrap();
+    let mut fast = abi::tcp_retransmit_event {
+        family: 10,
+        retx_kind: abi::TCP_RETX_FAST as u8,
+        ca_state: 3,
+        state: 1,
+        err: -16,
+        segs: 12,
+        ..Default::default()
+    };
+    fast.daddr = [0xfd, 0, 0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    w.emit(
+        "tcp_retransmit",
+        &ts,
+        &TcpRetransmitRecord::from_event(&fast, 1000),
+    )
+    .unwrap();
+
+    // tcp_rtt: one peer with samples and retransmits.
+    let rtt = TcpRttRecord {
+        netns: 4026531840,
+        family: "ipv4",
+        peer: "10.1.2.4".into(),
+        peer_port: 50_123,
+        local_port: 1433,
+        interval_ms: 1000,
+        srtt_us: latency_us(&[(120_000, 300), (900_000, 2)]),
+        retransmits: 4,
+        retrans_segs: 9,
+        rtos: 1,
+        fast_retransmits: 2,
+        tail_loss_probes: 1,
+        syn_retransmits: 0,
+        peer_table_full: false,
+    };
+    w.emit("tcp_rtt", &ts, &rtt).unwrap();
+
+    // netdev: a physical interface with everything exposed, and one in a
+    // namespace that cannot be entered (kernel figures only).
+    let health = LinkHealth {
+        ifindex: 2,
+        name: "eth0".into(),
+        oper_state: "up".into(),
+        carrier: Some(true),
+        carrier_changes: Some(0),
+        speed_mbps: Exposed::Value(1000),
+        duplex: Exposed::Value("half".into()),
+        autoneg: Exposed::Value(false),
+        counters: Some(LinkCounters {
+            rx_packets: 1200,
+            tx_packets: 900,
+            collisions: 31,
+            rx_crc_errors: 4,
+            ..Default::default()
+        }),
+        pause: Exposed::Value(PauseCounters {
+            autoneg: Some(true),
+            rx_enabled: Some(true),
+            tx_enabled: None,
+            tx_pause_frames: Exposed::Value(0),
+            rx_pause_frames: Exposed::NotExposed,
+        }),
+        qdisc: Some(QdiscStats {
+            kind: "fq_codel".into(),
+            backlog_bytes: 30_000,
+            qlen_packets: 20,
+            drops: 3,
+            requeues: 1,
+            overlimits: 0,
+        }),
+    };
+    let netdev = NetdevRecord {
+        iface: "eth0".into(),
+        ifindex: 2,
+        netns: 4026531840,
+        interval_ms: 1000,
+        rx_packets: Some(1200),
+        rx_bytes: Some(80_000),
+        tx_packets: Some(900),
+        tx_bytes: Some(1_300_000),
+        qdisc_us: latency_us(&[(3_000, 800), (4_000_000, 20)]),
+        xmit_us: latency_us(&[(700, 900)]),
+        rx_us: latency_us(&[(20_000, 70)]),
+        qdisc_untimed: 3,
+        tx_timeouts: 0,
+        tx_stalls: 0,
+        tx_busy: 0,
+        link: Some(health.clone()),
+    };
+    w.emit("netdev", &ts, &netdev).unwrap();
+    let unnamed = NetdevRecord {
+        iface: "if7".into(),
+        ifindex: 7,
+        rx_packets: None,
+        rx_bytes: None,
+        tx_packets: None,
+        tx_bytes: None,
+        link: None,
+        ..netdev
+    };
+    w.emit("netdev", &ts, &unnamed).unwrap();
+    let bare = NetdevRecord {
+        link: Some(LinkHealth {
+            carrier: None,
+            carrier_changes: None,
+            speed_mbps: Exposed::NotExposed,
+            duplex: Exposed::NotExposed,
+            autoneg: Exposed::NotExposed,
+            counters: None,
+            pause: Exposed::NotExposed,
+            qdisc: None,
+            ..health
+        }),
+        ..unnamed.clone()
+    };
+    w.emit("netdev", &ts, &bare).unwrap();
 
     // lost: every kernel loss source the block family names, and a recursion miss.
     let mut by_source: BTreeMap<String, u64> = (0..abi::LOST_SOURCE_COUNT)
@@ -544,7 +751,7 @@ fn wrong_values_fail() {
         assert!(!v.is_valid(&r), "accepted: {r}");
     };
     // A type the schema does not know (not emitted yet) fails.
-    bad("lost", &|r| r["type"] = json!("tcp_retransmit"));
+    bad("lost", &|r| r["type"] = json!("netdev_stall"));
     bad("start", &|r| r["schema"] = json!(2));
     bad("block", &|r| r["op"] = json!("readwrite"));
     bad("block", &|r| r["count"] = json!(-1));
@@ -562,7 +769,10 @@ fn wrong_values_fail() {
     bad("lost", &|r| r["by_source"] = json!({}));
     bad("lost", &|r| r["by_source"] = json!({"no family prefix": 1}));
     bad("stop", &|r| r["reason"] = json!("crash"));
-    bad("stop", &|r| r["records"]["tcp_retransmit"] = json!(1));
+    bad("stop", &|r| r["records"]["netdev_stall"] = json!(1));
+    bad("tcp_retransmit", &|r| r["kind"] = json!("dupack"));
+    bad("tcp_retransmit", &|r| r["sport"] = json!(70000));
+    bad("tcp_rtt", &|r| r["srtt_us"] = json!(120));
     bad("stop", &|r| {
         r["programs"][0]
             .as_object_mut()

@@ -20,6 +20,8 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_DISK_STATE_FULL => "disk_table_full",
         abi::LOST_BIO_CHAIN_TRUNCATED => "bio_chain_truncated",
         abi::LOST_STALE_SLOT => "stale_slot_displaced",
+        abi::LOST_TCP_RINGBUF => "retransmit_ringbuf_full",
+        abi::LOST_NETDEV_STATS_FULL => "netdev_stats_entry_unavailable",
         _ => "unknown",
     }
 }

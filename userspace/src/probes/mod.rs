@@ -2,10 +2,13 @@
 //!
 //! Every family is embedded twice (build.rs): a tp_btf object and a raw_tp one.
 //! `auto` tries tp_btf (cheapest: direct loads, no helper calls) and falls back
-//! to raw_tp, for the whole family at once, when any tp_btf hook cannot be
-//! loaded or attached. The hooks are read from the object itself: a program in
-//! section `tp_btf/<tracepoint>` is attached to `<tracepoint>`, so the C file is
-//! the only list of hooks.
+//! to raw_tp, for the whole family at once, when any required tp_btf hook
+//! cannot be loaded or attached. The hooks are read from the object itself: a
+//! program in section `tp_btf/<tracepoint>` is attached to `<tracepoint>`, so
+//! the C file is the only list of hooks. A program named `on_<tracepoint>`
+//! (the HOOK macro) is required; one named `maybe_<tracepoint>` (OPTIONAL_HOOK:
+//! a tracepoint only newer kernels have) is attached when it can be, and its
+//! failure is reported, not fatal.
 
 pub mod lost;
 pub mod stats;
@@ -77,6 +80,9 @@ pub struct HookStatus {
     pub hook: String,
     pub mode: HookMode,
     pub attached: bool,
+    /// The family works without it (a tracepoint only newer kernels have); serialized only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
     /// Kernel program id once loaded (`bpftool prog show id N`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub program_id: Option<u32>,
@@ -101,8 +107,16 @@ pub struct FamilyFailure {
     pub error: UserError,
 }
 
-/// (program function, tracepoint) for every hook of `mode` in an object.
-pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<(String, String)> {
+/// One program of an object and where it attaches.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Hook {
+    pub tracepoint: String,
+    pub program: String,
+    pub optional: bool,
+}
+
+/// Every hook of `mode` in an object, by tracepoint.
+pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<Hook> {
     let file = object::File::parse(bytes).expect("embedded eBPF object is valid ELF");
     let mut hooks = Vec::new();
     for sym in file.symbols() {
@@ -119,25 +133,52 @@ pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<(String, String)> {
             continue;
         };
         if let Some(tp) = section.strip_prefix(mode.section_prefix()) {
-            hooks.push((name.to_string(), tp.to_string()));
+            hooks.push(Hook {
+                tracepoint: tp.to_string(),
+                program: name.to_string(),
+                optional: name.starts_with("maybe_"),
+            });
         }
     }
     hooks.sort();
     hooks
 }
 
-/// Load and attach `family`; `globals` are `const volatile` u64s set before load.
+/// What a family sets before its programs run.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// `const volatile` u64 globals, set at load.
+    pub globals: &'a [(&'static str, u64)],
+    /// Runs once the maps exist and before any program attaches (e.g. to fill
+    /// filter maps, so no event slips through unfiltered).
+    pub before_attach: Option<&'a BeforeAttach<'a>>,
+}
+
+pub type BeforeAttach<'a> = dyn Fn(&mut Ebpf) -> Result<(), String> + 'a;
+
+/// Take map `name` out of `ebpf` as the typed map `T`.
+pub fn take_map<T>(ebpf: &mut Ebpf, name: &str) -> anyhow::Result<T>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| anyhow::anyhow!("the object has no map {name}"))?;
+    Ok(T::try_from(map)?)
+}
+
+/// Load and attach `family` as `setup` says.
 pub fn attach_family(
     family: &EmbeddedFamily,
     choice: ModeChoice,
-    globals: &[(&'static str, u64)],
+    setup: &Setup,
     btf: &Btf,
 ) -> Result<AttachedFamily, FamilyFailure> {
     let first = match choice {
         ModeChoice::RawTp => HookMode::RawTp,
         _ => HookMode::TpBtf,
     };
-    match attach_mode(family, first, globals, btf) {
+    match attach_mode(family, first, setup, btf) {
         Ok((ebpf, hooks)) => Ok(AttachedFamily {
             name: family.name,
             ebpf,
@@ -147,7 +188,7 @@ pub fn attach_family(
         }),
         Err(failed) if choice == ModeChoice::Auto => {
             let reason = failed.error.problem.clone();
-            match attach_mode(family, HookMode::RawTp, globals, btf) {
+            match attach_mode(family, HookMode::RawTp, setup, btf) {
                 Ok((ebpf, hooks)) => Ok(AttachedFamily {
                     name: family.name,
                     ebpf,
@@ -177,7 +218,7 @@ pub fn attach_family(
 fn attach_mode(
     family: &EmbeddedFamily,
     mode: HookMode,
-    globals: &[(&'static str, u64)],
+    setup: &Setup,
     btf: &Btf,
 ) -> Result<(Ebpf, Vec<HookStatus>), FamilyFailure> {
     let bytes = match mode {
@@ -187,11 +228,12 @@ fn attach_mode(
     let hooks = hooks_in_object(bytes, mode);
     let mut statuses: Vec<HookStatus> = hooks
         .iter()
-        .map(|(_, tp)| HookStatus {
+        .map(|hook| HookStatus {
             family: family.name,
-            hook: tp.clone(),
+            hook: hook.tracepoint.clone(),
             mode,
             attached: false,
+            optional: hook.optional,
             program_id: None,
             error: None,
         })
@@ -199,20 +241,28 @@ fn attach_mode(
 
     let mut loader = EbpfLoader::new();
     loader.btf(Some(btf));
-    for (name, value) in globals {
+    for (name, value) in setup.globals {
         loader.override_global(name, value, true);
     }
     let mut ebpf = loader.load(bytes).map_err(|e| FamilyFailure {
         hooks: statuses.clone(),
         error: UserError::probe_failed(family.name, "its maps", &describe(&e)),
     })?;
+    if let Some(before_attach) = setup.before_attach {
+        before_attach(&mut ebpf).map_err(|why| FamilyFailure {
+            hooks: statuses.clone(),
+            error: UserError::probe_failed(family.name, "its settings", &why),
+        })?;
+    }
 
-    for (i, (program, tp)) in hooks.iter().enumerate() {
-        match attach_one(&mut ebpf, program, &hook_target(tp), mode, btf) {
+    for (i, hook) in hooks.iter().enumerate() {
+        let tp = &hook.tracepoint;
+        match attach_one(&mut ebpf, &hook.program, &hook_target(tp), mode, btf) {
             Ok(id) => {
                 statuses[i].attached = true;
                 statuses[i].program_id = id;
             }
+            Err(why) if hook.optional => statuses[i].error = Some(why),
             Err(why) => {
                 statuses[i].error = Some(why.clone());
                 // Returning drops `ebpf`: whatever attached so far is detached with it.
@@ -278,17 +328,21 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     }
     let mut text = parts.join(": ");
     if let Some(pos) = text.find("Verifier output:") {
-        let tail: Vec<&str> = text[pos..]
+        // The log ends with statistics; the reason is the last line before them.
+        let reason = text[pos..]
             .lines()
             .rev()
-            .filter(|l| !l.trim().is_empty())
-            .take(2)
-            .collect();
-        text = format!(
-            "{} verifier: {}",
-            &text[..pos],
-            tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
-        );
+            .map(str::trim)
+            .find(|l| {
+                !l.is_empty()
+                    && !l.starts_with("processed ")
+                    && !l.starts_with("verification time")
+                    && !l.starts_with("stack depth")
+                    && l.chars().any(char::is_alphabetic)
+            })
+            .unwrap_or("rejected")
+            .to_string();
+        text = format!("{} verifier: {reason}", &text[..pos]);
     }
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -356,7 +410,10 @@ mod tests {
         ] {
             let hooks: Vec<String> = hooks_in_object(bytes, mode)
                 .into_iter()
-                .map(|(_, tp)| tp)
+                .map(|h| {
+                    assert!(!h.optional, "{} should be required", h.tracepoint);
+                    h.tracepoint
+                })
                 .collect();
             assert_eq!(
                 hooks,

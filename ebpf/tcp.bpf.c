@@ -1,0 +1,446 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/*
+ * tcp.bpf.c - TCP retransmissions, classified from the kernel's own state,
+ * and round-trip times per peer.
+ *
+ *   tcp_retransmit_skb     every retransmission attempt (after the send; err says
+ *                          whether it went out): an event, and the peer's counters
+ *   tcp_retransmit_synack  a SYN-ACK sent again (a listener's half-open connection)
+ *   tcp_probe              every segment an established socket receives: the peer's
+ *                          smoothed RTT, sampled when the segment acknowledges new data
+ *   sock_send_length,      the socket's owner (the process making the syscall), kept
+ *   sock_recv_length,      in a map so retransmits, which run in softirq, can name it
+ *   inet_sock_set_state    connect() and listen() owners; forget a socket at close
+ *
+ * Classification (the order matters; verified against the kernel's own
+ * counters in /proc/net/netstat, see docs/records.md):
+ *   SYN flag in the segment          -> syn
+ *   icsk_ca_state == TCP_CA_Loss     -> rto (with the timer flag when icsk_pending
+ *                                       is 0: the timer handler clears it first)
+ *   icsk_pending == LOSS_PROBE and
+ *   not in Recovery                  -> tlp (fast retransmits often carry a re-armed
+ *                                       LOSS_PROBE timer, hence the Recovery check)
+ *   otherwise                        -> fast
+ */
+#include "common.bpf.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define TCPHDR_SYN 0x02
+#define ICSK_TIME_LOSS_PROBE 5
+#define TCP_LISTEN_STATE 10
+#define TCP_SYN_SENT_STATE 2
+#define TCP_CLOSE_STATE 7
+
+/* Set by the daemon at load time (--netns, --port): 1 when the filter map is in use. */
+const volatile __u64 filter_netns = 0;
+const volatile __u64 filter_ports = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* netns inode */
+	__type(value, __u8);
+} netns_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u16); /* port, host order: local or remote */
+	__type(value, __u8);
+} port_filter SEC(".maps");
+
+/* Who owns a socket: the last process that sent or received on it, or connected or listened. */
+struct tcp_owner {
+	__u32 tgid;
+	__u32 pid;
+	char comm[STALLTRACE_COMM_LEN];
+	__u32 last_total_retrans; /* tp->total_retrans at the last retransmit seen */
+	__u32 seen_retrans;       /* last_total_retrans is valid */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct tcp_owner);
+} sock_owners SEC(".maps");
+
+/*
+ * Per-peer aggregates, shared and preallocated: max_entries x ~4 KiB. LRU, so
+ * the least recently active peers give way when the bound is hit; the daemon
+ * sees that from peer_inserts exceeding the entries it finds.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct tcp_peer_key);
+	__type(value, struct tcp_peer_stats);
+} tcp_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} peer_inserts SEC(".maps");
+
+/* An all-zero peer entry to insert from (too big for the stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tcp_peer_stats);
+} tcp_peer_zero SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1024 * 1024);
+} tcp_events SEC(".maps");
+
+/* Addresses and ports of a socket, v4-mapped v6 folded to v4. */
+struct tuple {
+	__u8 saddr[16]; /* first: the verifier wants 8-byte stack loads 8-byte aligned */
+	__u8 daddr[16];
+	__u32 netns;
+	__u16 family;
+	__u16 sport;
+	__u16 dport;
+} __attribute__((aligned(8)));
+
+static __always_inline __u16 swap16(__u16 v)
+{
+	return (v >> 8) | (v << 8);
+}
+
+static __always_inline bool v4_mapped(const __u8 *a)
+{
+	return *(__u64 *)a == 0 && *(__u16 *)(a + 8) == 0 && *(__u16 *)(a + 10) == 0xffff;
+}
+
+static __always_inline void common_tuple(const struct sock_common *skc, struct tuple *t)
+{
+	__builtin_memset(t, 0, sizeof(*t));
+	t->netns = KREAD(skc, skc_net.net, ns.inum);
+	t->family = KREAD(skc, skc_family);
+	t->sport = KREAD(skc, skc_num);
+	t->dport = swap16(KREAD(skc, skc_dport));
+	if (t->family == AF_INET6) {
+		bpf_probe_read_kernel(t->saddr, 16, &skc->skc_v6_rcv_saddr);
+		bpf_probe_read_kernel(t->daddr, 16, &skc->skc_v6_daddr);
+		if (v4_mapped(t->daddr)) {
+			t->family = AF_INET;
+			*(__u32 *)t->saddr = *(__u32 *)(t->saddr + 12);
+			*(__u32 *)t->daddr = *(__u32 *)(t->daddr + 12);
+			__builtin_memset(t->saddr + 4, 0, 12);
+			__builtin_memset(t->daddr + 4, 0, 12);
+		}
+	} else {
+		*(__u32 *)t->saddr = KREAD(skc, skc_rcv_saddr);
+		*(__u32 *)t->daddr = KREAD(skc, skc_daddr);
+	}
+}
+
+static __always_inline bool wanted(const struct tuple *t)
+{
+	if (filter_netns && !bpf_map_lookup_elem(&netns_filter, &t->netns))
+		return false;
+	if (filter_ports && !bpf_map_lookup_elem(&port_filter, &t->sport) &&
+	    !bpf_map_lookup_elem(&port_filter, &t->dport))
+		return false;
+	return true;
+}
+
+static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
+{
+	struct tcp_peer_key key = {
+		.netns = t->netns,
+		.family = t->family,
+		.lport = t->sport,
+		.rport = t->dport,
+	};
+	struct tcp_peer_stats *peer;
+	__u32 zero = 0;
+	__u64 *inserts;
+	void *init;
+
+	__builtin_memcpy(key.raddr, t->daddr, 16);
+	peer = bpf_map_lookup_elem(&tcp_peers, &key);
+	if (peer)
+		return peer;
+	init = bpf_map_lookup_elem(&tcp_peer_zero, &zero);
+	if (!init)
+		return NULL;
+	if (bpf_map_update_elem(&tcp_peers, &key, init, BPF_NOEXIST) == 0) {
+		inserts = bpf_map_lookup_elem(&peer_inserts, &zero);
+		if (inserts)
+			__sync_fetch_and_add(inserts, 1);
+	}
+	return bpf_map_lookup_elem(&tcp_peers, &key);
+}
+
+/* Record the caller as the socket's owner when it is new or changed (one lookup otherwise). */
+static __always_inline void note_owner(const struct sock *sk)
+{
+	__u64 key = (__u64)sk, id = bpf_get_current_pid_tgid();
+	struct tcp_owner *owner, fresh = {};
+
+	owner = bpf_map_lookup_elem(&sock_owners, &key);
+	if (owner && owner->tgid == id >> 32)
+		return;
+	fresh.tgid = id >> 32;
+	fresh.pid = (__u32)id;
+	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+	if (owner) {
+		fresh.last_total_retrans = owner->last_total_retrans;
+		fresh.seen_retrans = owner->seen_retrans;
+	}
+	bpf_map_update_elem(&sock_owners, &key, &fresh, BPF_ANY);
+}
+
+static __always_inline __u64 sock_inode(const struct sock *sk)
+{
+	struct socket *sock = KREAD(sk, sk_socket);
+	struct file *file;
+
+	if (!sock)
+		return 0;
+	file = KREAD(sock, file);
+	if (!file)
+		return 0;
+	return KREAD(file, f_inode, i_ino);
+}
+
+static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)
+{
+	if (!owner)
+		return;
+	e->flags |= TCP_RETX_F_OWNER;
+	e->tgid = owner->tgid;
+	e->pid = owner->pid;
+	__builtin_memcpy(e->comm, owner->comm, sizeof(e->comm));
+}
+
+HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int err)
+{
+	const struct tcp_skb_cb *cb = (const struct tcp_skb_cb *)&skb->cb[0];
+	struct tcp_sock *tp = TCP_SK(sk);
+	struct tcp_retransmit_event *e;
+	struct tcp_peer_stats *peer;
+	struct tcp_owner *owner;
+	__u32 total_retrans, stamp, now_ms, segs, flags;
+	__u8 ca_state, pending, kind;
+	__u64 key = (__u64)sk, now;
+	bool counted;
+	struct tuple t;
+
+	if (!tp)
+		return 0;
+	common_tuple((const struct sock_common *)sk, &t);
+	if (!wanted(&t))
+		return 0;
+	now = bpf_ktime_get_ns();
+	segs = KREAD(cb, tcp_gso_segs);
+	ca_state = KREAD_BF(&tp->inet_conn, icsk_ca_state);
+	pending = KREAD(tp, inet_conn.icsk_pending);
+	total_retrans = KREAD(tp, total_retrans);
+
+	/*
+	 * Did the kernel count this attempt in RetransSegs? It adds segs to
+	 * tp->total_retrans exactly when it does, so compare with the value at
+	 * the socket's previous retransmit; the first time, fall back to err
+	 * (early exits, -EBUSY and friends, are not counted; send failures are).
+	 */
+	owner = bpf_map_lookup_elem(&sock_owners, &key);
+	if (owner && owner->seen_retrans)
+		counted = total_retrans - owner->last_total_retrans == segs && segs;
+	else
+		counted = err == 0 || err > 0 || err == -1 /* EPERM */ || err == -105 /* ENOBUFS */;
+	if (owner) {
+		owner->last_total_retrans = total_retrans;
+		owner->seen_retrans = 1;
+	}
+
+	e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
+	if (!e)
+		count_lost(LOST_TCP_RINGBUF);
+
+	peer = peer_for(&t);
+	if (peer) {
+		__sync_fetch_and_add(&peer->retrans_events, 1);
+		if (counted)
+			__sync_fetch_and_add(&peer->retrans_segs, segs);
+	}
+
+	flags = counted ? TCP_RETX_F_COUNTED : 0;
+	if (KREAD(cb, tcp_flags) & TCPHDR_SYN) {
+		kind = TCP_RETX_SYN;
+	} else if (ca_state == TCP_CA_Loss) {
+		kind = TCP_RETX_RTO;
+		if (pending == 0)
+			flags |= TCP_RETX_F_TIMER;
+	} else if (pending == ICSK_TIME_LOSS_PROBE && ca_state != TCP_CA_Recovery) {
+		kind = TCP_RETX_TLP;
+	} else {
+		kind = TCP_RETX_FAST;
+	}
+	if (peer && err == 0) {
+		if (kind == TCP_RETX_RTO && (flags & TCP_RETX_F_TIMER))
+			__sync_fetch_and_add(&peer->rto_timeouts, 1);
+		else if (kind == TCP_RETX_FAST)
+			__sync_fetch_and_add(&peer->fast, 1);
+		else if (kind == TCP_RETX_TLP)
+			__sync_fetch_and_add(&peer->tlp, 1);
+		else if (kind == TCP_RETX_SYN)
+			__sync_fetch_and_add(&peer->syn, 1);
+	}
+	if (!e)
+		return 0;
+
+	/* retrans_stamp: ms, or us with tcp_usec_ts (6.7+); same clock as bpf_ktime_get_ns */
+	stamp = KREAD(tp, retrans_stamp);
+	if (stamp) {
+		if (tcp_usec_ts(tp))
+			now_ms = (__u32)(now / 1000);
+		else
+			now_ms = (__u32)(now / 1000000);
+		e->stalled_ms = tcp_usec_ts(tp) ? (now_ms - stamp) / 1000 : now_ms - stamp;
+		flags |= TCP_RETX_F_EPISODE;
+	} else {
+		e->stalled_ms = 0;
+	}
+	e->kind = EVENT_TCP_RETRANSMIT;
+	e->flags = flags;
+	e->ts_ns = now;
+	e->sock_ino = sock_inode(sk);
+	e->netns = t.netns;
+	e->family = t.family;
+	e->sport = t.sport;
+	e->dport = t.dport;
+	e->state = KREAD(sk, __sk_common.skc_state);
+	e->ca_state = ca_state;
+	e->retx_kind = kind;
+	e->backoff = KREAD(tp, inet_conn.icsk_backoff);
+	e->retransmits = KREAD(tp, inet_conn.icsk_retransmits);
+	e->pad0 = 0;
+	__builtin_memcpy(e->saddr, t.saddr, 16);
+	__builtin_memcpy(e->daddr, t.daddr, 16);
+	e->err = err;
+	e->segs = segs;
+	e->bytes = KREAD(skb, len);
+	e->seq = KREAD(cb, seq);
+	e->rto_jiffies = KREAD(tp, inet_conn.icsk_rto);
+	e->srtt_us = KREAD(tp, srtt_us) >> 3;
+	e->tgid = 0;
+	e->pid = 0;
+	e->pad1 = 0;
+	__builtin_memset(e->comm, 0, sizeof(e->comm));
+	fill_owner(e, owner);
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/* A SYN-ACK sent again: `sk` is the listener, the connection is the request sock. */
+HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *req)
+{
+	struct tcp_retransmit_event *e;
+	struct tcp_peer_stats *peer;
+	__u64 key = (__u64)sk;
+	struct tuple t;
+
+	common_tuple(&req->__req_common, &t);
+	if (!wanted(&t))
+		return 0;
+	peer = peer_for(&t);
+	if (peer) {
+		__sync_fetch_and_add(&peer->retrans_events, 1);
+		__sync_fetch_and_add(&peer->retrans_segs, 1);
+		__sync_fetch_and_add(&peer->syn, 1);
+	}
+	e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
+	if (!e) {
+		count_lost(LOST_TCP_RINGBUF);
+		return 0;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->kind = EVENT_TCP_RETRANSMIT;
+	e->flags = TCP_RETX_F_COUNTED | TCP_RETX_F_SYNACK;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->netns = t.netns;
+	e->family = t.family;
+	e->sport = t.sport;
+	e->dport = t.dport;
+	e->state = 3; /* TCP_SYN_RECV: the connection's state, not the listener's */
+	e->retx_kind = TCP_RETX_SYN;
+	e->retransmits = KREAD(req, num_retrans);
+	__builtin_memcpy(e->saddr, t.saddr, 16);
+	__builtin_memcpy(e->daddr, t.daddr, 16);
+	e->segs = 1;
+	fill_owner(e, bpf_map_lookup_elem(&sock_owners, &key));
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/*
+ * Every segment an established socket receives, at the top of
+ * tcp_rcv_established. Sample the smoothed RTT only when the segment
+ * acknowledges new data (the RTT estimate can only have moved then): a third
+ * of the calls on a bulk sender, nearly all of them for request/response.
+ */
+HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	const struct tcp_skb_cb *cb = (const struct tcp_skb_cb *)&skb->cb[0];
+	struct tcp_sock *tp = TCP_SK(sk);
+	struct tcp_peer_stats *peer;
+	struct tuple t;
+	__u32 srtt;
+
+	if (!tp)
+		return 0;
+	if ((__s32)(KREAD(cb, ack_seq) - KREAD(tp, snd_una)) <= 0)
+		return 0;
+	srtt = KREAD(tp, srtt_us) >> 3;
+	if (!srtt)
+		return 0;
+	common_tuple((const struct sock_common *)sk, &t);
+	if (!wanted(&t))
+		return 0;
+	peer = peer_for(&t);
+	if (peer)
+		hist_add(&peer->srtt, (__u64)srtt * 1000);
+	return 0;
+}
+
+OPTIONAL_HOOK(sock_send_length, struct sock *sk, int ret, int flags)
+{
+	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
+		note_owner(sk);
+	return 0;
+}
+
+OPTIONAL_HOOK(sock_recv_length, struct sock *sk, int ret, int flags)
+{
+	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
+		note_owner(sk);
+	return 0;
+}
+
+/*
+ * connect() (-> SYN_SENT) and listen() (-> LISTEN) run in the owner's context:
+ * that names the owner of SYN and SYN-ACK retransmits. Passive opens reach
+ * ESTABLISHED in softirq, where the current task is unrelated: not used. A
+ * closed socket is forgotten (its address will be reused).
+ */
+HOOK(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	__u64 key = (__u64)sk;
+
+	if (KREAD(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	if (newstate == TCP_SYN_SENT_STATE || newstate == TCP_LISTEN_STATE)
+		note_owner(sk);
+	else if (newstate == TCP_CLOSE_STATE)
+		bpf_map_delete_elem(&sock_owners, &key);
+	return 0;
+}

@@ -1,0 +1,209 @@
+//! TCP family: attaches `ebpf/tcp.bpf.c`; its ring buffer becomes
+//! `tcp_retransmit` records and its per-peer table `tcp_rtt` records.
+
+pub mod record;
+
+use std::collections::HashMap;
+use std::io;
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::{Btf, Ebpf};
+
+use crate::abi::{tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
+use crate::error::UserError;
+use crate::hist::KernelHistDelta;
+use crate::host::clock::Clock;
+use crate::output::JsonWriter;
+use crate::probes::lost::LostCounters;
+use crate::probes::{self, AttachedFamily, Family, FamilyFailure, ModeChoice};
+use record::{TcpRetransmitRecord, TcpRttRecord, addr, family_name};
+
+pub struct TcpOptions {
+    pub mode: ModeChoice,
+    /// Only these network namespaces (inodes); empty: all.
+    pub netns: Vec<u32>,
+    /// Only connections with one of these ports at either end; empty: all.
+    pub ports: Vec<u16>,
+    /// The kernel's HZ, to turn the RTO (jiffies) into milliseconds.
+    pub hz: u32,
+}
+
+/// A peer: (netns, family, local port, remote port, remote address).
+type PeerId = (u32, u16, u16, u16, [u8; 16]);
+
+#[derive(Default)]
+struct PeerSeries {
+    counters: [u64; 6],
+    srtt: KernelHistDelta,
+}
+
+pub struct TcpProbe {
+    family: AttachedFamily,
+    events: RingBuf<MapData>,
+    peers: BpfHashMap<MapData, tcp_peer_key, tcp_peer_stats>,
+    inserts: PerCpuArray<MapData, u64>,
+    lost: LostCounters,
+    series: HashMap<PeerId, PeerSeries>,
+    inserts_seen: u64,
+    evicted_seen: u64,
+    evicted_new: u64,
+    hz: u32,
+}
+
+fn fill_filters(ebpf: &mut Ebpf, opts: &TcpOptions) -> Result<(), String> {
+    if !opts.netns.is_empty() {
+        let mut map: BpfHashMap<_, u32, u8> =
+            BpfHashMap::try_from(ebpf.map_mut("netns_filter").ok_or("no netns_filter map")?)
+                .map_err(|e| e.to_string())?;
+        for ns in &opts.netns {
+            map.insert(ns, 1, 0).map_err(|e| e.to_string())?;
+        }
+    }
+    if !opts.ports.is_empty() {
+        let mut map: BpfHashMap<_, u16, u8> =
+            BpfHashMap::try_from(ebpf.map_mut("port_filter").ok_or("no port_filter map")?)
+                .map_err(|e| e.to_string())?;
+        for port in &opts.ports {
+            map.insert(port, 1, 0).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+impl TcpProbe {
+    pub fn attach(opts: &TcpOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
+        let globals = [
+            ("filter_netns", u64::from(!opts.netns.is_empty())),
+            ("filter_ports", u64::from(!opts.ports.is_empty())),
+        ];
+        let before_attach = |ebpf: &mut Ebpf| fill_filters(ebpf, opts);
+        let setup = probes::Setup {
+            globals: &globals,
+            before_attach: Some(&before_attach),
+        };
+        let mut family = probes::attach_family(probes::embedded("tcp"), opts.mode, &setup, btf)?;
+        let ebpf = &mut family.ebpf;
+        let maps = (|| -> anyhow::Result<_> {
+            Ok((
+                probes::take_map(ebpf, "tcp_events")?,
+                probes::take_map(ebpf, "tcp_peers")?,
+                probes::take_map(ebpf, "peer_inserts")?,
+                LostCounters::take("tcp", ebpf)?,
+            ))
+        })();
+        match maps {
+            Ok((events, peers, inserts, lost)) => Ok(Self {
+                family,
+                events,
+                peers,
+                inserts,
+                lost,
+                series: HashMap::new(),
+                inserts_seen: 0,
+                evicted_seen: 0,
+                evicted_new: 0,
+                hz: opts.hz,
+            }),
+            Err(e) => Err(FamilyFailure {
+                hooks: family.hooks.clone(),
+                error: UserError::probe_failed("tcp", "its maps", &e.to_string()),
+            }),
+        }
+    }
+}
+
+impl Family for TcpProbe {
+    fn attached(&self) -> &AttachedFamily {
+        &self.family
+    }
+
+    fn drain_events(&mut self, clock: &Clock, out: &mut JsonWriter) -> io::Result<()> {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if item.len() >= std::mem::size_of::<tcp_retransmit_event>() {
+                // SAFETY: tcp.bpf.c writes a tcp_retransmit_event (length checked);
+                // read_unaligned makes no alignment assumption.
+                events.push(unsafe {
+                    std::ptr::read_unaligned(item.as_ptr().cast::<tcp_retransmit_event>())
+                });
+            }
+        }
+        for e in events {
+            let ts = clock.monotonic_to_rfc3339(e.ts_ns);
+            out.emit(
+                "tcp_retransmit",
+                &ts,
+                &TcpRetransmitRecord::from_event(&e, self.hz),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// One `tcp_rtt` record per peer that had RTT samples or retransmits in the interval.
+    fn collect(&mut self, interval: Duration, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
+        let entries: Vec<(tcp_peer_key, tcp_peer_stats)> = self.peers.iter().flatten().collect();
+        // Entries are never deleted, only evicted by the LRU when the table is full:
+        // inserted - present = evicted.
+        let inserted: u64 = self
+            .inserts
+            .get(&0, 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(self.inserts_seen);
+        let evicted = inserted.saturating_sub(entries.len() as u64);
+        let table_full = evicted > self.evicted_seen;
+        self.evicted_new += evicted.saturating_sub(self.evicted_seen);
+        self.evicted_seen = evicted;
+        self.inserts_seen = inserted;
+
+        for (key, stats) in entries {
+            let id: PeerId = (key.netns, key.family, key.lport, key.rport, key.raddr);
+            let series = self.series.entry(id).or_default();
+            let now = [
+                stats.retrans_events,
+                stats.retrans_segs,
+                stats.rto_timeouts,
+                stats.fast,
+                stats.tlp,
+                stats.syn,
+            ];
+            let mut delta = [0u64; 6];
+            for (d, (n, prev)) in delta.iter_mut().zip(now.iter().zip(series.counters.iter())) {
+                // A smaller total: the entry was evicted and created again.
+                *d = if n >= prev { n - prev } else { *n };
+            }
+            series.counters = now;
+            let srtt = series.srtt.advance(std::iter::once(&stats.srtt));
+            if srtt.count() == 0 && delta.iter().all(|&d| d == 0) {
+                continue;
+            }
+            let record = TcpRttRecord {
+                netns: key.netns,
+                family: family_name(key.family),
+                peer: addr(key.family, &key.raddr).to_string(),
+                peer_port: key.rport,
+                local_port: key.lport,
+                interval_ms: interval.as_millis() as u64,
+                srtt_us: srtt.to_record(1e-3),
+                retransmits: delta[0],
+                retrans_segs: delta[1],
+                rtos: delta[2],
+                fast_retransmits: delta[3],
+                tail_loss_probes: delta[4],
+                syn_retransmits: delta[5],
+                peer_table_full: table_full,
+            };
+            out.emit("tcp_rtt", ts, &record)?;
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self) -> Vec<(String, u64)> {
+        let mut lost = self.lost.deltas(&self.family.ebpf);
+        if self.evicted_new > 0 {
+            lost.push(("tcp.peer_table_evicted".into(), self.evicted_new));
+            self.evicted_new = 0;
+        }
+        lost
+    }
+}
