@@ -24,6 +24,7 @@
  *   otherwise                        -> fast
  */
 #include "common.bpf.h"
+#include "sock.bpf.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -198,19 +199,6 @@ static __always_inline void note_owner(const struct sock *sk)
 		fresh.seen_retrans = owner->seen_retrans;
 	}
 	bpf_map_update_elem(&sock_owners, &key, &fresh, BPF_ANY);
-}
-
-static __always_inline __u64 sock_inode(const struct sock *sk)
-{
-	struct socket *sock = KREAD(sk, sk_socket);
-	struct file *file;
-
-	if (!sock)
-		return 0;
-	file = KREAD(sock, file);
-	if (!file)
-		return 0;
-	return KREAD(file, f_inode, i_ino);
 }
 
 static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)

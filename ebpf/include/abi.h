@@ -236,6 +236,21 @@ struct netdev_stats {
 
 #define NETDEV_RX_SAMPLE 16
 
+/* ---- sqlserver family -------------------------------------------------------- */
+
+enum tds_session_flags {
+	TDS_F_SPID = 1,      /* spid is the SPID from a server TDS packet header */
+	TDS_F_ENCRYPTED = 2, /* the server sent a TLS record: no headers readable */
+};
+
+/* What the 8-byte TDS headers the worker sent on one socket said. */
+struct tds_session {
+	__u16 spid;
+	__u8 flags;      /* enum tds_session_flags */
+	__u8 last_type;  /* TDS packet type of the last header read */
+	__u32 headers;   /* headers read (sends that started a TDS packet) */
+};
+
 /* ---- loss accounting ----------------------------------------------------- */
 
 /*

@@ -20,3 +20,4 @@ unsafe impl aya::Pod for tcp_peer_key {}
 unsafe impl aya::Pod for tcp_peer_stats {}
 unsafe impl aya::Pod for netdev_key {}
 unsafe impl aya::Pod for netdev_stats {}
+unsafe impl aya::Pod for tds_session {}

@@ -58,6 +58,22 @@ pub struct RunArgs {
     pub probes: ProbeArgs,
     #[command(flatten)]
     pub filters: FilterArgs,
+    #[command(flatten)]
+    pub sql: SqlArgs,
+}
+
+/// Where SQL Server is, when discovery should not find it by itself.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SqlArgs {
+    /// The SQL Server worker's pid (default: every `sqlservr` process that listens).
+    #[arg(long = "sql-pid", value_name = "PID")]
+    pub sql_pid: Option<u32>,
+    /// A TDS port (default: every port the worker listens on, except the endpoint ports).
+    #[arg(long = "sql-port", value_name = "PORT")]
+    pub sql_ports: Vec<u16>,
+    /// An availability-group / mirroring endpoint port (default 5022).
+    #[arg(long = "sql-ag-port", value_name = "PORT")]
+    pub sql_ag_ports: Vec<u16>,
 }
 
 /// What to watch; each flag may be repeated, and an absent flag means everything.

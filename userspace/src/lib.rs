@@ -15,4 +15,5 @@ pub mod netdev;
 pub mod output;
 pub mod probes;
 pub mod run;
+pub mod sqlserver;
 pub mod tcp;

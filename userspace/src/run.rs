@@ -20,7 +20,9 @@ pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
 use crate::output::{JsonWriter, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
-use crate::probes::{self, Family, FamilyFailure, HookStatus};
+use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
+use crate::sqlserver::inventory::Discovery;
+use crate::sqlserver::live::SqlServer;
 use crate::tcp::{TcpOptions, TcpProbe};
 
 /// How often the ring buffers are drained between intervals. Events are
@@ -31,6 +33,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// Every family this build knows, attached or failed.
 pub struct Attached {
     pub families: Vec<Box<dyn Family>>,
+    /// SQL Server correlation: kept apart, the other families use it.
+    pub sql: Option<SqlServer>,
     pub reports: Vec<FamilyReport>,
     pub hooks: Vec<HookStatus>,
 }
@@ -42,6 +46,7 @@ pub struct Plan {
     pub netns: Vec<Netns>,
     pub ifaces: Vec<String>,
     pub hz: u32,
+    pub sql: Discovery,
 }
 
 /// Attach every family. A family that fails is an error unless `--degrade`.
@@ -49,6 +54,7 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
     let btf = probes::preflight()?;
     let mut out = Attached {
         families: Vec::new(),
+        sql: None,
         reports: Vec::new(),
         hooks: Vec::new(),
     };
@@ -94,6 +100,14 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         netdev.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
+    match SqlServer::attach(args.probe_mode, plan.sql.clone(), &btf) {
+        Ok(sql) => {
+            report_attached(&mut out, "sqlserver", sql.attached());
+            out.sql = Some(sql);
+        }
+        Err(failure) if args.degrade => report_failed(&mut out, "sqlserver", failure),
+        Err(failure) => return Err(failure.error),
+    }
     if out.families.is_empty() {
         return Err(UserError::new(
             "no probe family could attach",
@@ -111,32 +125,39 @@ fn accept(
 ) -> Result<(), UserError> {
     match result {
         Ok(family) => {
-            let a = family.attached();
-            out.hooks.extend(a.hooks.iter().cloned());
-            out.reports.push(FamilyReport {
-                family: name,
-                attached: true,
-                mode: Some(a.mode),
-                fallback_reason: a.fallback_reason.clone(),
-                error: None,
-            });
+            report_attached(out, name, family.attached());
             out.families.push(family);
             Ok(())
         }
         Err(failure) if degrade => {
-            out.hooks.extend(failure.hooks);
-            out.reports.push(FamilyReport {
-                family: name,
-                attached: false,
-                mode: None,
-                fallback_reason: None,
-                error: Some(failure.error.problem),
-            });
+            report_failed(out, name, failure);
             Ok(())
         }
         // Returning drops everything attached so far: their links close with their fds.
         Err(failure) => Err(failure.error),
     }
+}
+
+fn report_attached(out: &mut Attached, name: &'static str, a: &probes::AttachedFamily) {
+    out.hooks.extend(a.hooks.iter().cloned());
+    out.reports.push(FamilyReport {
+        family: name,
+        attached: true,
+        mode: Some(a.mode),
+        fallback_reason: a.fallback_reason.clone(),
+        error: None,
+    });
+}
+
+fn report_failed(out: &mut Attached, name: &'static str, failure: FamilyFailure) {
+    out.hooks.extend(failure.hooks);
+    out.reports.push(FamilyReport {
+        family: name,
+        attached: false,
+        mode: None,
+        fallback_reason: None,
+        error: Some(failure.error.problem),
+    });
 }
 
 /// Turns on the kernel's per-program run-time accounting for as long as the returned fd lives.
@@ -200,9 +221,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         netns,
         ifaces: args.filters.ifaces.clone(),
         hz,
+        sql: Discovery {
+            pid: args.sql.sql_pid,
+            tds_ports: args.sql.sql_ports.clone(),
+            ag_ports: args.sql.sql_ag_ports.clone(),
+        },
     };
     let Attached {
         mut families,
+        mut sql,
         reports,
         hooks,
     } = attach_all(&args.probes, &plan)?;
@@ -237,6 +264,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         args,
         &clock,
         &mut families,
+        &mut sql,
         &mut out,
         &start,
         started,
@@ -252,6 +280,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let programs = families
         .iter()
+        .map(|f| f.as_ref())
+        .chain(sql.iter().map(|s| s as &dyn Family))
         .flat_map(|f| {
             let name = f.attached().name;
             program_stats(&f.attached().ebpf)
@@ -283,6 +313,7 @@ fn stream(
     args: &RunArgs,
     clock: &Clock,
     families: &mut [Box<dyn Family>],
+    sql: &mut Option<SqlServer>,
     out: &mut JsonWriter,
     start: &StartRecord,
     started: Instant,
@@ -311,15 +342,31 @@ fn stream(
             None
         };
         for family in families.iter_mut() {
-            family.drain_events(clock, out)?;
+            let mut ctx = Ctx {
+                clock,
+                sql: sql.as_mut(),
+            };
+            family.drain_events(&mut ctx, out)?;
         }
         let now = Instant::now();
         if now >= next_collect || finished.is_some() {
             let interval = now - last_collect;
             let ts = Clock::now_rfc3339();
             let mut lost = BTreeMap::new();
+            // SQL Server first: the other families tag their records with what it found.
+            if let Some(sql) = sql.as_mut() {
+                sql.refresh(&ts, out)?;
+                for (source, n) in sql.lost() {
+                    *lost.entry(source.clone()).or_insert(0) += n;
+                    *lost_total.entry(source).or_insert(0) += n;
+                }
+            }
             for family in families.iter_mut() {
-                family.collect(interval, &ts, out)?;
+                let mut ctx = Ctx {
+                    clock,
+                    sql: sql.as_mut(),
+                };
+                family.collect(interval, &ts, &mut ctx, out)?;
                 for (source, n) in family.lost() {
                     *lost.entry(source.clone()).or_insert(0) += n;
                     *lost_total.entry(source).or_insert(0) += n;

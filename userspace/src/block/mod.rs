@@ -15,10 +15,9 @@ use aya::Btf;
 use aya::maps::{Array, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf};
 
 use crate::abi::{self, block_disk, block_key, block_rq_slot, block_stats, slow_io_event};
-use crate::host::clock::Clock;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
-use crate::probes::{self, AttachedFamily, Family, FamilyFailure, ModeChoice};
+use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
 use interval::{Interval, Series};
 use record::{BlockRecord, SlowIoRecord, op_name};
 use sysfs::Sysfs;
@@ -191,7 +190,7 @@ impl Family for BlockProbe {
     }
 
     /// Emit `slow_io` records for every event waiting in the ring buffer.
-    fn drain_events(&mut self, clock: &Clock, out: &mut JsonWriter) -> io::Result<()> {
+    fn drain_events(&mut self, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
         let mut events = Vec::new();
         while let Some(item) = self.events.next() {
             if item.len() >= std::mem::size_of::<slow_io_event>() {
@@ -204,8 +203,17 @@ impl Family for BlockProbe {
         }
         for e in events {
             let dev = self.disk_name(e.major, e.minor);
-            let ts = clock.monotonic_to_rfc3339(e.ts_ns);
-            out.emit("slow_io", &ts, &SlowIoRecord::from_event(&e, dev))?;
+            let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
+            let mut record = SlowIoRecord::from_event(&e, dev);
+            if let Some(sql) = ctx.sql.as_deref() {
+                let disk = (e.major, e.minor);
+                record.file = sql
+                    .inventory()
+                    .file_at(disk, e.sector)
+                    .map(|p| p.display().to_string());
+                record.sql = sql.tag_process(e.tgid);
+            }
+            out.emit("slow_io", &ts, &record)?;
         }
         Ok(())
     }
@@ -213,7 +221,13 @@ impl Family for BlockProbe {
     /// Emit one `block` record per (disk, op) that saw I/O in this interval or the
     /// one before (so the interval after a load ends shows it drained), or whose
     /// disk still has requests in flight.
-    fn collect(&mut self, interval: Duration, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
+    fn collect(
+        &mut self,
+        interval: Duration,
+        ts: &str,
+        ctx: &mut Ctx,
+        out: &mut JsonWriter,
+    ) -> io::Result<()> {
         self.prepare_disks();
         let intervals: Vec<(block_key, Interval)> = self
             .stats
@@ -271,7 +285,11 @@ impl Family for BlockProbe {
                 device_us: iv.device.to_record(NS_TO_US),
                 inflight: iv.inflight.to_record(1.0),
                 inflight_now: now,
-                role: None,
+                role: ctx
+                    .sql
+                    .as_deref()
+                    .and_then(|sql| sql.inventory().role_of((key.major, key.minor)))
+                    .map(str::to_string),
             };
             out.emit("block", ts, &record)?;
         }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::sysfs::QueueLimits;
 use crate::abi::{self, slow_io_event};
 use crate::hist::HistogramRecord;
+use crate::sqlserver::record::SqlTag;
 
 /// Name of an `enum block_op` value in records.
 pub fn op_name(op: u32) -> &'static str {
@@ -77,6 +78,12 @@ pub struct SlowIoRecord {
     pub comm: String,
     /// Kernel blk_status_t of the completion; 0 is success.
     pub error: i32,
+    /// The SQL Server database file the I/O touched (from the file's extents on the disk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The SQL Server instance, when its worker submitted the I/O.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sql: Option<SqlTag>,
 }
 
 impl SlowIoRecord {
@@ -99,6 +106,8 @@ impl SlowIoRecord {
             tid: e.pid,
             comm: String::from_utf8_lossy(&comm).into_owned(),
             error: e.error,
+            file: None,
+            sql: None,
         }
     }
 }

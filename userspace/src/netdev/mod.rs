@@ -15,12 +15,11 @@ use aya::maps::{MapData, PerCpuHashMap, PerCpuValues};
 use crate::abi::{netdev_key, netdev_stats};
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
-use crate::host::clock::Clock;
 use crate::host::link::{self, LinkHealth};
 use crate::host::netns::{NAMED_NETNS_DIR, Netns};
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
-use crate::probes::{self, AttachedFamily, Family, FamilyFailure, ModeChoice};
+use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
 use record::NetdevRecord;
 
 pub struct NetdevOptions {
@@ -176,11 +175,17 @@ impl Family for NetdevProbe {
         &self.family
     }
 
-    fn drain_events(&mut self, _clock: &Clock, _out: &mut JsonWriter) -> io::Result<()> {
+    fn drain_events(&mut self, _ctx: &mut Ctx, _out: &mut JsonWriter) -> io::Result<()> {
         Ok(())
     }
 
-    fn collect(&mut self, interval: Duration, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
+    fn collect(
+        &mut self,
+        interval: Duration,
+        ts: &str,
+        _ctx: &mut Ctx,
+        out: &mut JsonWriter,
+    ) -> io::Result<()> {
         let mut links: BTreeMap<IfaceId, (Option<LinkHealth>, String)> = self
             .read_links()
             .into_iter()

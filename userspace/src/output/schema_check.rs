@@ -19,18 +19,22 @@ use crate::netdev::record::NetdevRecord;
 use crate::probes::lost::source_name;
 use crate::probes::stats::ProgramStats;
 use crate::probes::{HookMode, HookStatus};
+use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
+use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord, SqlTag};
 use crate::tcp::record::{TcpRetransmitRecord, TcpRttRecord};
 
 const SCHEMA: &str = include_str!("../../../docs/schema.json");
 
 /// Every record type `stalltrace run` emits today.
-const RECORD_TYPES: [&str; 8] = [
+const RECORD_TYPES: [&str; 10] = [
     "start",
     "block",
     "slow_io",
     "tcp_retransmit",
     "tcp_rtt",
     "netdev",
+    "sql_instance",
+    "sql_session",
     "lost",
     "stop",
 ];
@@ -47,6 +51,12 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("tcp_retransmit", "comm"),
     ("tcp_retransmit", "sock_ino"),
     ("netdev", "link"),
+    ("tcp_retransmit", "sql"),
+    ("tcp_rtt", "sql"),
+    ("slow_io", "sql"),
+    ("slow_io", "file"),
+    ("sql_instance", "watchdog_pid"),
+    ("sql_session", "spid"),
     ("netdev", "rx_packets"),
     ("netdev", "rx_bytes"),
     ("netdev", "tx_packets"),
@@ -110,6 +120,18 @@ fn slow_io(flags: u32, op: u32) -> SlowIoRecord {
         e.comm[i] = *b as _;
     }
     SlowIoRecord::from_event(&e, "nvme0n1".into())
+}
+
+/// A slow I/O of the SQL Server worker on a log file.
+fn sql_slow_io() -> SlowIoRecord {
+    SlowIoRecord {
+        file: Some("/var/opt/mssql/data/sales_log.ldf".into()),
+        sql: Some(SqlTag::for_instance(4242)),
+        ..slow_io(
+            abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
+            abi::BLOCK_OP_WRITE,
+        )
+    }
 }
 
 /// One realistic instance of every record type, with optional fields both
@@ -297,6 +319,12 @@ fn emitted_lines() -> Vec<String> {
         0,
     ] {
         let r = slow_io(flags, abi::BLOCK_OP_WRITE);
+        w.emit(
+            "slow_io",
+            &clock.monotonic_to_rfc3339(monotonic_ns()),
+            &sql_slow_io(),
+        )
+        .unwrap();
         w.emit("slow_io", &clock.monotonic_to_rfc3339(monotonic_ns()), &r)
             .unwrap();
     }
@@ -333,10 +361,20 @@ fn emitted_lines() -> Vec<String> {
         rto.comm[i] = *b as _;
     }
     let ts = clock.monotonic_to_rfc3339(monotonic_ns());
+    let session_tag = SqlTag {
+        pid: 4242,
+        kind: Some(SessionKind::Client),
+        spid: Some(57),
+        client: Some("10.1.2.4:50123".into()),
+        encrypted: false,
+    };
     w.emit(
         "tcp_retransmit",
         &ts,
-        &TcpRetransmitRecord::from_event(&rto, 250),
+        &TcpRetransmitRecord {
+            sql: Some(session_tag.clone()),
+            ..TcpRetransmitRecord::from_event(&rto, 250)
+        },
     )
     .unwrap();
     let mut fast = abi::tcp_retransmit_event {
@@ -372,8 +410,78 @@ fn emitted_lines() -> Vec<String> {
         tail_loss_probes: 1,
         syn_retransmits: 0,
         peer_table_full: false,
+        sql: None,
     };
     w.emit("tcp_rtt", &ts, &rtt).unwrap();
+    w.emit(
+        "tcp_rtt",
+        &ts,
+        &TcpRttRecord {
+            sql: Some(session_tag.clone()),
+            ..rtt
+        },
+    )
+    .unwrap();
+
+    // sql_instance and sql_session, as discovery writes them.
+    let instance = Instance {
+        pid: 4242,
+        watchdog_pid: Some(4240),
+        netns: 4026531840,
+        tds_ports: vec![1433],
+        ag_ports: vec![5022],
+        files: vec![FileSummary {
+            path: "/var/opt/mssql/data/sales.mdf".into(),
+            role: "data",
+            disks: vec!["259:0".into()],
+        }],
+        disk_roles: [
+            ("259:0".to_string(), "data"),
+            ("259:1".to_string(), "mixed"),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    w.emit(
+        "sql_instance",
+        &ts,
+        &SqlInstanceRecord {
+            instance: &instance,
+        },
+    )
+    .unwrap();
+    let orphan = Instance {
+        watchdog_pid: None,
+        ..instance.clone()
+    };
+    w.emit(
+        "sql_instance",
+        &ts,
+        &SqlInstanceRecord { instance: &orphan },
+    )
+    .unwrap();
+    let mut session = Session {
+        pid: 4242,
+        netns: 4026531840,
+        kind: SessionKind::Client,
+        local: "10.1.2.3:1433".parse().unwrap(),
+        remote: "10.1.2.4:50123".parse().unwrap(),
+        sock_ino: 912_345,
+        first_seen: ts.clone(),
+        spid: None,
+        encrypted: false,
+    };
+    let open = SqlSessionRecord {
+        event: "open",
+        session: &session,
+    };
+    w.emit("sql_session", &ts, &open).unwrap();
+    session.spid = Some(57);
+    let identified = SqlSessionRecord {
+        event: "identified",
+        session: &session,
+    };
+    w.emit("sql_session", &ts, &identified).unwrap();
 
     // netdev: a physical interface with everything exposed, and one in a
     // namespace that cannot be entered (kernel figures only).

@@ -347,13 +347,21 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What every family's records may need from the rest of the run.
+pub struct Ctx<'a> {
+    pub clock: &'a crate::host::clock::Clock,
+    /// SQL Server correlation, when its family is attached: tags records with
+    /// the session or instance they belong to.
+    pub sql: Option<&'a mut crate::sqlserver::live::SqlServer>,
+}
+
 /// What the run loop needs from an attached probe family.
 pub trait Family {
     fn attached(&self) -> &AttachedFamily;
     /// Turn every pending ring-buffer event into a record.
     fn drain_events(
         &mut self,
-        clock: &crate::host::clock::Clock,
+        ctx: &mut Ctx,
         out: &mut crate::output::JsonWriter,
     ) -> std::io::Result<()>;
     /// Emit this interval's aggregate records.
@@ -361,6 +369,7 @@ pub trait Family {
         &mut self,
         interval: std::time::Duration,
         ts: &str,
+        ctx: &mut Ctx,
         out: &mut crate::output::JsonWriter,
     ) -> std::io::Result<()>;
     /// New losses since the last call, by source.

@@ -13,10 +13,10 @@ use aya::{Btf, Ebpf};
 use crate::abi::{tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
-use crate::host::clock::Clock;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
-use crate::probes::{self, AttachedFamily, Family, FamilyFailure, ModeChoice};
+use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
+use crate::sqlserver::live::{SqlServer, socket};
 use record::{TcpRetransmitRecord, TcpRttRecord, addr, family_name};
 
 pub struct TcpOptions {
@@ -118,7 +118,7 @@ impl Family for TcpProbe {
         &self.family
     }
 
-    fn drain_events(&mut self, clock: &Clock, out: &mut JsonWriter) -> io::Result<()> {
+    fn drain_events(&mut self, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
         let mut events = Vec::new();
         while let Some(item) = self.events.next() {
             if item.len() >= std::mem::size_of::<tcp_retransmit_event>() {
@@ -130,18 +130,32 @@ impl Family for TcpProbe {
             }
         }
         for e in events {
-            let ts = clock.monotonic_to_rfc3339(e.ts_ns);
-            out.emit(
-                "tcp_retransmit",
-                &ts,
-                &TcpRetransmitRecord::from_event(&e, self.hz),
-            )?;
+            let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
+            let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
+            if let Some(sql) = ctx.sql.as_deref_mut() {
+                let remote = socket(&record.daddr, record.dport);
+                let tag = |sql: &SqlServer| {
+                    remote.and_then(|r| sql.tag_socket(e.sock_ino, e.netns, e.sport, r))
+                };
+                if tag(sql).is_none() {
+                    // A session younger than the last discovery: look again (once per drain).
+                    sql.missed(record.pid, &ts, out)?;
+                }
+                record.sql = tag(sql);
+            }
+            out.emit("tcp_retransmit", &ts, &record)?;
         }
         Ok(())
     }
 
     /// One `tcp_rtt` record per peer that had RTT samples or retransmits in the interval.
-    fn collect(&mut self, interval: Duration, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
+    fn collect(
+        &mut self,
+        interval: Duration,
+        ts: &str,
+        ctx: &mut Ctx,
+        out: &mut JsonWriter,
+    ) -> io::Result<()> {
         let entries: Vec<(tcp_peer_key, tcp_peer_stats)> = self.peers.iter().flatten().collect();
         // Entries are never deleted, only evicted by the LRU when the table is full:
         // inserted - present = evicted.
@@ -192,6 +206,10 @@ impl Family for TcpProbe {
                 tail_loss_probes: delta[4],
                 syn_retransmits: delta[5],
                 peer_table_full: table_full,
+                sql: ctx.sql.as_deref().and_then(|sql| {
+                    let remote = socket(&addr(key.family, &key.raddr).to_string(), key.rport)?;
+                    sql.tag_socket(0, key.netns, key.lport, remote)
+                }),
             };
             out.emit("tcp_rtt", ts, &record)?;
         }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::abi::{self, tcp_retransmit_event};
 use crate::hist::HistogramRecord;
+use crate::sqlserver::record::SqlTag;
 
 const AF_INET6: u16 = 10;
 
@@ -105,6 +106,9 @@ pub struct TcpRetransmitRecord {
     /// Inode of the socket (as in /proc/PID/fd and `ss -e`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sock_ino: Option<u64>,
+    /// The SQL Server session the connection is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sql: Option<SqlTag>,
 }
 
 impl TcpRetransmitRecord {
@@ -139,6 +143,7 @@ impl TcpRetransmitRecord {
             tid: owner.then_some(e.pid),
             comm: owner.then(|| String::from_utf8_lossy(&comm).into_owned()),
             sock_ino: (e.sock_ino != 0).then_some(e.sock_ino),
+            sql: None,
         }
     }
 }
@@ -164,6 +169,9 @@ pub struct TcpRttRecord {
     pub syn_retransmits: u64,
     /// The peer table was full in this interval: some peers' figures were dropped (see `lost`).
     pub peer_table_full: bool,
+    /// The SQL Server session this peer is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sql: Option<SqlTag>,
 }
 
 #[cfg(test)]

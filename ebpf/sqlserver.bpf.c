@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/*
+ * sqlserver.bpf.c - the SPID of each SQL Server session, from the TDS header
+ * of what the server sends.
+ *
+ *   tcp_sendmsg_locked   a send by a SQL Server worker (their tgids are in
+ *                        sql_workers, filled by the daemon's discovery): when
+ *                        the send starts at the beginning of the caller's
+ *                        buffer, its first 8 bytes are read; if they are a
+ *                        server TDS packet header (tabular result, pre-login),
+ *                        bytes 4-5 are the session's SPID.
+ *
+ * Only those 8 header bytes are ever read, and only from the server's side:
+ * never a byte of SQL text or result data. Once a socket's SPID is known, its
+ * sends cost one map lookup. A TLS record instead of a header marks the
+ * session encrypted (no SPID from headers; DMV enrichment can still give it).
+ *
+ * Measured assumption (simulator; not verified against real SQL Server): the
+ * server writes each TDS packet with its own send, starting at the buffer's
+ * start, so the first bytes of a send are a header.
+ */
+#include "common.bpf.h"
+#include "sock.bpf.h"
+
+#define TDS_TABULAR_RESULT 4
+#define TDS_PRELOGIN 18
+#define TDS_MAX_PACKET 32768
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32); /* tgid of a SQL Server worker */
+	__type(value, __u8);
+} sql_workers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* socket inode */
+	__type(value, struct tds_session);
+} tds_sessions SEC(".maps");
+
+/* The user buffer a sendmsg copies from, when it is at its start; NULL otherwise. */
+static __always_inline const void *send_buffer_start(const struct msghdr *msg)
+{
+	const struct iovec *iov;
+
+	if (KREAD(msg, msg_iter.iov_offset) != 0)
+		return NULL; /* a later pass of the send loop: mid-buffer */
+	switch (KREAD(msg, msg_iter.iter_type)) {
+	case ITER_UBUF:
+		return KREAD(msg, msg_iter.ubuf);
+	case ITER_IOVEC:
+		iov = KREAD(msg, msg_iter.__iov);
+		return iov ? BPF_CORE_READ(iov, iov_base) : NULL;
+	default:
+		return NULL; /* kernel buffers, pipes: not a TDS send */
+	}
+}
+
+HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg, const struct sk_buff *skb,
+     int size_goal)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct tds_session fresh = {}, *session;
+	const void *buf;
+	__u8 hdr[8];
+	__u64 ino;
+	__u16 len;
+
+	if (!bpf_map_lookup_elem(&sql_workers, &tgid))
+		return 0;
+	ino = sock_inode(sk);
+	if (!ino)
+		return 0;
+	session = bpf_map_lookup_elem(&tds_sessions, &ino);
+	if (session && (session->flags & (TDS_F_SPID | TDS_F_ENCRYPTED)))
+		return 0;
+	buf = send_buffer_start(msg);
+	if (!buf || bpf_probe_read_user(hdr, sizeof(hdr), buf))
+		return 0;
+	if (!session) {
+		bpf_map_update_elem(&tds_sessions, &ino, &fresh, BPF_NOEXIST);
+		session = bpf_map_lookup_elem(&tds_sessions, &ino);
+		if (!session)
+			return 0;
+	}
+	/* TLS: handshake (0x16) or application data (0x17), version 3.x */
+	if ((hdr[0] == 0x16 || hdr[0] == 0x17) && hdr[1] == 0x03) {
+		session->flags |= TDS_F_ENCRYPTED;
+		return 0;
+	}
+	len = ((__u16)hdr[2] << 8) | hdr[3];
+	if ((hdr[0] != TDS_TABULAR_RESULT && hdr[0] != TDS_PRELOGIN) || hdr[1] & ~0x1f || len < 8 ||
+	    len > TDS_MAX_PACKET)
+		return 0; /* not a server packet header: leave it */
+	session->headers++;
+	session->last_type = hdr[0];
+	session->spid = ((__u16)hdr[4] << 8) | hdr[5];
+	if (session->spid)
+		session->flags |= TDS_F_SPID; /* pre-login responses carry SPID 0 */
+	return 0;
+}

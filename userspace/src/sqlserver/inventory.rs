@@ -1,0 +1,361 @@
+//! Which SQL Server instances run on this host, what they listen on, which
+//! sessions they have, which files they keep on which disks: found from /proc
+//! and /sys alone, refreshed every interval.
+//!
+//! SQL Server on Linux runs a watchdog `sqlservr` and a worker `sqlservr`
+//! child; only the worker listens and opens files, so the worker is the
+//! `sqlservr` with listening TCP sockets.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::files::{self, DbFile, Disk, Role};
+use super::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
+
+/// How to find SQL Server (`--sql-pid`, `--sql-port`, `--sql-ag-port`).
+#[derive(Clone, Debug, Default)]
+pub struct Discovery {
+    /// The worker's pid, when discovery by name should not be used.
+    pub pid: Option<u32>,
+    /// TDS ports, when they should not be taken from the listeners.
+    pub tds_ports: Vec<u16>,
+    /// Availability-group / database-mirroring endpoint ports (default 5022).
+    pub ag_ports: Vec<u16>,
+}
+
+/// Ports SQL Server backs up to: SMB and NFS shares.
+const BACKUP_SHARE_PORTS: [u16; 2] = [445, 2049];
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Instance {
+    /// The worker process: it listens, opens the files, owns the sessions.
+    pub pid: u32,
+    /// Its watchdog parent, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog_pid: Option<u32>,
+    /// Network namespace inode of the worker.
+    pub netns: u32,
+    pub tds_ports: Vec<u16>,
+    pub ag_ports: Vec<u16>,
+    pub files: Vec<FileSummary>,
+    /// Role of each disk it keeps files on (`major:minor` -> role or `mixed`).
+    pub disk_roles: BTreeMap<String, &'static str>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FileSummary {
+    pub path: PathBuf,
+    pub role: &'static str,
+    pub disks: Vec<String>,
+}
+
+/// What a connection of the worker is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    /// A client connected to a TDS listener.
+    Client,
+    /// An availability-group or mirroring endpoint connection.
+    AvailabilityGroup,
+    /// A connection to a file share (SMB, NFS): backups.
+    Backup,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Session {
+    pub pid: u32,
+    pub netns: u32,
+    pub kind: SessionKind,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Socket inode (as in /proc/PID/fd).
+    pub sock_ino: u64,
+    /// When stalltrace first saw it (it cannot know the connect time of a
+    /// session older than itself).
+    pub first_seen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spid: Option<u16>,
+    /// The session's TDS stream is TLS: no SPID from its headers.
+    pub encrypted: bool,
+}
+
+/// What changed in one refresh; each becomes a record.
+#[derive(Default, Debug)]
+pub struct Changes {
+    pub instances: Vec<Instance>,
+    pub opened: Vec<Session>,
+    pub closed: Vec<Session>,
+}
+
+#[derive(Default)]
+pub struct Inventory {
+    discovery: Discovery,
+    proc: PathBuf,
+    sys: PathBuf,
+    instances: Vec<Instance>,
+    files: Vec<DbFile>,
+    /// By socket inode.
+    sessions: HashMap<u64, Session>,
+    roles: HashMap<Disk, &'static str>,
+}
+
+impl Inventory {
+    pub fn new(mut discovery: Discovery) -> Self {
+        if discovery.ag_ports.is_empty() {
+            discovery.ag_ports.push(5022);
+        }
+        Self {
+            discovery,
+            proc: PathBuf::from("/proc"),
+            sys: PathBuf::from("/sys"),
+            ..Default::default()
+        }
+    }
+
+    pub fn instances(&self) -> &[Instance] {
+        &self.instances
+    }
+
+    /// Worker pids, for the kernel side's TDS header reader.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.instances.iter().map(|i| i.pid).collect()
+    }
+
+    pub fn is_worker(&self, pid: u32) -> bool {
+        self.instances.iter().any(|i| i.pid == pid)
+    }
+
+    pub fn session_by_inode(&self, ino: u64) -> Option<&Session> {
+        self.sessions.get(&ino)
+    }
+
+    /// The session on `netns` with this local port and remote end.
+    pub fn session_by_tuple(
+        &self,
+        netns: u32,
+        local_port: u16,
+        remote: SocketAddr,
+    ) -> Option<&Session> {
+        self.sessions
+            .values()
+            .find(|s| s.netns == netns && s.local.port() == local_port && s.remote == remote)
+    }
+
+    pub fn sessions_mut(&mut self) -> impl Iterator<Item = &mut Session> {
+        self.sessions.values_mut()
+    }
+
+    /// `data`, `log`, `tempdb`, `backup` or `mixed`, for a disk holding SQL Server files.
+    pub fn role_of(&self, disk: Disk) -> Option<&'static str> {
+        self.roles.get(&disk).copied()
+    }
+
+    /// The database file holding `sector` of `disk`.
+    pub fn file_at(&self, disk: Disk, sector: u64) -> Option<&Path> {
+        self.files
+            .iter()
+            .find(|f| f.holds(disk, sector))
+            .map(|f| f.path.as_path())
+    }
+
+    /// Find instances, their sessions and files again. `now` stamps new sessions.
+    pub fn refresh(&mut self, now: &str) -> Changes {
+        let mut changes = Changes::default();
+        let mut instances = Vec::new();
+        let mut files = Vec::new();
+        let mut seen = HashMap::new();
+        for (pid, ppid) in self.candidates() {
+            let proc_pid = self.proc.join(pid.to_string());
+            let open = procfs::open_files(&proc_pid);
+            let sockets = procfs::tcp_sockets(&proc_pid);
+            let mine: Vec<_> = open
+                .sockets
+                .iter()
+                .filter_map(|ino| sockets.get(ino))
+                .collect();
+            let mut listening: Vec<u16> = mine
+                .iter()
+                .filter(|s| s.state == TCP_LISTEN)
+                .map(|s| s.local.port())
+                .collect();
+            listening.sort_unstable();
+            listening.dedup();
+            // The watchdog listens on nothing: skip it (unless named by --sql-pid).
+            if listening.is_empty() && self.discovery.pid != Some(pid) {
+                continue;
+            }
+            let netns = std::fs::metadata(proc_pid.join("ns/net"))
+                .map(|m| m.ino() as u32)
+                .unwrap_or(0);
+            let ag_ports: Vec<u16> = self.discovery.ag_ports.clone();
+            let tds_ports: Vec<u16> = if self.discovery.tds_ports.is_empty() {
+                listening
+                    .iter()
+                    .copied()
+                    .filter(|p| !ag_ports.contains(p))
+                    .collect()
+            } else {
+                self.discovery.tds_ports.clone()
+            };
+            let mut instance_files: Vec<DbFile> = open
+                .paths
+                .iter()
+                .filter_map(|p| {
+                    files::classify(p).and_then(|role| DbFile::locate(p, role, &self.sys))
+                })
+                .collect();
+            instance_files.sort_by(|a, b| a.path.cmp(&b.path));
+            instance_files.dedup_by(|a, b| a.path == b.path);
+            for s in mine.iter().filter(|s| s.state == TCP_ESTABLISHED) {
+                let kind = if tds_ports.contains(&s.local.port()) {
+                    SessionKind::Client
+                } else if ag_ports.contains(&s.local.port()) || ag_ports.contains(&s.remote.port())
+                {
+                    SessionKind::AvailabilityGroup
+                } else if BACKUP_SHARE_PORTS.contains(&s.remote.port()) {
+                    SessionKind::Backup
+                } else {
+                    continue;
+                };
+                let session = self.sessions.remove(&s.inode).unwrap_or_else(|| {
+                    let fresh = Session {
+                        pid,
+                        netns,
+                        kind,
+                        local: s.local,
+                        remote: s.remote,
+                        sock_ino: s.inode,
+                        first_seen: now.to_string(),
+                        spid: None,
+                        encrypted: false,
+                    };
+                    changes.opened.push(fresh.clone());
+                    fresh
+                });
+                seen.insert(s.inode, session);
+            }
+            let instance = Instance {
+                pid,
+                watchdog_pid: (ppid > 1).then_some(ppid).filter(|pp| {
+                    std::fs::read_to_string(self.proc.join(format!("{pp}/comm")))
+                        .is_ok_and(|c| c.trim_end() == "sqlservr")
+                }),
+                netns,
+                tds_ports,
+                ag_ports,
+                files: instance_files
+                    .iter()
+                    .map(|f| FileSummary {
+                        path: f.path.clone(),
+                        role: f.role.name(),
+                        disks: f.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
+                    })
+                    .collect(),
+                disk_roles: BTreeMap::new(),
+            };
+            instances.push(instance);
+            files.extend(instance_files);
+        }
+        changes.closed = self.sessions.drain().map(|(_, s)| s).collect();
+        self.sessions = seen;
+        self.files = files;
+        self.roles = roles(&self.files);
+        for instance in &mut instances {
+            instance.disk_roles = self
+                .files
+                .iter()
+                .filter(|f| instance.files.iter().any(|s| s.path == f.path))
+                .flat_map(|f| f.disks.iter())
+                .map(|&(a, b)| (format!("{a}:{b}"), self.roles[&(a, b)]))
+                .collect();
+            if !self.instances.contains(instance) {
+                changes.instances.push(instance.clone());
+            }
+        }
+        self.instances = instances;
+        changes
+    }
+
+    /// `sqlservr` processes, or the one named by --sql-pid.
+    fn candidates(&self) -> Vec<(u32, u32)> {
+        match self.discovery.pid {
+            Some(pid) => {
+                let status = std::fs::read_to_string(self.proc.join(format!("{pid}/status")))
+                    .unwrap_or_default();
+                let ppid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("PPid:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                vec![(pid, ppid)]
+            }
+            None => procfs::processes_named(&self.proc, "sqlservr"),
+        }
+    }
+}
+
+/// Each disk's role: the one role of all the files on it, or `mixed`.
+fn roles(files: &[DbFile]) -> HashMap<Disk, &'static str> {
+    let mut by_disk: HashMap<Disk, Vec<Role>> = HashMap::new();
+    for f in files {
+        for d in &f.disks {
+            by_disk.entry(*d).or_default().push(f.role);
+        }
+    }
+    by_disk
+        .into_iter()
+        .map(|(disk, mut roles)| {
+            roles.sort();
+            roles.dedup();
+            (
+                disk,
+                if roles.len() == 1 {
+                    roles[0].name()
+                } else {
+                    "mixed"
+                },
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_with_several_roles_is_mixed() {
+        let file = |path: &str, role, disks: Vec<Disk>| DbFile {
+            path: PathBuf::from(path),
+            role,
+            disks,
+            extents: vec![(0, 8)],
+        };
+        let r = roles(&[
+            file("/d/a.mdf", Role::Data, vec![(8, 0)]),
+            file("/d/b.ndf", Role::Data, vec![(8, 0)]),
+            file("/l/a.ldf", Role::Log, vec![(8, 16)]),
+            file("/t/tempdb.mdf", Role::Tempdb, vec![(8, 32), (253, 1)]),
+            file("/t/sales.mdf", Role::Data, vec![(253, 1)]),
+        ]);
+        assert_eq!(r[&(8, 0)], "data");
+        assert_eq!(r[&(8, 16)], "log");
+        assert_eq!(r[&(8, 32)], "tempdb");
+        assert_eq!(r[&(253, 1)], "mixed");
+    }
+
+    #[test]
+    fn finds_nothing_without_sql_server() {
+        let mut inv = Inventory::new(Discovery::default());
+        let changes = inv.refresh("2026-01-01T00:00:00.000000Z");
+        // No sqlservr on a build machine (the simulator tests run their own).
+        if procfs::processes_named(Path::new("/proc"), "sqlservr").is_empty() {
+            assert!(changes.instances.is_empty() && inv.instances().is_empty());
+            assert_eq!(inv.role_of((8, 0)), None);
+        }
+    }
+}

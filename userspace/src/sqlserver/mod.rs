@@ -1,0 +1,12 @@
+//! SQL Server correlation (DESIGN.md, "SQL Server correlation"): what stalltrace learns
+//! about SQL Server from outside the process. `tds` reads the headers of its wire
+//! protocol, the Tabular Data Stream, to tell requests from responses and to recover
+//! the SPID of a session when the traffic is not encrypted; it never keeps SQL text or
+//! any other payload.
+
+pub mod files;
+pub mod inventory;
+pub mod live;
+pub mod procfs;
+pub mod record;
+pub mod tds;
