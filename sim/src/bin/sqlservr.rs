@@ -1,0 +1,98 @@
+//! `sqlservr`: a watchdog that starts a worker of the same name, which keeps
+//! O_DIRECT data and log files open and answers TDS clients. See README.md.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+use stalltrace_sim::server::{ServerConfig, run_worker};
+use stalltrace_sim::watchdog::{is_worker, run_watchdog};
+
+/// SQL Server on Linux's kernel-visible footprint: a watchdog parent and a
+/// worker child, both `sqlservr`; the worker listens for TDS and does O_DIRECT
+/// I/O on a .mdf and an .ldf file for every SQL batch.
+#[derive(Parser, Debug)]
+#[command(name = "sqlservr", version)]
+struct Args {
+    /// Address and port of the TDS listener (port 0: any free port, printed at start)
+    #[arg(long, default_value = "0.0.0.0:1433")]
+    listen: SocketAddr,
+    /// Data file, created at start (name ending .mdf or .ndf)
+    #[arg(long)]
+    data: PathBuf,
+    /// Log file, created at start (name ending .ldf)
+    #[arg(long)]
+    log: PathBuf,
+    /// Size of the data file in MiB
+    #[arg(long, default_value_t = 64)]
+    data_size_mb: u64,
+    /// Size of the log file in MiB
+    #[arg(long, default_value_t = 32)]
+    log_size_mb: u64,
+    /// Database name sessions are put in (ENVCHANGE after LOGIN7)
+    #[arg(long, default_value = "stalltrace")]
+    database: String,
+    /// Seconds between checkpoint bursts (random data-page writes + fdatasync); 0 = none
+    #[arg(long, default_value_t = 0)]
+    checkpoint_secs: u64,
+    /// Data pages written by each checkpoint burst
+    #[arg(long, default_value_t = 256)]
+    checkpoint_pages: usize,
+}
+
+fn has_ext(p: &Path, exts: &[&str]) -> bool {
+    p.extension()
+        .is_some_and(|e| exts.iter().any(|x| e.eq_ignore_ascii_case(x)))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // The tracer tells data from log by extension, as SQL Server's own
+    // conventions do; refuse names it could not classify.
+    let problem = if !has_ext(&args.data, &["mdf", "ndf"]) {
+        Some(format!(
+            "--data {}: the name must end in .mdf or .ndf",
+            args.data.display()
+        ))
+    } else if !has_ext(&args.log, &["ldf"]) {
+        Some(format!(
+            "--log {}: the name must end in .ldf",
+            args.log.display()
+        ))
+    } else if args.data_size_mb == 0 || args.log_size_mb == 0 {
+        Some("--data-size-mb and --log-size-mb must be at least 1".into())
+    } else {
+        None
+    };
+    if let Some(p) = problem {
+        eprintln!("sqlservr: {p}");
+        return ExitCode::from(2);
+    }
+    if !is_worker() {
+        return match run_watchdog() {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => {
+                eprintln!("sqlservr: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cfg = ServerConfig {
+        listen: args.listen,
+        data: args.data,
+        log: args.log,
+        data_bytes: args.data_size_mb << 20,
+        log_bytes: args.log_size_mb << 20,
+        database: args.database,
+        checkpoint_secs: args.checkpoint_secs,
+        checkpoint_pages: args.checkpoint_pages,
+    };
+    match run_worker(&cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sqlservr: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! PRELOGIN (MS-TDS 2.2.6.5): a table of (token, offset, length) entries, all
+//! big-endian and ended by 0xFF, then the option values. The client sends it as
+//! packet type 0x12; the server answers in the same layout as packet type 4.
+
+use std::io;
+
+use super::{Cursor, invalid};
+
+pub const VERSION: u8 = 0x00;
+pub const ENCRYPTION: u8 = 0x01;
+pub const INSTOPT: u8 = 0x02;
+pub const THREADID: u8 = 0x03;
+pub const MARS: u8 = 0x04;
+pub const TERMINATOR: u8 = 0xFF;
+
+pub const ENCRYPT_OFF: u8 = 0x00;
+pub const ENCRYPT_ON: u8 = 0x01;
+pub const ENCRYPT_NOT_SUP: u8 = 0x02;
+pub const ENCRYPT_REQ: u8 = 0x03;
+
+/// The version the simulated server claims: SQL Server 2022 RTM, 16.0.1000
+/// (major, minor, build big-endian; sub-build 0, so its byte order is moot).
+pub const SERVER_VERSION: [u8; 6] = [16, 0, 0x03, 0xE8, 0x00, 0x00];
+
+/// One option: its token and value bytes.
+pub type PreloginOption = (u8, Vec<u8>);
+
+/// Lays out the option table and the values behind it.
+pub fn encode(options: &[PreloginOption]) -> Vec<u8> {
+    let table_len = options.len() * 5 + 1;
+    let mut out = Vec::with_capacity(table_len + options.iter().map(|o| o.1.len()).sum::<usize>());
+    let mut offset = table_len;
+    for (token, data) in options {
+        out.push(*token);
+        out.extend_from_slice(&(offset as u16).to_be_bytes());
+        out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        offset += data.len();
+    }
+    out.push(TERMINATOR);
+    for (_, data) in options {
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// Reads the option table, in the order sent.
+pub fn decode(payload: &[u8]) -> io::Result<Vec<PreloginOption>> {
+    let mut c = Cursor::new(payload);
+    let mut options = Vec::new();
+    loop {
+        let token = c.u8()?;
+        if token == TERMINATOR {
+            return Ok(options);
+        }
+        let offset = c.u16_be()? as usize;
+        let len = c.u16_be()? as usize;
+        let data = payload.get(offset..offset + len).ok_or_else(|| {
+            invalid(format!(
+                "PRELOGIN option {token:#04x} points past the message"
+            ))
+        })?;
+        options.push((token, data.to_vec()));
+    }
+}
+
+/// The value of one option, if present.
+pub fn option(options: &[PreloginOption], token: u8) -> Option<&[u8]> {
+    options
+        .iter()
+        .find(|o| o.0 == token)
+        .map(|o| o.1.as_slice())
+}
+
+/// The ENCRYPTION byte, if present.
+pub fn encryption(options: &[PreloginOption]) -> Option<u8> {
+    option(options, ENCRYPTION).and_then(|v| v.first().copied())
+}
+
+/// A client's PRELOGIN: driver version, no encryption, default instance, its
+/// thread id, no MARS.
+pub fn client_request(thread_id: u32) -> Vec<u8> {
+    encode(&[
+        (VERSION, vec![0x01, 0x00, 0x00, 0x00, 0x00, 0x00]),
+        (ENCRYPTION, vec![ENCRYPT_NOT_SUP]),
+        (INSTOPT, vec![0x00]),
+        (THREADID, thread_id.to_be_bytes().to_vec()),
+        (MARS, vec![0x00]),
+    ])
+}
+
+/// The server's answer: its version, ENCRYPT_NOT_SUP (no TLS, so the whole
+/// session, login included, is readable on the wire), instance ok, no MARS.
+pub fn server_response() -> Vec<u8> {
+    encode(&[
+        (VERSION, SERVER_VERSION.to_vec()),
+        (ENCRYPTION, vec![ENCRYPT_NOT_SUP]),
+        (INSTOPT, vec![0x00]),
+        (THREADID, Vec::new()),
+        (MARS, vec![0x00]),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_response_layout() {
+        let b = server_response();
+        // 5 entries of 5 bytes + terminator = 26; VERSION's 6 bytes start there.
+        assert_eq!(&b[..5], &[VERSION, 0, 26, 0, 6]);
+        assert_eq!(&b[5..10], &[ENCRYPTION, 0, 32, 0, 1]);
+        assert_eq!(b[25], TERMINATOR);
+        assert_eq!(&b[26..32], &SERVER_VERSION);
+        assert_eq!(b[32], ENCRYPT_NOT_SUP);
+        // Values: VERSION 6, ENCRYPTION 1, INSTOPT 1, THREADID 0, MARS 1.
+        assert_eq!(b.len(), 26 + 6 + 1 + 1 + 1);
+    }
+
+    #[test]
+    fn round_trip() {
+        let opts = decode(&client_request(0x0102_0304)).unwrap();
+        assert_eq!(encryption(&opts), Some(ENCRYPT_NOT_SUP));
+        assert_eq!(option(&opts, THREADID), Some(&[1u8, 2, 3, 4][..]));
+        assert_eq!(opts.len(), 5);
+        let opts = decode(&server_response()).unwrap();
+        assert_eq!(option(&opts, VERSION), Some(&SERVER_VERSION[..]));
+        assert_eq!(option(&opts, THREADID), Some(&[][..]));
+    }
+
+    #[test]
+    fn bad_offsets_and_missing_terminator_are_errors() {
+        assert!(decode(&[ENCRYPTION, 0, 50, 0, 1, TERMINATOR]).is_err());
+        assert!(decode(&[ENCRYPTION, 0, 6, 0, 1]).is_err());
+    }
+}
