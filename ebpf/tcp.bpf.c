@@ -17,8 +17,8 @@
  *   SYN flag in the segment          -> syn
  *   icsk_ca_state == TCP_CA_Loss     -> rto (with the timer flag when icsk_pending
  *                                       is 0: the timer handler clears it first)
- *   icsk_pending == LOSS_PROBE, not
- *   in Recovery, and the segment is
+ *   icsk_pending == LOSS_PROBE, in
+ *   Open or CWR, and the segment is
  *   the last one sent                -> tlp (fast retransmits often carry a re-armed
  *                                       LOSS_PROBE timer, hence the other checks)
  *   otherwise                        -> fast
@@ -269,9 +269,13 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 		kind = TCP_RETX_RTO;
 		if (pending == 0)
 			flags |= TCP_RETX_F_TIMER;
-	} else if (pending == ICSK_TIME_LOSS_PROBE && ca_state != TCP_CA_Recovery &&
+	} else if (pending == ICSK_TIME_LOSS_PROBE &&
+		   (ca_state == TCP_CA_Open || ca_state == TCP_CA_CWR) &&
 		   KREAD(cb, end_seq) == KREAD(tp, snd_nxt)) {
-		/* the probe is the last segment sent (split off the tail skb if need be) */
+		/* the probe is the last segment sent (split off the tail skb if
+		 * need be); tcp_schedule_loss_probe arms the timer in Open and CWR
+		 * only, so a tail retransmit in Disorder is a fast one under a
+		 * stale timer */
 		kind = TCP_RETX_TLP;
 	} else {
 		kind = TCP_RETX_FAST;

@@ -119,6 +119,37 @@ fn an_unwritable_output_fails_before_attaching() {
 }
 
 #[test]
+fn dmv_settings_others_can_read_are_refused_before_attaching() {
+    require_root();
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("{}.conf", unique("stalltrace-dmv")));
+    std::fs::write(
+        &path,
+        "host = 127.0.0.1\nuser = stalltrace\npassword = s3cret-value\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = stalltrace(
+        &[
+            "run",
+            "--duration",
+            "1s",
+            "--sql-dmv",
+            &path.to_string_lossy(),
+        ],
+        &[],
+    );
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line_error(&out);
+    assert!(line.contains("chmod 600"), "{line}");
+    assert!(
+        !line.contains("s3cret-value"),
+        "the password leaked: {line}"
+    );
+}
+
+#[test]
 fn a_probe_that_cannot_attach_is_named_and_nothing_stays_attached() {
     require_root();
     let before: Vec<u64> = loaded_programs().into_iter().map(|(id, _)| id).collect();
@@ -199,8 +230,9 @@ fn sigterm_writes_stop_and_detaches_every_program() {
                 .expect("attached probes carry their program id")
         })
         .collect();
-    // Every family's programs: block 6, tcp 6, netdev 9 (on this kernel all attach).
-    assert_eq!(ids.len(), 21, "{start}");
+    // Every family's programs: block 6, tcp 6, netdev 9, sqlserver 1 (on this
+    // kernel all attach).
+    assert_eq!(ids.len(), 22, "{start}");
     wait_until_unloaded("the run's programs", |(id, _)| ids.contains(id));
 }
 

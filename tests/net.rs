@@ -55,8 +55,10 @@ fn loss_matches_the_kernel_counters(family: Family) {
     let before = pair.counters(Side::A);
     // Paced: an unpaced sender reorders on the 2 vCPUs and retransmits without any loss.
     let iperf = pair.iperf3(&server, family, 4, &["-b", "200M"]);
-    let after = pair.counters(Side::A);
+    // The kernel's counters once the connections have closed: a loss probe
+    // of the final segments or the FIN comes after iperf3 returns.
     std::thread::sleep(Duration::from_millis(800));
+    let after = pair.counters(Side::A);
     let records = tracer.stop();
     let k = delta(&before, &after);
     let events = retransmits_in(&records, &pair);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod netlab;
+pub mod sqllab;
 
 /// Privileged tests never skip: without root they cannot do their job, so they fail.
 pub fn require_root() {
@@ -80,12 +81,20 @@ impl LoopDevice {
             Backing::Disk => "/var/tmp",
             Backing::Tmpfs => "/dev/shm",
         };
-        let file = Path::new(dir).join(format!("{}.img", unique("stalltrace-test")));
+        Self::new_in(Path::new(dir), size_mib, direct_io)
+    }
+
+    /// A loop device over a new file in `dir` (tmpfs or a filesystem that takes O_DIRECT).
+    pub fn new_in(dir: &Path, size_mib: u32, direct_io: bool) -> Self {
+        let file = dir.join(format!("{}.img", unique("stalltrace-test")));
         // Real data: reads of a sparse file's holes never reach the disk. Written
-        // with O_DIRECT so no writeback of it lands in the middle of a measurement.
-        let oflag = match backing {
-            Backing::Disk => "oflag=direct",
-            Backing::Tmpfs => "oflag=sync",
+        // with O_DIRECT so no writeback of it lands in the middle of a measurement
+        // (tmpfs takes no O_DIRECT: synchronous writes there).
+        let on_tmpfs = dir.starts_with("/dev/shm");
+        let oflag = if on_tmpfs {
+            "oflag=sync"
+        } else {
+            "oflag=direct"
         };
         sh(
             "dd",
@@ -364,6 +373,31 @@ impl Tracer {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// Wait until a record written so far satisfies `what`; return it.
+    pub fn wait_for(&mut self, timeout: Duration, what: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+            // Only whole lines: the last one may be half written.
+            let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+            if let Some(found) = whole
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|v| what(v))
+            {
+                return found;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("stalltrace exited ({status}): {}", self.stderr_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such record within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn stderr_text(&self) -> String {

@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at start: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Attach to this host and stream JSON lines until stopped (SIGINT/SIGTERM) or --duration.
     Run(RunArgs),
@@ -74,6 +76,11 @@ pub struct SqlArgs {
     /// An availability-group / mirroring endpoint port (default 5022).
     #[arg(long = "sql-ag-port", value_name = "PORT")]
     pub sql_ag_ports: Vec<u16>,
+    /// Enrich sessions from SQL Server's DMVs (off by default): a settings file
+    /// readable by its owner only, or `env` for STALLTRACE_SQL_CONN and
+    /// STALLTRACE_SQL_* (docs/sqlserver.md). Never credentials on the command line.
+    #[arg(long = "sql-dmv", value_name = "FILE|env")]
+    pub sql_dmv: Option<String>,
 }
 
 /// What to watch; each flag may be repeated, and an absent flag means everything.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, Stop
 use crate::output::{JsonWriter, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
 use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
+use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
 use crate::tcp::{TcpOptions, TcpProbe};
@@ -214,6 +216,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .iter()
         .map(|spec| netns::resolve(spec))
         .collect::<Result<Vec<_>, _>>()?;
+    // Settings are checked before anything attaches: a bad file is a clean exit.
+    let dmv = args
+        .sql
+        .sql_dmv
+        .as_deref()
+        .map(|spec| match spec {
+            "env" => DmvConfig::from_env(),
+            path => DmvConfig::from_file(Path::new(path)),
+        })
+        .transpose()?;
     let (hz, hz_source) = host::kernel::hz();
     let plan = Plan {
         slow_io,
@@ -233,6 +245,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         reports,
         hooks,
     } = attach_all(&args.probes, &plan)?;
+    match (&mut sql, dmv) {
+        (Some(sql), Some(config)) => sql.enable_dmv(Dmv::start(config)),
+        (None, Some(_)) => eprintln!(
+            "stalltrace: no DMV enrichment: the sqlserver family did not attach (see the start record)"
+        ),
+        _ => {}
+    }
 
     let clock = Clock::new();
     let mut out = JsonWriter::new(output, host::hostname());

@@ -23,6 +23,7 @@ const APT_PACKAGES: &[&str] = &[
     "tshark",
     "ethtool",
     "util-linux",
+    "e2fsprogs",
     "procps",
 ];
 

@@ -205,7 +205,11 @@ impl Family for BlockProbe {
             let dev = self.disk_name(e.major, e.minor);
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = SlowIoRecord::from_event(&e, dev);
-            if let Some(sql) = ctx.sql.as_deref() {
+            if let Some(sql) = ctx.sql.as_deref_mut() {
+                if sql.tag_process(e.tgid).is_none() {
+                    // A `sqlservr` younger than the last discovery: look again.
+                    sql.missed(Some(e.tgid), &ts, out)?;
+                }
                 let disk = (e.major, e.minor);
                 record.file = sql
                     .inventory()

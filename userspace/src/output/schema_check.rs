@@ -19,6 +19,7 @@ use crate::netdev::record::NetdevRecord;
 use crate::probes::lost::source_name;
 use crate::probes::stats::ProgramStats;
 use crate::probes::{HookMode, HookStatus};
+use crate::sqlserver::dmv::DmvSession;
 use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
 use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord, SqlTag};
 use crate::tcp::record::{TcpRetransmitRecord, TcpRttRecord};
@@ -57,6 +58,7 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("slow_io", "file"),
     ("sql_instance", "watchdog_pid"),
     ("sql_session", "spid"),
+    ("sql_session", "dmv"),
     ("netdev", "rx_packets"),
     ("netdev", "rx_bytes"),
     ("netdev", "tx_packets"),
@@ -366,7 +368,12 @@ fn emitted_lines() -> Vec<String> {
         kind: Some(SessionKind::Client),
         spid: Some(57),
         client: Some("10.1.2.4:50123".into()),
-        encrypted: false,
+        login: Some("app_user".into()),
+        program: Some("OrderService".into()),
+        database: Some("sales".into()),
+        wait_type: Some("ASYNC_NETWORK_IO".into()),
+        mars_spids: vec![61],
+        ..Default::default()
     };
     w.emit(
         "tcp_retransmit",
@@ -470,6 +477,8 @@ fn emitted_lines() -> Vec<String> {
         first_seen: ts.clone(),
         spid: None,
         encrypted: false,
+        dmv: Vec::new(),
+        absent_at_ms: None,
     };
     let open = SqlSessionRecord {
         event: "open",
@@ -477,6 +486,32 @@ fn emitted_lines() -> Vec<String> {
     };
     w.emit("sql_session", &ts, &open).unwrap();
     session.spid = Some(57);
+    // With DMV enrichment: the connection's session and a MARS one.
+    session.dmv = vec![
+        DmvSession {
+            session_id: 57,
+            connect_time_ms: 1_760_000_000_000,
+            login: "app_user".into(),
+            program: Some("OrderService".into()),
+            host: Some("app01".into()),
+            database: Some("sales".into()),
+            status: "running".into(),
+            request_status: Some("suspended".into()),
+            command: Some("SELECT".into()),
+            wait_type: Some("ASYNC_NETWORK_IO".into()),
+            wait_time_ms: Some(12),
+            blocking_session_id: Some(0),
+            ..Default::default()
+        },
+        DmvSession {
+            session_id: 61,
+            connect_time_ms: 1_760_000_000_500,
+            mars: true,
+            login: "app_user".into(),
+            status: "sleeping".into(),
+            ..Default::default()
+        },
+    ];
     let identified = SqlSessionRecord {
         event: "identified",
         session: &session,

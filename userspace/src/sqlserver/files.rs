@@ -121,17 +121,22 @@ fn parent_disk(partition: &Path) -> Option<Disk> {
     dev_of(real.parent()?)
 }
 
-/// Disks under a device-mapper or md device (`slaves/`), recursively.
+/// Disks under a device-mapper or md device (`slaves/`) or under a loop
+/// device (the disk holding its backing file), recursively.
 fn below(sys: &Path, disk: Disk, out: &mut Vec<Disk>, depth: u32) {
     if depth > 8 {
         return;
     }
-    let slaves = sys.join(format!("dev/block/{}:{}/slaves", disk.0, disk.1));
-    let Ok(dir) = std::fs::read_dir(slaves) else {
-        return;
-    };
+    let node = sys.join(format!("dev/block/{}:{}", disk.0, disk.1));
     let mut found = BTreeSet::new();
-    for entry in dir.flatten() {
+    if let Some(backing) = loop_backing_disk(sys, &node) {
+        found.insert(backing);
+    }
+    for entry in std::fs::read_dir(node.join("slaves"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let node = entry.path();
         let Some(dev) = dev_of(&node) else { continue };
         let whole = if node.join("partition").exists() {
@@ -146,6 +151,23 @@ fn below(sys: &Path, disk: Disk, out: &mut Vec<Disk>, depth: u32) {
             out.push(d);
             below(sys, d, out, depth + 1);
         }
+    }
+}
+
+/// The whole disk under a loop device's backing file (a regular file on some
+/// filesystem): a loop device's I/O becomes that disk's I/O.
+fn loop_backing_disk(sys: &Path, node: &Path) -> Option<Disk> {
+    let file = std::fs::read_to_string(node.join("loop/backing_file")).ok()?;
+    let dev = std::fs::metadata(file.trim_end()).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    if major == 0 {
+        return None; // tmpfs: memory, no disk below
+    }
+    let backing = sys.join(format!("dev/block/{major}:{minor}"));
+    if backing.join("partition").exists() {
+        parent_disk(&backing)
+    } else {
+        Some((major, minor))
     }
 }
 

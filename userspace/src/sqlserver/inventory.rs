@@ -6,13 +6,15 @@
 //! child; only the worker listens and opens files, so the worker is the
 //! `sqlservr` with listening TCP sockets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::dmv::DmvSession;
 use super::files::{self, DbFile, Disk, Role};
 use super::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
 
@@ -26,6 +28,13 @@ pub struct Discovery {
     /// Availability-group / database-mirroring endpoint ports (default 5022).
     pub ag_ports: Vec<u16>,
 }
+
+/// How long a closed session still tags records by its tuple: past the
+/// kernel's FIN retransmissions of an orphaned socket (tcp_orphan_retries'
+/// default of 8 backs off to about 100 s).
+const RECENTLY_CLOSED_FOR: Duration = Duration::from_secs(120);
+/// At most this many closed sessions remembered (a reconnect storm stays bounded).
+const RECENTLY_CLOSED_MAX: usize = 4096;
 
 /// Ports SQL Server backs up to: SMB and NFS shares.
 const BACKUP_SHARE_PORTS: [u16; 2] = [445, 2049];
@@ -81,6 +90,14 @@ pub struct Session {
     pub spid: Option<u16>,
     /// The session's TDS stream is TLS: no SPID from its headers.
     pub encrypted: bool,
+    /// What SQL Server's DMVs say about the sessions on this connection
+    /// (`--sql-dmv`): the physical connection's first, then MARS sessions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dmv: Vec<DmvSession>,
+    /// The last refresh that did not see this socket (UTC ms): its connection
+    /// is younger than that. None for a socket there at stalltrace's start.
+    #[serde(skip)]
+    pub absent_at_ms: Option<i64>,
 }
 
 /// What changed in one refresh; each becomes a record.
@@ -100,6 +117,12 @@ pub struct Inventory {
     files: Vec<DbFile>,
     /// By socket inode.
     sessions: HashMap<u64, Session>,
+    /// Sessions closed lately, newest last: the kernel still retransmits a
+    /// closed socket's FIN (an orphan, no inode) and those records belong to
+    /// the session too. Bounded by age and count.
+    recently_closed: VecDeque<(Instant, Session)>,
+    /// When the last refresh ran (UTC ms).
+    last_refresh_ms: Option<i64>,
     roles: HashMap<Disk, &'static str>,
 }
 
@@ -140,9 +163,15 @@ impl Inventory {
         local_port: u16,
         remote: SocketAddr,
     ) -> Option<&Session> {
-        self.sessions
-            .values()
-            .find(|s| s.netns == netns && s.local.port() == local_port && s.remote == remote)
+        let matches =
+            |s: &&Session| s.netns == netns && s.local.port() == local_port && s.remote == remote;
+        self.sessions.values().find(matches).or_else(|| {
+            self.recently_closed
+                .iter()
+                .rev()
+                .map(|(_, s)| s)
+                .find(matches)
+        })
     }
 
     pub fn sessions_mut(&mut self) -> impl Iterator<Item = &mut Session> {
@@ -232,6 +261,8 @@ impl Inventory {
                         first_seen: now.to_string(),
                         spid: None,
                         encrypted: false,
+                        dmv: Vec::new(),
+                        absent_at_ms: self.last_refresh_ms,
                     };
                     changes.opened.push(fresh.clone());
                     fresh
@@ -261,6 +292,10 @@ impl Inventory {
             files.extend(instance_files);
         }
         changes.closed = self.sessions.drain().map(|(_, s)| s).collect();
+        self.remember_closed(&changes.closed);
+        self.last_refresh_ms = chrono::DateTime::parse_from_rfc3339(now)
+            .ok()
+            .map(|t| t.timestamp_millis());
         self.sessions = seen;
         self.files = files;
         self.roles = roles(&self.files);
@@ -278,6 +313,20 @@ impl Inventory {
         }
         self.instances = instances;
         changes
+    }
+
+    fn remember_closed(&mut self, closed: &[Session]) {
+        let now = Instant::now();
+        self.recently_closed
+            .extend(closed.iter().map(|s| (now, s.clone())));
+        while self.recently_closed.len() > RECENTLY_CLOSED_MAX
+            || self
+                .recently_closed
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) > RECENTLY_CLOSED_FOR)
+        {
+            self.recently_closed.pop_front();
+        }
     }
 
     /// `sqlservr` processes, or the one named by --sql-pid.
@@ -346,6 +395,42 @@ mod tests {
         assert_eq!(r[&(8, 16)], "log");
         assert_eq!(r[&(8, 32)], "tempdb");
         assert_eq!(r[&(253, 1)], "mixed");
+    }
+
+    #[test]
+    fn a_closed_session_still_tags_by_tuple_for_a_while() {
+        let session = |ino: u64, port: u16| Session {
+            pid: 7,
+            netns: 1,
+            kind: SessionKind::Client,
+            local: "10.0.0.1:1433".parse().unwrap(),
+            remote: SocketAddr::new("10.0.0.2".parse().unwrap(), port),
+            sock_ino: ino,
+            first_seen: String::new(),
+            spid: Some(51),
+            encrypted: false,
+            dmv: Vec::new(),
+            absent_at_ms: None,
+        };
+        let mut inv = Inventory::new(Discovery::default());
+        inv.remember_closed(&[session(1, 50000)]);
+        let remote = "10.0.0.2:50000".parse().unwrap();
+        assert_eq!(
+            inv.session_by_tuple(1, 1433, remote).unwrap().spid,
+            Some(51)
+        );
+        assert!(
+            inv.session_by_tuple(2, 1433, remote).is_none(),
+            "another netns"
+        );
+        assert!(inv.session_by_inode(1).is_none(), "closed: no longer live");
+        // Bounded: the oldest go first.
+        let many: Vec<Session> = (0..RECENTLY_CLOSED_MAX as u64)
+            .map(|i| session(i + 2, 1 + i as u16))
+            .collect();
+        inv.remember_closed(&many);
+        assert_eq!(inv.recently_closed.len(), RECENTLY_CLOSED_MAX);
+        assert!(inv.session_by_tuple(1, 1433, remote).is_none());
     }
 
     #[test]

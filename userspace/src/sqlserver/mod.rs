@@ -4,6 +4,7 @@
 //! the SPID of a session when the traffic is not encrypted; it never keeps SQL text or
 //! any other payload.
 
+pub mod dmv;
 pub mod files;
 pub mod inventory;
 pub mod live;

@@ -19,6 +19,11 @@ pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_LISTEN: u8 = 10;
 
 /// Processes whose command name is `comm`, with their parent pid.
+/// Whether process `pid` (its main thread) is called `comm`.
+pub fn is_named(pid: u32, comm: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|n| n.trim_end() == comm)
+}
+
 pub fn processes_named(proc: &Path, comm: &str) -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir(proc) else {
         return Vec::new();
@@ -76,6 +81,12 @@ pub fn open_files(proc_pid: &Path) -> OpenFiles {
             out.paths.push(target);
         }
     }
+    // A socket or file open on several descriptors (dup, a stream cloned for a
+    // reader and a writer) is one socket, one file.
+    out.sockets.sort_unstable();
+    out.sockets.dedup();
+    out.paths.sort_unstable();
+    out.paths.dedup();
     out
 }
 
@@ -161,9 +172,13 @@ mod tests {
         let files = open_files(me);
         assert!(!files.paths.is_empty() || !files.sockets.is_empty());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _same_socket = listener.try_clone().unwrap();
         let port = listener.local_addr().unwrap().port();
         let socks = tcp_sockets(me);
         let ours = open_files(me).sockets;
+        let mut unique = ours.clone();
+        unique.dedup();
+        assert_eq!(unique, ours, "a socket on two descriptors is listed once");
         assert!(
             socks.values().any(|s| s.local.port() == port
                 && s.state == TCP_LISTEN

@@ -38,16 +38,36 @@ pub struct SqlTag {
     pub client: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// From the DMVs (`--sql-dmv`), for the connection's own session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// What the session waited on at the last DMV poll.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_type: Option<String>,
+    /// The other sessions multiplexed on the connection (MARS).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mars_spids: Vec<u16>,
 }
 
 impl SqlTag {
     pub fn for_session(s: &Session) -> Self {
+        let own = s.dmv.first();
         Self {
             pid: s.pid,
             kind: Some(s.kind),
-            spid: s.spid,
+            // The TDS header's SPID, else the DMVs' (an encrypted session's only source).
+            spid: s.spid.or(own.map(|d| d.session_id)),
             client: Some(s.remote.to_string()),
             encrypted: s.encrypted,
+            login: own.map(|d| d.login.clone()),
+            program: own.and_then(|d| d.program.clone()),
+            database: own.and_then(|d| d.database.clone()),
+            wait_type: own.and_then(|d| d.wait_type.clone()),
+            mars_spids: s.dmv.iter().skip(1).map(|d| d.session_id).collect(),
         }
     }
 
