@@ -368,6 +368,18 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 		count_lost(LOST_BIO_CHAIN_TRUNCATED);
 }
 
+/*
+ * The tag-wait and queue phases of a request's allocating bio are known when
+ * its allocation was seen and the stamps are in order. They are not for a
+ * request whose slot outlived an earlier life (a flush-machinery request
+ * recycled after a requeue that was never issued again): it keeps that life's
+ * first-issue stamp, older than this allocation. No sample beats a wrapped one.
+ */
+static __always_inline bool phases_known(const struct bio_slot *b, __u64 first_issue_ns)
+{
+	return b->alloc_ns && b->head.stamp_ns <= b->alloc_ns && b->alloc_ns <= first_issue_ns;
+}
+
 static __always_inline void send_slow_io(struct request *rq, struct bio_slot *origin, __u32 op,
 					 __u64 now, __u64 first_issue_ns, __u64 device_ns, int error)
 {
@@ -382,8 +394,8 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 	event->flags = 0;
 	event->tag_wait_ns = 0;
 	event->queue_ns = 0;
-	if (origin->alloc_ns) {
-		/* the queue phase starts at the allocation, known when the allocation was seen */
+	if (phases_known(origin, first_issue_ns)) {
+		/* the queue phase starts at the allocation */
 		event->flags = SLOW_IO_HAS_TAG_WAIT | SLOW_IO_HAS_QUEUE;
 		event->tag_wait_ns = origin->alloc_ns - origin->head.stamp_ns;
 		event->queue_ns = first_issue_ns - origin->alloc_ns;
@@ -449,7 +461,7 @@ HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_
 			__sync_fetch_and_add(&disk->inflight, -1);
 	}
 	/* the allocating bio's wait for a tag, then in the queue until the first issue */
-	if (first.head.owner && first.alloc_ns) {
+	if (first.head.owner && phases_known(&first, first_issue_ns)) {
 		hist_add(&stats->tag_wait, first.alloc_ns - first.head.stamp_ns);
 		hist_add(&stats->queue, first_issue_ns - first.alloc_ns);
 	}

@@ -1,12 +1,15 @@
 //! End-to-end tests of the tcp and netdev families, in network namespaces the
 //! tests build (tests/common/netlab.rs), against independent oracles: the
 //! namespace's own /proc/net/snmp and /proc/net/netstat counters, sockperf's
-//! round trip, `tc -s` qdisc statistics.
+//! round trip, `tc -s` qdisc statistics; `tcp_flow` (net/flows.rs) against
+//! `ss -tin` and the throughput iperf3 or the reader measured.
 //!
 //! Run as root (`cargo xtask test`); nextest runs them one at a time with the
 //! other privileged tests (.config/nextest.toml).
 
 mod common;
+#[path = "net/flows.rs"]
+mod flows;
 
 use std::time::Duration;
 

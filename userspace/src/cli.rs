@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::probes::ModeChoice;
+use crate::stall::{DEFAULT_RECOVER, Thresholds};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,6 +27,32 @@ pub enum Command {
     Run(RunArgs),
     /// Report what this host supports: kernel, BTF, privileges, and which probes attach.
     Check(CheckArgs),
+    /// Print the report of a recorded stream (and write it as a page with --html).
+    ///
+    /// What the run was and whether anything was lost or cut short; the stall
+    /// episodes ranked by impact with their cause, evidence, next step and the SQL
+    /// Server sessions they hit; then the whole run's latency and in-flight
+    /// histograms per disk and interface, TCP peers and bulk flows. --html writes the
+    /// same as one self-contained page with latency heatmaps and an episode timeline.
+    Report(ReportArgs),
+    /// Record for a while (default 30 s), then print the report: stall episodes
+    /// ranked by impact with their likely cause, evidence, next step and the
+    /// sessions they hit, and each disk's and interface's histograms.
+    Investigate(InvestigateArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InvestigateArgs {
+    /// Print the records (JSON lines, as `run` writes them) instead of the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the report as an HTML page.
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
+    /// Everything `run` takes; --duration defaults to 30s here, and --out keeps
+    /// the records in a file as well.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -56,12 +83,62 @@ pub struct RunArgs {
     /// each program's cost (ns per run) in the `stop` record. Costs ~20 ns per run.
     #[arg(long)]
     pub bpf_stats: bool,
+    /// Every interval, a `tcp_flow` record for each TCP flow that sent at least this
+    /// many Mbit/s (a bulk flow: a backup, an availability-group replica stream), with
+    /// what limited it: network, receiver, send buffer or the sending application.
+    /// 0 turns them off. The default, 8 Mbit/s (1 MB/s), is far above what interactive
+    /// SQL sessions move, and below a healthy backup or replica stream, so one that
+    /// crawls at a few MB/s is still reported.
+    #[arg(long, value_name = "MBPS", default_value_t = 8.0, value_parser = parse_bulk_mbps, allow_negative_numbers = true)]
+    pub bulk_mbps: f64,
     #[command(flatten)]
     pub probes: ProbeArgs,
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]
     pub sql: SqlArgs,
+    #[command(flatten)]
+    pub stalls: StallArgs,
+}
+
+/// When a signal is a stall episode (`stall` records); the defaults are
+/// `stall::Thresholds::default()`.
+#[derive(Args, Debug, Clone)]
+pub struct StallArgs {
+    /// A connection that made no progress this long, or a retransmission
+    /// timeout, is a network stall (ms).
+    #[arg(long = "stall-net-ms", value_name = "MS", default_value_t = Thresholds::default().net_ms, value_parser = parse_positive)]
+    pub net_ms: f64,
+    /// Retransmitted segments per second to one peer that count as loss
+    /// without any timeout.
+    #[arg(long = "stall-retrans-per-s", value_name = "N", default_value_t = Thresholds::default().retrans_per_s, value_parser = parse_positive)]
+    pub retrans_per_s: f64,
+    /// Transmit queue (qdisc) wait at p99 that is a transmit stall (ms).
+    #[arg(long = "stall-qdisc-ms", value_name = "MS", default_value_t = Thresholds::default().qdisc_ms, value_parser = parse_positive)]
+    pub qdisc_ms: f64,
+    /// Device time per request at p99 that is a slow device (ms).
+    #[arg(long = "stall-io-ms", value_name = "MS", default_value_t = Thresholds::default().io_ms, value_parser = parse_positive)]
+    pub io_ms: f64,
+    /// How long a signal must stay below its threshold for an episode to end.
+    #[arg(long = "stall-recover", value_name = "DURATION", default_value_t = DEFAULT_RECOVER.into(), value_parser = parse_recover)]
+    pub recover: humantime::Duration,
+    /// Detect no stall episodes (no `stall` records).
+    #[arg(long = "no-stalls")]
+    pub no_stalls: bool,
+}
+
+impl StallArgs {
+    /// None with --no-stalls.
+    pub fn thresholds(&self) -> Option<Thresholds> {
+        (!self.no_stalls).then(|| Thresholds {
+            net_ms: self.net_ms,
+            retrans_per_s: self.retrans_per_s,
+            qdisc_ms: self.qdisc_ms,
+            io_ms: self.io_ms,
+            recover_ms: Duration::from(self.recover).as_secs_f64() * 1000.0,
+            ..Thresholds::default()
+        })
+    }
 }
 
 /// Where SQL Server is, when discovery should not find it by itself.
@@ -104,6 +181,19 @@ pub struct CheckArgs {
     pub probes: ProbeArgs,
 }
 
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A stream written by `stalltrace run` (JSON lines, gzip-compressed or not); `-` reads stdin.
+    #[arg(value_name = "FILE.jsonl")]
+    pub file: PathBuf,
+    /// Also write the report as one self-contained HTML page (heatmaps, episode timeline).
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
+    /// Width of the text report in columns (default: the terminal's, else 100).
+    #[arg(long, value_name = "COLUMNS", value_parser = clap::value_parser!(u16).range(60..=400))]
+    pub width: Option<u16>,
+}
+
 const DURATION_HINT: &str = "expected a duration such as 500ms, 1s, 30s or 5m";
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -131,6 +221,24 @@ fn parse_slow_io_ms(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_recover(s: &str) -> Result<humantime::Duration, String> {
+    parse_duration(s).map(Into::into)
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err("expected a number greater than 0".into()),
+    }
+}
+
+fn parse_bulk_mbps(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err("expected Mbit/s, 0 or more (0 turns tcp_flow records off)".into()),
+    }
+}
+
 /// A clap parse failure as the one line stalltrace prints for any error.
 pub fn usage_error_line(err: &clap::Error) -> String {
     let rendered = err.to_string();
@@ -155,6 +263,7 @@ mod tests {
         assert_eq!(r.interval, Duration::from_secs(1));
         assert_eq!(r.duration, None);
         assert_eq!(r.slow_io_ms, 50.0);
+        assert_eq!(r.bulk_mbps, 8.0);
         assert_eq!(r.probes.probe_mode, ModeChoice::Auto);
         assert!(!r.probes.degrade);
     }
@@ -200,6 +309,11 @@ mod tests {
             (&["run", "--interval", "10ms"][..], "between 100ms and 1h"),
             (&["run", "--duration", "0s"][..], "longer than zero"),
             (&["run", "--slow-io-ms", "-3"][..], "--slow-io-ms"),
+            (&["run", "--bulk-mbps", "fast"][..], "--bulk-mbps"),
+            (
+                &["run", "--bulk-mbps", "-1"][..],
+                "0 turns tcp_flow records off",
+            ),
             (&["run", "--bogus"][..], "--bogus"),
             (&["frobnicate"][..], "frobnicate"),
         ] {

@@ -22,22 +22,29 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run(args) => match stalltrace::run::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                match e.downcast_ref::<UserError>() {
-                    Some(user) => eprintln!("stalltrace: {user}"),
-                    None => eprintln!("stalltrace: {}", format!("{e:#}").replace('\n', " ")),
-                }
-                ExitCode::FAILURE
-            }
-        },
+        Command::Run(args) => outcome(stalltrace::run::run(&args)),
         Command::Check(args) => {
             if stalltrace::check::check(&args) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             }
+        }
+        Command::Report(args) => outcome(stalltrace::report::command(&args)),
+        Command::Investigate(args) => outcome(stalltrace::investigate::investigate(&args)),
+    }
+}
+
+/// Success, or the error as one line.
+fn outcome(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            match e.downcast_ref::<UserError>() {
+                Some(user) => eprintln!("stalltrace: {user}"),
+                None => eprintln!("stalltrace: {}", format!("{e:#}").replace('\n', " ")),
+            }
+            ExitCode::FAILURE
         }
     }
 }

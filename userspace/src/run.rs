@@ -25,7 +25,14 @@ use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
+use crate::stall::Detector;
+use crate::stall::record::Phase;
+use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
+
+/// Records the stall detector reads per interval at most; past it, they are
+/// counted as lost (`stall.records`) rather than held.
+const TAP_CAP: usize = 100_000;
 
 /// How often the ring buffers are drained between intervals. Events are
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
@@ -49,6 +56,8 @@ pub struct Plan {
     pub ifaces: Vec<String>,
     pub hz: u32,
     pub sql: Discovery,
+    /// `--bulk-mbps`: the `tcp_flow` threshold; 0: no `tcp_flow` records.
+    pub bulk_mbps: f64,
 }
 
 /// Attach every family. A family that fails is an error unless `--degrade`.
@@ -79,6 +88,11 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
             netns: plan.netns.iter().map(|n| n.inode).collect(),
             ports: plan.ports.clone(),
             hz: plan.hz,
+            flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
+                bulk_mbps: plan.bulk_mbps,
+                netns: plan.netns.clone(),
+                ports: plan.ports.clone(),
+            }),
         },
         &btf,
     );
@@ -197,12 +211,28 @@ enum Stop {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    run_into(args, open_output(args)?, &mut |_| {})
+}
+
+/// Where a run is, after each interval (`investigate` shows it).
+pub struct Progress {
+    pub elapsed: Duration,
+    pub records: u64,
+    /// Stall episodes opened so far.
+    pub stalls: u64,
+}
+
+/// `run`, writing the records to `output`, calling `progress` after each interval.
+pub fn run_into(
+    args: &RunArgs,
+    output: Box<dyn Write>,
+    progress: &mut dyn FnMut(&Progress),
+) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
-    let output = open_output(args)?;
     let _stats_fd = if args.bpf_stats {
         Some(enable_bpf_stats()?)
     } else {
@@ -238,6 +268,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             tds_ports: args.sql.sql_ports.clone(),
             ag_ports: args.sql.sql_ag_ports.clone(),
         },
+        bulk_mbps: args.bulk_mbps,
     };
     let Attached {
         mut families,
@@ -256,6 +287,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let clock = Clock::new();
     let mut out = JsonWriter::new(output, host::hostname());
     let started = Instant::now();
+    let thresholds = args.stalls.thresholds();
     let start = StartRecord {
         schema: SCHEMA_VERSION,
         version: env!("CARGO_PKG_VERSION"),
@@ -275,6 +307,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             netns: &plan.netns,
             ifaces: &plan.ifaces,
         },
+        bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
+        stalls: thresholds.as_ref(),
         families: &reports,
         probes: &hooks,
     };
@@ -289,6 +323,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         started,
         &stop,
         &mut lost_total,
+        progress,
     ) {
         Ok(reason) => reason,
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Stop::OutputClosed,
@@ -338,9 +373,16 @@ fn stream(
     started: Instant,
     stop: &AtomicBool,
     lost_total: &mut BTreeMap<String, u64>,
+    progress: &mut dyn FnMut(&Progress),
 ) -> io::Result<Stop> {
-    out.emit("start", &Clock::now_rfc3339(), start)?;
+    let start_ts = Clock::now_rfc3339();
+    out.emit("start", &start_ts, start)?;
     out.flush()?;
+    let mut stalls_opened = 0;
+    let mut detector = start.stalls.map(|th| {
+        out.tap(TAP_CAP);
+        Detector::new(th.clone(), &start_ts)
+    });
     let deadline = args.duration.map(|d| started + d);
     let mut last_collect = started;
     let mut next_collect = started + args.interval;
@@ -391,6 +433,29 @@ fn stream(
                     *lost_total.entry(source).or_insert(0) += n;
                 }
             }
+            if let Some(detector) = detector.as_mut() {
+                let (records, untapped) = out.take_tapped();
+                if untapped > 0 {
+                    *lost.entry("stall.records".into()).or_insert(0) += untapped;
+                    *lost_total.entry("stall.records".into()).or_insert(0) += untapped;
+                }
+                let ms = interval.as_secs_f64() * 1000.0;
+                let unreadable = detector.unreadable;
+                for stall in detector.interval(&records, &ts, ms) {
+                    stalls_opened += u64::from(stall.phase == Phase::Open);
+                    out.emit("stall", &ts, &stall)?;
+                }
+                let unreadable = detector.unreadable - unreadable;
+                if unreadable > 0 {
+                    *lost.entry("stall.unreadable".into()).or_insert(0) += unreadable;
+                    *lost_total.entry("stall.unreadable".into()).or_insert(0) += unreadable;
+                }
+                if finished.is_some() {
+                    for stall in detector.finish() {
+                        out.emit("stall", &ts, &stall)?;
+                    }
+                }
+            }
             if !lost.is_empty() {
                 out.emit(
                     "lost",
@@ -402,6 +467,11 @@ fn stream(
                 )?;
             }
             out.flush()?;
+            progress(&Progress {
+                elapsed: started.elapsed(),
+                records: out.emitted().values().sum(),
+                stalls: stalls_opened,
+            });
             last_collect = now;
             while next_collect <= now {
                 next_collect += args.interval;

@@ -12,6 +12,17 @@ pub struct JsonWriter {
     out: Box<dyn Write>,
     host: String,
     emitted: BTreeMap<&'static str, u64>,
+    tap: Option<Tap>,
+}
+
+/// A copy of what was written, for the stall detector: it reads the records
+/// exactly as a reader of the stream would.
+struct Tap {
+    records: Vec<serde_json::Value>,
+    /// Most records kept between two `take_tapped` calls; the rest are
+    /// counted (a retransmit storm must not grow the daemon without bound).
+    cap: usize,
+    dropped: u64,
 }
 
 #[derive(Serialize)]
@@ -30,6 +41,28 @@ impl JsonWriter {
             out,
             host,
             emitted: BTreeMap::new(),
+            tap: None,
+        }
+    }
+
+    /// Keep a copy of every record written (at most `cap` between two
+    /// `take_tapped` calls).
+    pub fn tap(&mut self, cap: usize) {
+        self.tap = Some(Tap {
+            records: Vec::new(),
+            cap,
+            dropped: 0,
+        });
+    }
+
+    /// The records written since the last call, and how many did not fit.
+    pub fn take_tapped(&mut self) -> (Vec<serde_json::Value>, u64) {
+        match &mut self.tap {
+            Some(t) => (
+                std::mem::take(&mut t.records),
+                std::mem::take(&mut t.dropped),
+            ),
+            None => (Vec::new(), 0),
         }
     }
 
@@ -43,6 +76,13 @@ impl JsonWriter {
         };
         serde_json::to_writer(&mut self.out, &envelope)?;
         self.out.write_all(b"\n")?;
+        if let Some(tap) = &mut self.tap {
+            if tap.records.len() < tap.cap {
+                tap.records.push(serde_json::to_value(&envelope)?);
+            } else {
+                tap.dropped += 1;
+            }
+        }
         *self.emitted.entry(kind).or_default() += 1;
         Ok(())
     }

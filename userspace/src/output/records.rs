@@ -36,6 +36,12 @@ pub struct StartRecord<'a> {
     pub kernel_hz: u32,
     pub kernel_hz_source: &'static str,
     pub filters: Filters<'a>,
+    /// `--bulk-mbps`: a TCP flow this fast gets `tcp_flow` records; absent when off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bulk_mbps: Option<f64>,
+    /// Stall detection's thresholds; absent with --no-stalls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalls: Option<&'a crate::stall::Thresholds>,
     pub families: &'a [FamilyReport],
     pub probes: &'a [HookStatus],
 }

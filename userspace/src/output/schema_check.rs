@@ -22,12 +22,12 @@ use crate::probes::{HookMode, HookStatus};
 use crate::sqlserver::dmv::DmvSession;
 use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
 use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord, SqlTag};
-use crate::tcp::record::{TcpRetransmitRecord, TcpRttRecord};
+use crate::tcp::record::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 const SCHEMA: &str = include_str!("../../../docs/schema.json");
 
 /// Every record type `stalltrace run` emits today.
-const RECORD_TYPES: [&str; 10] = [
+const RECORD_TYPES: [&str; 12] = [
     "start",
     "block",
     "slow_io",
@@ -38,11 +38,24 @@ const RECORD_TYPES: [&str; 10] = [
     "sql_session",
     "lost",
     "stop",
+    "stall",
+    "tcp_flow",
 ];
 
 /// Top-level fields serialized only when set (`skip_serializing_if`), by record type.
 const OPTIONAL: &[(&str, &str)] = &[
     ("start", "duration_ms"),
+    ("start", "stalls"),
+    ("start", "bulk_mbps"),
+    ("stall", "end"),
+    ("stall", "dev"),
+    ("stall", "role"),
+    ("stall", "iface"),
+    ("stall", "peer"),
+    ("stall", "flow"),
+    ("stall", "netns"),
+    ("stall", "sessions_omitted"),
+    ("stall", "files"),
     ("block", "role"),
     ("slow_io", "tag_wait_us"),
     ("slow_io", "queue_us"),
@@ -54,6 +67,8 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("netdev", "link"),
     ("tcp_retransmit", "sql"),
     ("tcp_rtt", "sql"),
+    ("tcp_flow", "sock_ino"),
+    ("tcp_flow", "sql"),
     ("slow_io", "sql"),
     ("slow_io", "file"),
     ("sql_instance", "watchdog_pid"),
@@ -216,6 +231,7 @@ fn emitted_lines() -> Vec<String> {
         path: None,
     }];
     let ifaces = ["eth0".to_string()];
+    let thresholds = crate::stall::Thresholds::default();
     let start = StartRecord {
         schema: super::SCHEMA_VERSION,
         version: env!("CARGO_PKG_VERSION"),
@@ -231,6 +247,8 @@ fn emitted_lines() -> Vec<String> {
             netns: &netns,
             ifaces: &ifaces,
         },
+        bulk_mbps: Some(8.0),
+        stalls: Some(&thresholds),
         families: &families,
         probes: &probes,
     };
@@ -252,6 +270,8 @@ fn emitted_lines() -> Vec<String> {
             netns: &[],
             ifaces: &[],
         },
+        bulk_mbps: None,
+        stalls: None,
         families: &families,
         probes: &probes[..1],
         ..start
@@ -430,6 +450,45 @@ fn emitted_lines() -> Vec<String> {
     )
     .unwrap();
 
+    // tcp_flow: a receiver-limited replica stream, tagged; and an untagged
+    // flow not accepted yet (no inode).
+    let flow = TcpFlowRecord {
+        netns: 4026531840,
+        family: "ipv4",
+        saddr: "10.1.2.3".into(),
+        sport: 5022,
+        daddr: "10.1.2.4".into(),
+        dport: 50_200,
+        sock_ino: Some(88_123),
+        interval_ms: 1001,
+        bytes_acked: 31_250_000,
+        bytes_received: 41_000,
+        send_mbps: 249.75,
+        delivery_mbps: 251.2,
+        busy_ms: 1000.0,
+        rwnd_limited_ms: 812.0,
+        sndbuf_limited_ms: 0.0,
+        retrans_segs: 0,
+        srtt_us: 410.0,
+        cwnd: 64,
+        limiter: "receiver",
+        sql: Some(session_tag.clone()),
+    };
+    w.emit("tcp_flow", &ts, &flow).unwrap();
+    w.emit(
+        "tcp_flow",
+        &ts,
+        &TcpFlowRecord {
+            sock_ino: None,
+            limiter: "application",
+            busy_ms: 120.0,
+            rwnd_limited_ms: 0.0,
+            sql: None,
+            ..flow
+        },
+    )
+    .unwrap();
+
     // sql_instance and sql_session, as discovery writes them.
     let instance = Instance {
         pid: 4242,
@@ -597,6 +656,16 @@ fn emitted_lines() -> Vec<String> {
         ..unnamed.clone()
     };
     w.emit("netdev", &ts, &bare).unwrap();
+
+    // stall: what the detector writes about an eventful interval (every kind
+    // opens), and the same episodes closed at the end of the run.
+    let mut detector = crate::stall::Detector::new(thresholds.clone(), &now());
+    let interval = crate::stall::fixtures::eventful_interval();
+    let opened = detector.interval(&interval, &now(), 1000.0);
+    assert_eq!(opened.len(), 4, "{opened:?}");
+    for stall in opened.iter().chain(&detector.finish()) {
+        w.emit("stall", &now(), stall).unwrap();
+    }
 
     // lost: every kernel loss source the block family names, and a recursion miss.
     let mut by_source: BTreeMap<String, u64> = (0..abi::LOST_SOURCE_COUNT)
@@ -916,6 +985,8 @@ fn wrong_values_fail() {
     bad("tcp_retransmit", &|r| r["kind"] = json!("dupack"));
     bad("tcp_retransmit", &|r| r["sport"] = json!(70000));
     bad("tcp_rtt", &|r| r["srtt_us"] = json!(120));
+    bad("tcp_flow", &|r| r["limiter"] = json!("cwnd"));
+    bad("tcp_flow", &|r| r["send_mbps"] = json!(-1.0));
     bad("stop", &|r| {
         r["programs"][0]
             .as_object_mut()

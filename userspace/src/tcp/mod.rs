@@ -1,6 +1,8 @@
 //! TCP family: attaches `ebpf/tcp.bpf.c`; its ring buffer becomes
-//! `tcp_retransmit` records and its per-peer table `tcp_rtt` records.
+//! `tcp_retransmit` records and its per-peer table `tcp_rtt` records. Every
+//! interval it also samples the bulk flows over sock_diag (`tcp_flow`, flows.rs).
 
+pub mod flows;
 pub mod record;
 
 use std::collections::HashMap;
@@ -17,6 +19,7 @@ use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
 use crate::sqlserver::live::{SqlServer, socket};
+use flows::{FlowOptions, FlowSampler};
 use record::{TcpRetransmitRecord, TcpRttRecord, addr, family_name};
 
 pub struct TcpOptions {
@@ -27,6 +30,8 @@ pub struct TcpOptions {
     pub ports: Vec<u16>,
     /// The kernel's HZ, to turn the RTO (jiffies) into milliseconds.
     pub hz: u32,
+    /// `tcp_flow` records (sock_diag); None: off (`--bulk-mbps 0`).
+    pub flows: Option<FlowOptions>,
 }
 
 /// A peer: (netns, family, local port, remote port, remote address).
@@ -49,6 +54,7 @@ pub struct TcpProbe {
     evicted_seen: u64,
     evicted_new: u64,
     hz: u32,
+    flows: Option<FlowSampler>,
 }
 
 fn fill_filters(ebpf: &mut Ebpf, opts: &TcpOptions) -> Result<(), String> {
@@ -104,6 +110,7 @@ impl TcpProbe {
                 evicted_seen: 0,
                 evicted_new: 0,
                 hz: opts.hz,
+                flows: opts.flows.clone().map(FlowSampler::new),
             }),
             Err(e) => Err(FamilyFailure {
                 hooks: family.hooks.clone(),
@@ -213,6 +220,9 @@ impl Family for TcpProbe {
             };
             out.emit("tcp_rtt", ts, &record)?;
         }
+        if let Some(flows) = self.flows.as_mut() {
+            flows.collect(ts, ctx, out)?;
+        }
         Ok(())
     }
 
@@ -222,6 +232,7 @@ impl Family for TcpProbe {
             lost.push(("tcp.peer_table_evicted".into(), self.evicted_new));
             self.evicted_new = 0;
         }
+        lost.extend(self.flows.iter_mut().flat_map(FlowSampler::lost));
         lost
     }
 }

@@ -1,4 +1,4 @@
-//! The tcp family's JSON records (schema v1: `tcp_retransmit`, `tcp_rtt`).
+//! The tcp family's JSON records (schema v1: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -170,6 +170,41 @@ pub struct TcpRttRecord {
     /// The peer table was full in this interval: some peers' figures were dropped (see `lost`).
     pub peer_table_full: bool,
     /// The SQL Server session this peer is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sql: Option<SqlTag>,
+}
+
+/// One bulk TCP flow (it sent at least `--bulk-mbps`), one interval: what
+/// limited it, from the kernel's tcp_info (the socket's own accounting).
+#[derive(Clone, Debug, Serialize)]
+pub struct TcpFlowRecord {
+    pub netns: u32,
+    pub family: &'static str,
+    pub saddr: String,
+    pub sport: u16,
+    pub daddr: String,
+    pub dport: u16,
+    /// Absent for a connection not accepted yet (no inode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sock_ino: Option<u64>,
+    /// Between the two readings of the socket's counters.
+    pub interval_ms: u64,
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
+    /// `bytes_acked` as Mbit/s over `interval_ms`.
+    pub send_mbps: f64,
+    /// The kernel's latest delivery-rate sample at the end, Mbit/s.
+    pub delivery_mbps: f64,
+    /// Time with data in flight (kernel ticks: steps of 1/HZ).
+    pub busy_ms: f64,
+    pub rwnd_limited_ms: f64,
+    pub sndbuf_limited_ms: f64,
+    pub retrans_segs: u64,
+    pub srtt_us: f64,
+    pub cwnd: u32,
+    /// `network`, `receiver`, `sender_buffer` or `application`.
+    pub limiter: &'static str,
+    /// The SQL Server session the connection is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
 }

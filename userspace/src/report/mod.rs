@@ -1,0 +1,36 @@
+//! Reports from a record stream: `stalltrace report FILE.jsonl [--html OUT]`,
+//! and the renderers `stalltrace investigate` prints with.
+//!
+//! `model` turns records into a [`Report`] (whole-run histograms merged from
+//! the intervals, episodes paired and ranked, sessions and what they lost);
+//! `text` and `html` render one. Nothing here needs the kernel: a report is a
+//! pure function of the stream.
+
+mod bars;
+mod episodes;
+mod fields;
+pub mod html;
+mod input;
+mod merge;
+pub mod model;
+mod network;
+mod series;
+mod sessions;
+mod storage;
+pub mod text;
+mod time;
+
+pub use episodes::{Episode, EpisodeState, Evidence};
+pub use html::render_html;
+pub use input::{command, read_report, terminal_width};
+pub use merge::{MergedHist, Unit};
+pub use model::{FamilyStatus, Losses, Report, ReportError, RunInfo, StreamHealth};
+pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
+pub use sessions::{Instance, SessionImpact, SqlTag};
+pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};
+pub use text::render_text;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod model_tests;

@@ -1,0 +1,719 @@
+//! The model against synthetic streams whose answers are worked out by hand,
+//! and against the real recording with an independent re-merge as the oracle.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::episodes::EpisodeState;
+use super::fixtures::*;
+use super::model::{Report, ReportError};
+use super::{render_html, render_text};
+
+fn report(records: &[Value]) -> Report {
+    Report::from_text(&lines(records)).expect("a valid stream")
+}
+
+/// The text with its line wrapping undone, to look for phrases.
+fn flat(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn synthetic_records_follow_the_schema() {
+    let v = schema_validator();
+    for r in [
+        start(),
+        block(
+            1.0,
+            "nvme0n1",
+            "read",
+            json!([[1.024, 1.087, 3]]),
+            json!([[1.0, 1.0, 3]]),
+        ),
+        stall(
+            1,
+            "open",
+            2.0,
+            1.0,
+            None,
+            0.0,
+            json!([session_tag(51, 50000)]),
+        ),
+        stall(1, "closed", 5.0, 1.0, Some(4.0), 612.0, json!([])),
+        retransmit(2.5, 50000, 51, true, 204.0),
+        stop(6.0, json!({"start": 1}), json!({})),
+    ] {
+        assert_valid(&v, &r);
+    }
+}
+
+// ---- histograms -----------------------------------------------------------------
+
+#[test]
+fn a_disk_merges_its_intervals_bucket_by_bucket() {
+    // Interval 1: 6 reads at ~1 µs ([1.024, 1.087]) and 2 at ~21 µs; interval 2:
+    // 2 more at ~1 µs and 10 at ~100 ms ([96468.992, 100663.295]).
+    let r = report(&[
+        start(),
+        block(
+            1.0,
+            "sdb",
+            "read",
+            json!([[1.024, 1.087, 6], [20.48, 21.503, 2]]),
+            json!([[1.0, 1.0, 8]]),
+        ),
+        block(
+            2.0,
+            "sdb",
+            "read",
+            json!([[1.024, 1.087, 2], [96468.992, 100663.295, 10]]),
+            json!([[4.0, 4.0, 12]]),
+        ),
+        stop(2.5, json!({"start": 1, "block": 2}), json!({})),
+    ]);
+    let op = &r.disks[0].ops[0];
+    // By hand: 8 at ~1 µs, 2 at ~21 µs, 10 at ~100 ms; 20 in all.
+    assert_eq!(
+        op.latency.buckets(),
+        vec![
+            (1.024, 1.087, 8),
+            (20.48, 21.503, 2),
+            (96468.992, 100663.295, 10)
+        ]
+    );
+    assert_eq!(op.requests, 20);
+    assert_eq!(op.bytes, 20 * 8192);
+    // Nearest rank of 20: p50 = 10th value (~21 µs bucket), p90 = 18th (100 ms bucket).
+    assert_eq!(op.latency.percentile(0.5), Some(20.992));
+    assert_eq!(op.latency.percentile(0.9), Some(98566.144));
+    assert_eq!(op.latency.max(), Some(100663.295));
+    // Means merge weighted by count: both records say 100 µs.
+    assert_eq!(op.latency.mean(), Some(100.0));
+    // In flight: 8 issues at depth 1, 12 at depth 4; p50 is the 10th.
+    assert_eq!(op.inflight.percentile(0.5), Some(4.0));
+    assert_eq!(op.inflight.max(), Some(4.0));
+    // Two 1 s intervals: 10 IOPS on average, 12 at the peak.
+    assert_eq!(op.iops(), 10.0);
+    assert_eq!(op.peak_iops(), 12.0);
+    assert_eq!(op.series.len(), 2);
+    assert_eq!(op.series[1].latency.iter().map(|(_, n)| n).sum::<u64>(), 12);
+    assert_eq!(r.disks[0].queue_limit.effective_depth(), Some(32));
+    assert_eq!(r.run.intervals, 2);
+}
+
+#[test]
+fn a_disks_role_comes_from_the_instance_when_its_records_have_none() {
+    let r = report(&[
+        start(),
+        json!({"ts": ts(0.5), "host": HOST, "type": "sql_instance", "pid": 4242, "netns": 1,
+            "tds_ports": [1433], "ag_ports": [5022],
+            "files": [{"path": "/var/opt/mssql/data/s_log.ldf", "role": "log", "disks": ["259:0"]}],
+            "disk_roles": {"259:0": "log"}}),
+        block(
+            1.0,
+            "nvme0n1",
+            "write",
+            json!([[1.024, 1.087, 1]]),
+            json!([[1.0, 1.0, 1]]),
+        ),
+    ]);
+    assert_eq!(r.disks[0].role.as_deref(), Some("log"));
+    assert_eq!(r.instances[0].tds_ports, [1433]);
+}
+
+/// Nearest-rank percentile of `[low, high, count]` buckets merged by their
+/// edges, written without the crate's histogram code: the oracle.
+fn oracle(hists: &[&Value], q: f64) -> Option<(u64, f64, f64)> {
+    let mut merged: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for h in hists {
+        for b in h["buckets"].as_array().unwrap() {
+            let lo = (b[0].as_f64().unwrap() * 1000.0).round() as u64;
+            let hi = (b[1].as_f64().unwrap() * 1000.0).round() as u64;
+            *merged.entry((lo, hi)).or_default() += b[2].as_u64().unwrap();
+        }
+    }
+    let total: u64 = merged.values().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    let mut at = None;
+    for (&(lo, hi), &n) in &merged {
+        seen += n;
+        if seen >= rank && at.is_none() {
+            // f64: the recording holds buckets near u64::MAX (a wrapped phase).
+            at = Some((lo as f64 + hi as f64) / 2.0 / 1000.0);
+        }
+    }
+    let max = merged.keys().last().unwrap().1 as f64 / 1000.0;
+    Some((total, at.unwrap(), max))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    // Both sides round to 0.001 µs; they may differ in the last digit.
+    (a - b).abs() <= 0.0011 + b.abs() * 1e-12
+}
+
+#[test]
+fn the_recordings_merged_percentiles_match_an_independent_merge() {
+    let records: Vec<Value> = recorded()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let r = Report::from_records(&records).unwrap();
+    let mut checked = 0;
+    for d in &r.disks {
+        for op in &d.ops {
+            let mine = |r: &&Value| {
+                r["type"] == "block" && r["dev"] == d.dev.as_str() && r["op"] == op.op.as_str()
+            };
+            let of: Vec<&Value> = records.iter().filter(mine).collect();
+            let requests: u64 = of.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+            assert_eq!(op.requests, requests, "{} {}", d.dev, op.op);
+            for (field, merged) in [
+                ("latency_us", &op.latency),
+                ("tag_wait_us", &op.tag_wait),
+                ("queue_us", &op.queue),
+                ("device_us", &op.device),
+            ] {
+                let hists: Vec<&Value> = of.iter().map(|r| &r[field]).collect();
+                for q in [0.5, 0.9, 0.99] {
+                    match oracle(&hists, q) {
+                        None => assert_eq!(merged.count(), 0),
+                        Some((count, p, max)) => {
+                            assert_eq!(merged.count(), count, "{} {} {field}", d.dev, op.op);
+                            let got = merged.percentile(q).unwrap();
+                            assert!(
+                                close(got, p),
+                                "{} {} {field} p{q}: {got} vs {p}",
+                                d.dev,
+                                op.op
+                            );
+                            assert!(close(merged.max().unwrap(), max));
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for i in &r.interfaces {
+        let hists: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["type"] == "netdev" && r["iface"] == i.iface.as_str())
+            .map(|r| &r["qdisc_us"])
+            .collect();
+        let (count, p99, _) = oracle(&hists, 0.99).unwrap();
+        assert_eq!(i.qdisc.count(), count);
+        assert!(close(i.qdisc.percentile(0.99).unwrap(), p99));
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} histograms compared");
+}
+
+#[test]
+fn one_interval_merged_gives_back_that_intervals_own_figures() {
+    // The producer computed each record's percentiles from the true counts:
+    // a run of one interval must report exactly those.
+    for line in recorded() {
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["type"] != "block" || v["latency_us"]["count"] == 0 {
+            continue;
+        }
+        let r = Report::from_records(&[start(), v.clone()]).unwrap();
+        let op = &r.disks[0].ops[0];
+        assert_eq!(
+            op.latency.percentile(0.5),
+            v["latency_us"]["p50"].as_f64(),
+            "{line}"
+        );
+        assert_eq!(op.latency.percentile(0.99), v["latency_us"]["p99"].as_f64());
+        assert_eq!(op.latency.max(), v["latency_us"]["max"].as_f64());
+        assert_eq!(op.inflight.percentile(0.9), v["inflight"]["p90"].as_f64());
+    }
+}
+
+// ---- episodes -----------------------------------------------------------------
+
+#[test]
+fn episodes_pair_by_id_and_an_unclosed_one_is_still_open_at_the_end() {
+    let r = report(&[
+        start(),
+        stall(1, "open", 2.0, 1.0, None, 0.0, json!([])),
+        stall(2, "open", 3.0, 2.0, None, 10.0, json!([])),
+        stall(1, "closed", 5.0, 1.0, Some(4.0), 612.0, json!([])),
+        // id 3: its opening is not in the file.
+        stall(3, "closed", 6.0, 0.5, Some(1.5), 100.0, json!([])),
+        block(
+            9.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 1]]),
+            json!([[1.0, 1.0, 1]]),
+        ),
+    ]);
+    let by_id = |id| r.episodes.iter().find(|e| e.id == id).unwrap();
+    let one = by_id(1);
+    assert_eq!(one.state, EpisodeState::Closed);
+    assert_eq!(one.impact_ms, 612.0); // the closed record's totals
+    assert_eq!(one.duration_ms, 3000.0);
+    assert_eq!(one.end_us - one.start_us, 3_000_000);
+    let two = by_id(2);
+    assert_eq!(two.state, EpisodeState::StillOpen);
+    // Still open: it lasted at least until the last record (9 s), from 2 s.
+    assert_eq!(two.end_us, r.run.end_us);
+    assert_eq!(two.duration_ms, 7000.0);
+    assert_eq!(by_id(3).state, EpisodeState::ClosedOnly);
+    assert_eq!(r.episodes.len(), 3);
+    let text = flat(&render_text(&r, 100));
+    assert!(
+        text.contains("STILL OPEN when the recording ended"),
+        "{text}"
+    );
+    assert!(text.contains("its opening is not in this file"), "{text}");
+}
+
+#[test]
+fn episodes_rank_by_impact_then_length_then_id() {
+    let r = report(&[
+        start(),
+        stall(1, "closed", 9.0, 1.0, Some(2.0), 50.0, json!([])),
+        stall(2, "closed", 9.0, 1.0, Some(5.0), 900.0, json!([])),
+        stall(3, "closed", 9.0, 1.0, Some(3.0), 50.0, json!([])),
+        stall(4, "closed", 9.0, 1.0, Some(2.0), 50.0, json!([])),
+    ]);
+    let ids: Vec<u64> = r.episodes.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [2, 3, 1, 4]);
+    assert_eq!(r.rank_of(3), Some(2));
+    let text = render_text(&r, 100);
+    let at = |needle: &str| {
+        text.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {text}"))
+    };
+    assert!(at("(episode 2)") < at("(episode 3)"));
+    assert!(at("(episode 3)") < at("(episode 1)"));
+    assert!(at("(episode 1)") < at("(episode 4)"));
+}
+
+// ---- sessions -------------------------------------------------------------------
+
+#[test]
+fn a_session_collects_its_episodes_rto_waits_and_who_it_is() {
+    let r = report(&[
+        start(),
+        json!({"ts": ts(0.5), "host": HOST, "type": "sql_session", "event": "identified", "pid": 4242,
+            "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.9:50000",
+            "sock_ino": 77, "first_seen": ts(0.1), "spid": 51,
+            "dmv": [{"session_id": 51, "login": "orders", "program": "OrderSvc"}]}),
+        retransmit(1.5, 50000, 51, true, 204.0),
+        retransmit(1.9, 50000, 51, true, 408.0),
+        retransmit(2.0, 50000, 51, false, 816.0), // not timer-fired: no wait of its own
+        retransmit(2.1, 50001, 52, false, 200.0),
+        stall(
+            1,
+            "closed",
+            5.0,
+            1.0,
+            Some(3.0),
+            612.0,
+            json!([session_tag(51, 50000), session_tag(53, 50002)]),
+        ),
+        stall(
+            2,
+            "closed",
+            8.0,
+            6.0,
+            Some(6.5),
+            90.0,
+            json!([session_tag(51, 50000)]),
+        ),
+    ]);
+    let spids: Vec<Option<u64>> = r.sessions.iter().map(|s| s.tag.spid).collect();
+    // 51: 2.5 s in stalls + 612 ms RTO; 53: 2 s; 52: only a retransmit.
+    assert_eq!(spids, [Some(51), Some(53), Some(52)]);
+    let s51 = &r.sessions[0];
+    assert_eq!(s51.episodes, [1, 2]);
+    assert_eq!(s51.stall_ms, 2500.0);
+    assert_eq!(s51.rto_wait_ms, 612.0);
+    assert_eq!(s51.rtos, 2);
+    assert_eq!(s51.retransmits, 3);
+    assert_eq!(s51.tag.login.as_deref(), Some("orders"));
+    let text = flat(&render_text(&r, 120));
+    assert!(
+        text.contains("SPID 51 from 10.0.0.9:50000 (login orders, program OrderSvc)"),
+        "{text}"
+    );
+    assert_eq!(r.retransmits.timeouts, 2);
+    assert_eq!(r.retransmits.rto_wait_ms, 612.0);
+}
+
+// ---- stream handling --------------------------------------------------------------
+
+#[test]
+fn unknown_record_types_and_fields_are_ignored() {
+    let plain = [
+        start(),
+        block(
+            1.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 5]]),
+            json!([[2.0, 2.0, 5]]),
+        ),
+        stall(1, "closed", 3.0, 1.0, Some(2.0), 40.0, json!([])),
+    ];
+    let mut extended: Vec<Value> = plain.to_vec();
+    extended[1]["zone_append_us"] = json!({"count": 3});
+    extended[1]["latency_us"]["p999"] = json!(9.0);
+    extended[2]["confidence"] = json!(0.9);
+    extended.insert(
+        2,
+        json!({"ts": ts(1.5), "host": HOST, "type": "gpu_stall", "dev": "gpu0"}),
+    );
+    let a = report(&plain);
+    let b = report(&extended);
+    assert_eq!(b.stream.unknown_types.get("gpu_stall"), Some(&1));
+    assert_eq!(
+        a.disks[0].ops[0].latency.buckets(),
+        b.disks[0].ops[0].latency.buckets()
+    );
+    assert_eq!(a.episodes.len(), b.episodes.len());
+    assert_eq!(b.stream.bad_lines, 0);
+}
+
+#[test]
+fn a_different_schema_major_is_refused_and_a_minor_is_not() {
+    for (schema, refused) in [
+        (json!(2), true),
+        (json!(0), true),
+        (json!("2.0"), true),
+        (Value::Null, true),
+        (json!(1), false),
+        (json!("1.4"), false),
+    ] {
+        let mut s = start();
+        s["schema"] = schema.clone();
+        s["version"] = json!("9.1.0");
+        match Report::from_records(&[s]) {
+            Err(ReportError::Schema { writer, .. }) if refused => {
+                assert_eq!(writer.as_deref(), Some("9.1.0"));
+            }
+            Ok(_) if !refused => {}
+            other => panic!("schema {schema}: {other:?}"),
+        }
+    }
+    let err = Report::from_records(&[{
+        let mut s = start();
+        s["schema"] = json!(2);
+        s
+    }])
+    .unwrap_err()
+    .to_user_error("x.jsonl")
+    .to_string();
+    assert!(
+        err.contains("schema 2") && err.contains("reads schema 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_truncated_last_line_and_bad_middle_lines_are_counted_not_fatal() {
+    let mut text = lines(&[
+        start(),
+        block(
+            1.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 5]]),
+            json!([[2.0, 2.0, 5]]),
+        ),
+    ]);
+    text.push_str("{\"ts\": garbage\n");
+    text.push_str(&lines(&[block(
+        2.0,
+        "sda",
+        "read",
+        json!([[1.024, 1.087, 5]]),
+        json!([[2.0, 2.0, 5]]),
+    )]));
+    // The crash cut the next record mid-write: no newline.
+    let cut = block(
+        3.0,
+        "sda",
+        "read",
+        json!([[1.024, 1.087, 5]]),
+        json!([[2.0, 2.0, 5]]),
+    )
+    .to_string();
+    text.push_str(&cut[..cut.len() / 2]);
+    let r = Report::from_text(&text).unwrap();
+    assert!(r.stream.truncated_last_line);
+    assert_eq!(r.stream.bad_lines, 1);
+    assert_eq!(r.stream.first_bad_lines, [3]);
+    assert!(!r.stream.has_stop);
+    assert_eq!(r.disks[0].ops[0].requests, 10);
+    let warnings = r.stream.warnings(&r.run).join("\n");
+    assert!(warnings.contains("stops mid-record"), "{warnings}");
+    assert!(warnings.contains("line 3"), "{warnings}");
+    assert!(warnings.contains("no `stop` record"), "{warnings}");
+    // A complete last line without its newline is a record like any other.
+    let whole = lines(&[start()]) + &cut;
+    assert!(
+        !Report::from_text(&whole)
+            .unwrap()
+            .stream
+            .truncated_last_line
+    );
+}
+
+#[test]
+fn what_is_not_a_stalltrace_stream_is_refused() {
+    assert!(matches!(Report::from_text(""), Err(ReportError::Empty)));
+    assert!(matches!(Report::from_text("\n\n"), Err(ReportError::Empty)));
+    assert!(matches!(
+        Report::from_text("hello\nworld\n"),
+        Err(ReportError::NotJsonLines { line: 1 })
+    ));
+    // JSON, but no start: a cut head, or something else entirely.
+    assert!(matches!(
+        Report::from_text("{\"type\": \"block\"}\n{\"a\": 1}\n"),
+        Err(ReportError::NoStart { .. })
+    ));
+    let e = ReportError::NoStart { records: 2 }
+        .to_user_error("cut.jsonl")
+        .to_string();
+    assert!(
+        e.starts_with("cut.jsonl has no `start` record") && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
+fn records_before_start_and_a_second_run_are_reported_not_mixed_in() {
+    let text = lines(&[
+        block(
+            0.5,
+            "sdz",
+            "read",
+            json!([[1.024, 1.087, 1]]),
+            json!([[1.0, 1.0, 1]]),
+        ),
+        start(),
+        block(
+            1.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 5]]),
+            json!([[2.0, 2.0, 5]]),
+        ),
+        start(),
+        block(
+            2.0,
+            "sdb",
+            "read",
+            json!([[1.024, 1.087, 5]]),
+            json!([[2.0, 2.0, 5]]),
+        ),
+    ]);
+    let r = Report::from_text(&text).unwrap();
+    let devs: Vec<&str> = r.disks.iter().map(|d| d.dev.as_str()).collect();
+    assert_eq!(devs, ["sda"]);
+    assert_eq!(r.stream.before_start, 1);
+    assert_eq!(r.stream.next_run_line, Some(4));
+}
+
+#[test]
+fn losses_and_missing_records_are_said_prominently() {
+    let r = report(&[
+        start(),
+        json!({"ts": ts(1.0), "host": HOST, "type": "lost", "interval_ms": 1000,
+            "by_source": {"block.slow_io_ringbuf_full": 7}}),
+        json!({"ts": ts(2.0), "host": HOST, "type": "lost", "interval_ms": 1000,
+            "by_source": {"block.slow_io_ringbuf_full": 3, "tcp.peer_table_evicted": 1}}),
+        // stop says more was lost than the lost records in the file show, and
+        // that it wrote 3 lost records: one is missing from the file.
+        stop(
+            3.0,
+            json!({"start": 1, "lost": 3}),
+            json!({"block.slow_io_ringbuf_full": 12, "tcp.peer_table_evicted": 1}),
+        ),
+    ]);
+    assert_eq!(r.losses.by_source["block.slow_io_ringbuf_full"], 12);
+    assert_eq!(r.losses.total(), 13);
+    assert_eq!(r.stream.missing, [("lost".to_string(), 3, 2)]);
+    let text = render_text(&r, 100);
+    assert!(text.contains("!! LOST 13 events"), "{text}");
+    assert!(text.contains("lost 2 of 3"), "{text}");
+    let clean = report(&[start(), stop(1.0, json!({"start": 1}), json!({}))]);
+    assert!(!clean.losses.any());
+    assert!(render_text(&clean, 100).contains("losses     none"));
+}
+
+// ---- renderers on streams ------------------------------------------------------------
+
+#[test]
+fn the_clean_case_says_no_stalls_and_where_things_stood() {
+    let r = report(&[
+        start(),
+        block(
+            1.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 5]]),
+            json!([[2.0, 2.0, 5]]),
+        ),
+        stop(1.5, json!({"start": 1, "block": 1}), json!({})),
+    ]);
+    let text = render_text(&r, 100);
+    assert!(text.contains("No stalls"), "{text}");
+    assert!(
+        text.contains("slowest storage tail: sda read p99"),
+        "{text}"
+    );
+    assert!(text.contains("stream     complete"), "{text}");
+    let html = render_html(&r);
+    assert!(html.contains("class=\"no-stalls\""));
+    assert_eq!(html.matches("<svg class=\"heatmap\"").count(), 1);
+}
+
+#[test]
+fn strings_from_the_host_cannot_inject_markup_or_terminal_escapes() {
+    let mut s = start();
+    s["host"] = json!("<script>alert(1)</script>");
+    let mut b = block(
+        1.0,
+        "sda\"><img src=x onerror=alert(2)>",
+        "read",
+        json!([[1.024, 1.087, 5]]),
+        json!([[2.0, 2.0, 5]]),
+    );
+    b["host"] = s["host"].clone();
+    let mut e = stall(1, "closed", 3.0, 1.0, Some(2.0), 40.0, json!([]));
+    e["next_step"] = json!("run `rm -rf /` \u{1b}[2J & <b>now</b>");
+    e["files"] = json!(["/data/it's & <here>.mdf"]);
+    let r = report(&[s, b, e]);
+    let html = render_html(&r);
+    assert!(!html.contains("<script>alert"), "host name not escaped");
+    assert!(!html.contains("<img"), "device name not escaped");
+    assert!(!html.contains("<b>now"), "next step not escaped");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(html.contains("it&#39;s &amp; &lt;here&gt;.mdf"));
+    assert!(!html.contains('\u{1b}'));
+    // The only script is the page's own; nothing is fetched.
+    assert_eq!(html.matches("<script").count(), 1);
+    for fetch in [
+        "src=\"",
+        "href=\"http",
+        "url(",
+        "@import",
+        "<link",
+        "fetch(",
+    ] {
+        assert!(!html.contains(fetch), "the page fetches something: {fetch}");
+    }
+    let text = flat(&render_text(&r, 100));
+    assert!(
+        !text.contains('\u{1b}'),
+        "a terminal escape reached the text report"
+    );
+    assert!(text.contains("rm -rf /` ?[2J & <b>now</b>"), "{text}");
+}
+
+#[test]
+fn the_recorded_stream_renders_every_section_within_the_width() {
+    let text = recorded_with_episodes().join("\n") + "\n";
+    let r = Report::from_text(&text).unwrap();
+    assert_eq!(r.episodes.len(), 4);
+    assert!(r.stream.warnings(&r.run).is_empty(), "{:?}", r.stream);
+    assert_eq!(r.flows.len(), 1);
+    let flow = &r.flows[0];
+    let limiters: Vec<(String, u64)> = flow.limiter_time();
+    assert_eq!(
+        limiters,
+        [
+            ("network".to_string(), 2000),
+            ("application".to_string(), 500)
+        ]
+    );
+    assert_eq!(flow.limiter_spans().len(), 2);
+    // SPID 51: in episodes 2 (its RTO) and 3 (the slow disk), and its own RTO of 212 ms.
+    let s51 = r.sessions.iter().find(|s| s.tag.spid == Some(51)).unwrap();
+    assert_eq!(s51.episodes, [2, 3]);
+    assert_eq!(s51.rto_wait_ms, 212.0);
+    for width in [80, 100, 140] {
+        let out = render_text(&r, width);
+        for line in out.lines().filter(|l| l.contains('│')) {
+            assert!(
+                line.chars().count() <= width,
+                "chart line over {width}: {line}"
+            );
+        }
+        for section in [
+            "STALL EPISODES (4",
+            "SQL SERVER SESSIONS HIT",
+            "STORAGE (2 disks)",
+            "NETWORK INTERFACES (2)",
+            "TCP PEERS",
+            "BULK FLOWS (1)",
+        ] {
+            assert!(out.contains(section), "{section} missing at width {width}");
+        }
+    }
+    let html = render_html(&r);
+    let heatmaps = r
+        .disks
+        .iter()
+        .flat_map(|d| &d.ops)
+        .filter(|o| o.latency.count() > 0)
+        .count()
+        + r.interfaces.iter().filter(|i| i.qdisc.count() > 0).count();
+    assert_eq!(html.matches("<svg class=\"heatmap\"").count(), heatmaps);
+    assert_eq!(html.matches("<rect class=\"episode ").count(), 4);
+    assert_eq!(html.matches("<tr class=\"episode-row").count(), 4);
+    // Each episode is banded on every heatmap, strongly on its own device's.
+    assert_eq!(html.matches("class=\"episode-band").count(), 4 * heatmaps);
+    assert!(html.contains("class=\"episode-band own\" data-episode=\"3\""));
+}
+
+#[test]
+fn every_fixture_line_follows_the_schema() {
+    let v = schema_validator();
+    for line in recorded_with_episodes() {
+        assert_valid(&v, &serde_json::from_str(&line).unwrap());
+    }
+}
+
+#[test]
+fn a_long_run_keeps_a_bounded_series_and_every_count() {
+    let n = 5000;
+    let mut records = vec![start()];
+    for i in 0..n {
+        let burst = if i == 1234 { 40 } else { 1 };
+        records.push(block(
+            1.0 + i as f64,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, burst]]),
+            json!([[1.0, 1.0, burst]]),
+        ));
+    }
+    let r = Report::from_records(&records).unwrap();
+    let op = &r.disks[0].ops[0];
+    assert!(op.series.len() <= super::series::MAX_POINTS);
+    let in_series: u64 = op
+        .series
+        .iter()
+        .flat_map(|p| &p.latency)
+        .map(|(_, c)| c)
+        .sum();
+    assert_eq!(in_series, n + 39);
+    assert_eq!(op.requests, n + 39);
+    // The burst interval is still the peak, though the series merged it.
+    assert_eq!(op.peak_iops(), 40.0);
+    assert_eq!(
+        op.series.iter().map(|p| p.interval_ms).sum::<u64>(),
+        n * 1000
+    );
+}

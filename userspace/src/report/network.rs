@@ -1,0 +1,549 @@
+//! The network over the whole run: interfaces (`netdev`: transmit queue wait,
+//! driver and receive timing, link health), TCP peers (`tcp_rtt` and the
+//! `tcp_retransmit` events of the same connections), and bulk flows
+//! (`tcp_flow`) with what limited them over time.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::fields::{bool_of, count_of, f64_of, str_of, text_of, u64_of};
+use super::merge::{MergedHist, Sparse, Unit};
+use super::series::{self, Point, add_sparse};
+use super::sessions::SqlTag;
+
+// ---- interfaces -----------------------------------------------------------
+
+/// Link health over the run: the last state, and event counters summed.
+#[derive(Clone, Debug, Default)]
+pub struct LinkHealth {
+    pub oper_state: Option<String>,
+    pub carrier: Option<bool>,
+    /// Mb/s, or `not exposed`.
+    pub speed: Option<String>,
+    /// `full`, `half`, or `not exposed`.
+    pub duplex: Option<String>,
+    pub autoneg: Option<String>,
+    /// Speeds and duplexes seen, when they changed during the run.
+    pub changes: Vec<String>,
+    pub carrier_changes: u64,
+    /// IFLA_STATS64 counters summed over the run (only the non-zero ones).
+    pub counters: BTreeMap<String, u64>,
+    /// `None`: PAUSE statistics not exposed by the driver.
+    pub pause: Option<Pause>,
+    pub qdisc_kind: Option<String>,
+    pub qdisc_drops: u64,
+    pub qdisc_overlimits: u64,
+    pub qdisc_requeues: u64,
+    pub qdisc_backlog_max_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Pause {
+    pub rx_enabled: Option<bool>,
+    pub tx_enabled: Option<bool>,
+    pub rx_frames: Option<u64>,
+    pub tx_frames: Option<u64>,
+}
+
+impl LinkHealth {
+    fn update(&mut self, link: &Value) {
+        self.oper_state = str_of(link, "oper_state").or(self.oper_state.take());
+        self.carrier = bool_of(link, "carrier").or(self.carrier);
+        let speed = link.get("speed_mbps").and_then(text_of);
+        let duplex = link.get("duplex").and_then(text_of);
+        for (old, new, what) in [
+            (&self.speed, &speed, "speed"),
+            (&self.duplex, &duplex, "duplex"),
+        ] {
+            if let (Some(o), Some(n)) = (old, new)
+                && o != n
+            {
+                self.changes.push(format!("{what} {o} -> {n}"));
+            }
+        }
+        self.speed = speed.or(self.speed.take());
+        self.duplex = duplex.or(self.duplex.take());
+        self.autoneg = link
+            .get("autoneg")
+            .and_then(text_of)
+            .or(self.autoneg.take());
+        self.carrier_changes += count_of(link, "carrier_changes");
+        if let Some(c) = link.get("counters").and_then(Value::as_object) {
+            for (name, v) in c {
+                if let Some(n) = v.as_u64().filter(|n| *n > 0) {
+                    *self.counters.entry(name.clone()).or_default() += n;
+                }
+            }
+        }
+        match link.get("pause") {
+            Some(p) if p.is_object() => {
+                let pause = self.pause.get_or_insert_with(Pause::default);
+                pause.rx_enabled = bool_of(p, "rx_enabled").or(pause.rx_enabled);
+                pause.tx_enabled = bool_of(p, "tx_enabled").or(pause.tx_enabled);
+                let add = |acc: &mut Option<u64>, key| {
+                    if let Some(n) = u64_of(p, key) {
+                        *acc = Some(acc.unwrap_or(0) + n);
+                    }
+                };
+                add(&mut pause.rx_frames, "rx_pause_frames");
+                add(&mut pause.tx_frames, "tx_pause_frames");
+            }
+            _ => {}
+        }
+        if let Some(q) = link.get("qdisc") {
+            self.qdisc_kind = str_of(q, "kind").or(self.qdisc_kind.take());
+            self.qdisc_drops += count_of(q, "drops");
+            self.qdisc_overlimits += count_of(q, "overlimits");
+            self.qdisc_requeues += count_of(q, "requeues");
+            self.qdisc_backlog_max_bytes = self
+                .qdisc_backlog_max_bytes
+                .max(count_of(q, "backlog_bytes"));
+        }
+    }
+
+    /// What is wrong with the link, in words; empty when nothing is.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.duplex.as_deref() == Some("half") {
+            out.push("half duplex (duplex mismatch on a switched link?)".into());
+        }
+        if self.carrier == Some(false) {
+            out.push("no carrier".into());
+        }
+        if self.carrier_changes > 0 {
+            out.push(format!(
+                "{} carrier changes (flapping link)",
+                self.carrier_changes
+            ));
+        }
+        for (name, what) in [
+            ("collisions", "collisions"),
+            ("rx_crc_errors", "CRC errors"),
+            ("rx_frame_errors", "frame errors"),
+            ("rx_missed_errors", "missed frames (no host buffers)"),
+            ("rx_fifo_errors", "receive FIFO overruns"),
+            ("tx_carrier_errors", "carrier errors"),
+            ("rx_errors", "receive errors"),
+            ("tx_errors", "transmit errors"),
+        ] {
+            if let Some(n) = self.counters.get(name) {
+                out.push(format!("{n} {what}"));
+            }
+        }
+        if let Some(n) = self
+            .pause
+            .as_ref()
+            .and_then(|p| p.rx_frames)
+            .filter(|n| *n > 0)
+        {
+            out.push(format!(
+                "{n} PAUSE frames received (the peer throttled transmit)"
+            ));
+        }
+        if self.qdisc_drops > 0 {
+            out.push(format!("{} qdisc drops", self.qdisc_drops));
+        }
+        out.extend(self.changes.iter().cloned());
+        out
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct NetPoint {
+    pub ts_us: i64,
+    pub interval_ms: u64,
+    pub qdisc: Sparse,
+    pub tx_bytes: u64,
+}
+
+impl Point for NetPoint {
+    fn absorb(&mut self, next: Self) {
+        self.ts_us = next.ts_us;
+        self.interval_ms += next.interval_ms;
+        add_sparse(&mut self.qdisc, &next.qdisc);
+        self.tx_bytes += next.tx_bytes;
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Interface {
+    pub iface: String,
+    pub netns: Option<u64>,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub qdisc: MergedHist,
+    pub xmit: MergedHist,
+    pub rx: MergedHist,
+    pub qdisc_untimed: u64,
+    pub tx_timeouts: u64,
+    pub tx_stalls: u64,
+    pub tx_busy: u64,
+    pub link: Option<LinkHealth>,
+    pub series: Vec<NetPoint>,
+}
+
+// ---- TCP peers --------------------------------------------------------------
+
+/// One remote end as `tcp_rtt` keys it (a client connection is one peer).
+#[derive(Clone, Debug)]
+pub struct TcpPeer {
+    pub netns: Option<u64>,
+    pub peer: String,
+    pub peer_port: Option<u64>,
+    pub local_port: Option<u64>,
+    pub srtt: MergedHist,
+    /// From `tcp_rtt`'s per-interval counters (complete even when events were lost).
+    pub retransmits: u64,
+    pub retrans_segs: u64,
+    pub rtos: u64,
+    /// From the `tcp_retransmit` events of the connection.
+    pub events: u64,
+    pub rto_wait_ms: f64,
+    /// The longest retransmission timeout waited out.
+    pub max_rto_ms: f64,
+    pub max_backoff: u64,
+    pub sql: Option<SqlTag>,
+}
+
+impl TcpPeer {
+    /// `10.0.0.9:50000 -> :1433`
+    pub fn label(&self) -> String {
+        let port = |p: Option<u64>| p.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
+        let addr = if self.peer.contains(':') {
+            format!("[{}]", self.peer)
+        } else {
+            self.peer.clone()
+        };
+        format!(
+            "{addr}:{} -> :{}",
+            port(self.peer_port),
+            port(self.local_port)
+        )
+    }
+}
+
+/// All `tcp_retransmit` events of the run, by kind.
+#[derive(Clone, Debug, Default)]
+pub struct Retransmits {
+    pub events: u64,
+    pub segs: u64,
+    pub by_kind: BTreeMap<String, u64>,
+    /// Timer-fired retransmissions: each one a wait of `rto_ms`.
+    pub timeouts: u64,
+    pub rto_wait_ms: f64,
+    /// The longest of those waits.
+    pub max_rto_ms: f64,
+    /// Attempts that did not go out (`err` not 0).
+    pub not_sent: u64,
+}
+
+// ---- bulk flows -------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct FlowPoint {
+    pub ts_us: i64,
+    pub interval_ms: u64,
+    pub send_mbps: f64,
+    pub limiter: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct BulkFlow {
+    pub netns: Option<u64>,
+    /// `saddr:sport -> daddr:dport`, as stall episodes name flows.
+    pub flow: String,
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
+    pub retrans_segs: u64,
+    pub active_ms: u64,
+    pub busy_ms: f64,
+    pub rwnd_limited_ms: f64,
+    pub sndbuf_limited_ms: f64,
+    pub peak_send_mbps: f64,
+    /// The kernel's delivery-rate sample at the end of the last interval: what
+    /// the path delivered, whether or not the sender kept it busy.
+    pub delivery_mbps: Option<f64>,
+    pub srtt_us_max: f64,
+    pub sql: Option<SqlTag>,
+    pub series: Vec<FlowPoint>,
+}
+
+impl BulkFlow {
+    pub fn mean_send_mbps(&self) -> f64 {
+        if self.active_ms == 0 {
+            0.0
+        } else {
+            self.bytes_acked as f64 * 8.0 / 1e6 / (self.active_ms as f64 / 1000.0)
+        }
+    }
+
+    /// Time (interval ms) each limiter held the flow back, most first.
+    pub fn limiter_time(&self) -> Vec<(String, u64)> {
+        let mut by: BTreeMap<&str, u64> = BTreeMap::new();
+        for p in &self.series {
+            *by.entry(&p.limiter).or_default() += p.interval_ms;
+        }
+        let mut v: Vec<(String, u64)> = by.into_iter().map(|(k, ms)| (k.to_string(), ms)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    }
+
+    /// Consecutive intervals with the same limiter: `(first start µs, last end µs, limiter)`.
+    pub fn limiter_spans(&self) -> Vec<(i64, i64, String)> {
+        let mut spans: Vec<(i64, i64, String)> = Vec::new();
+        for p in &self.series {
+            let start = p.ts_us - p.interval_ms as i64 * 1000;
+            match spans.last_mut() {
+                Some(last) if last.2 == p.limiter => last.1 = p.ts_us,
+                _ => spans.push((start, p.ts_us, p.limiter.clone())),
+            }
+        }
+        spans
+    }
+}
+
+/// `addr:port`, with brackets for IPv6.
+pub fn endpoint(addr: &str, port: Option<u64>) -> String {
+    let port = port.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
+    if addr.contains(':') {
+        format!("[{addr}]:{port}")
+    } else {
+        format!("{addr}:{port}")
+    }
+}
+
+// ---- builder ----------------------------------------------------------------
+
+type PeerKey = (Option<u64>, String, Option<u64>, Option<u64>);
+type FlowKey = (Option<u64>, String);
+
+#[derive(Default)]
+pub struct Network {
+    ifaces: BTreeMap<(Option<u64>, String), Interface>,
+    peers: BTreeMap<PeerKey, TcpPeer>,
+    flows: BTreeMap<FlowKey, BulkFlow>,
+    retransmits: Retransmits,
+}
+
+impl Network {
+    pub fn netdev(&mut self, r: &Value, ts_us: i64) {
+        let Some(iface) = str_of(r, "iface") else {
+            return;
+        };
+        let netns = u64_of(r, "netns");
+        let i = self
+            .ifaces
+            .entry((netns, iface.clone()))
+            .or_insert_with(|| Interface {
+                iface,
+                netns,
+                rx_packets: 0,
+                rx_bytes: 0,
+                tx_packets: 0,
+                tx_bytes: 0,
+                qdisc: MergedHist::new(Unit::Micros),
+                xmit: MergedHist::new(Unit::Micros),
+                rx: MergedHist::new(Unit::Micros),
+                qdisc_untimed: 0,
+                tx_timeouts: 0,
+                tx_stalls: 0,
+                tx_busy: 0,
+                link: None,
+                series: Vec::new(),
+            });
+        let tx_bytes = count_of(r, "tx_bytes");
+        i.rx_packets += count_of(r, "rx_packets");
+        i.rx_bytes += count_of(r, "rx_bytes");
+        i.tx_packets += count_of(r, "tx_packets");
+        i.tx_bytes += tx_bytes;
+        i.qdisc_untimed += count_of(r, "qdisc_untimed");
+        i.tx_timeouts += count_of(r, "tx_timeouts");
+        i.tx_stalls += count_of(r, "tx_stalls");
+        i.tx_busy += count_of(r, "tx_busy");
+        let qdisc = r
+            .get("qdisc_us")
+            .and_then(|h| i.qdisc.add(h))
+            .unwrap_or_default();
+        if let Some(h) = r.get("xmit_us") {
+            i.xmit.add(h);
+        }
+        if let Some(h) = r.get("rx_us") {
+            i.rx.add(h);
+        }
+        if let Some(link) = r.get("link").filter(|l| l.is_object()) {
+            i.link.get_or_insert_with(LinkHealth::default).update(link);
+        }
+        series::push(
+            &mut i.series,
+            NetPoint {
+                ts_us,
+                interval_ms: count_of(r, "interval_ms"),
+                qdisc,
+                tx_bytes,
+            },
+        );
+    }
+
+    fn peer(&mut self, key: PeerKey) -> &mut TcpPeer {
+        self.peers.entry(key.clone()).or_insert_with(|| TcpPeer {
+            netns: key.0,
+            peer: key.1,
+            peer_port: key.2,
+            local_port: key.3,
+            srtt: MergedHist::new(Unit::Micros),
+            retransmits: 0,
+            retrans_segs: 0,
+            rtos: 0,
+            events: 0,
+            rto_wait_ms: 0.0,
+            max_rto_ms: 0.0,
+            max_backoff: 0,
+            sql: None,
+        })
+    }
+
+    pub fn tcp_rtt(&mut self, r: &Value) {
+        let Some(peer) = str_of(r, "peer") else {
+            return;
+        };
+        let key = (
+            u64_of(r, "netns"),
+            peer,
+            u64_of(r, "peer_port"),
+            u64_of(r, "local_port"),
+        );
+        let p = self.peer(key);
+        if let Some(h) = r.get("srtt_us") {
+            p.srtt.add(h);
+        }
+        p.retransmits += count_of(r, "retransmits");
+        p.retrans_segs += count_of(r, "retrans_segs");
+        p.rtos += count_of(r, "rtos");
+        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value) {
+            p.sql = Some(tag);
+        }
+    }
+
+    /// A `tcp_retransmit` event; returns the RTO it waited out when the
+    /// retransmission timer sent it (for the session's time lost).
+    pub fn tcp_retransmit(&mut self, r: &Value) -> Option<f64> {
+        let rt = &mut self.retransmits;
+        rt.events += 1;
+        rt.segs += count_of(r, "segs");
+        *rt.by_kind
+            .entry(str_of(r, "kind").unwrap_or_else(|| "unknown".into()))
+            .or_default() += 1;
+        let sent = r.get("err").and_then(Value::as_i64).is_none_or(|e| e == 0);
+        if !sent {
+            rt.not_sent += 1;
+        }
+        let rto_ms = f64_of(r, "rto_ms").unwrap_or(0.0);
+        // The timer expired whether or not the copy then went out: the wait happened.
+        let waited = (bool_of(r, "timer") == Some(true) && rto_ms > 0.0).then_some(rto_ms);
+        if let Some(ms) = waited {
+            rt.timeouts += 1;
+            rt.rto_wait_ms += ms;
+            rt.max_rto_ms = rt.max_rto_ms.max(ms);
+        }
+        let daddr = str_of(r, "daddr")?;
+        let key = (
+            u64_of(r, "netns"),
+            daddr,
+            u64_of(r, "dport"),
+            u64_of(r, "sport"),
+        );
+        let p = self.peer(key);
+        p.events += 1;
+        p.rto_wait_ms += waited.unwrap_or(0.0);
+        p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));
+        p.max_backoff = p.max_backoff.max(count_of(r, "backoff"));
+        if p.sql.is_none() {
+            p.sql = r.get("sql").and_then(SqlTag::from_value);
+        }
+        waited
+    }
+
+    pub fn tcp_flow(&mut self, r: &Value, ts_us: i64) {
+        let (Some(saddr), Some(daddr)) = (str_of(r, "saddr"), str_of(r, "daddr")) else {
+            return;
+        };
+        let flow = format!(
+            "{} -> {}",
+            endpoint(&saddr, u64_of(r, "sport")),
+            endpoint(&daddr, u64_of(r, "dport"))
+        );
+        let netns = u64_of(r, "netns");
+        let f = self
+            .flows
+            .entry((netns, flow.clone()))
+            .or_insert_with(|| BulkFlow {
+                netns,
+                flow,
+                bytes_acked: 0,
+                bytes_received: 0,
+                retrans_segs: 0,
+                active_ms: 0,
+                busy_ms: 0.0,
+                rwnd_limited_ms: 0.0,
+                sndbuf_limited_ms: 0.0,
+                peak_send_mbps: 0.0,
+                delivery_mbps: None,
+                srtt_us_max: 0.0,
+                sql: None,
+                series: Vec::new(),
+            });
+        let interval_ms = count_of(r, "interval_ms");
+        let send_mbps = f64_of(r, "send_mbps").unwrap_or(0.0);
+        f.bytes_acked += count_of(r, "bytes_acked");
+        f.bytes_received += count_of(r, "bytes_received");
+        f.retrans_segs += count_of(r, "retrans_segs");
+        f.active_ms += interval_ms;
+        f.busy_ms += f64_of(r, "busy_ms").unwrap_or(0.0);
+        f.rwnd_limited_ms += f64_of(r, "rwnd_limited_ms").unwrap_or(0.0);
+        f.sndbuf_limited_ms += f64_of(r, "sndbuf_limited_ms").unwrap_or(0.0);
+        f.peak_send_mbps = f.peak_send_mbps.max(send_mbps);
+        f.delivery_mbps = f64_of(r, "delivery_mbps").or(f.delivery_mbps);
+        f.srtt_us_max = f.srtt_us_max.max(f64_of(r, "srtt_us").unwrap_or(0.0));
+        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value) {
+            f.sql = Some(tag);
+        }
+        f.series.push(FlowPoint {
+            ts_us,
+            interval_ms,
+            send_mbps,
+            limiter: str_of(r, "limiter").unwrap_or_else(|| "unknown".into()),
+        });
+    }
+
+    /// Interfaces by name; peers worst first (RTOs, retransmits, then the RTT
+    /// tail); flows by bytes moved.
+    pub fn finish(self) -> (Vec<Interface>, Vec<TcpPeer>, Vec<BulkFlow>, Retransmits) {
+        let mut ifaces: Vec<Interface> = self.ifaces.into_values().collect();
+        ifaces.sort_by(|a, b| a.iface.cmp(&b.iface).then(a.netns.cmp(&b.netns)));
+        let mut peers: Vec<TcpPeer> = self.peers.into_values().collect();
+        peers.sort_by(|a, b| {
+            b.rto_wait_ms
+                .total_cmp(&a.rto_wait_ms)
+                .then(b.rtos.cmp(&a.rtos))
+                .then(
+                    b.retransmits
+                        .max(b.events)
+                        .cmp(&a.retransmits.max(a.events)),
+                )
+                .then(
+                    b.srtt
+                        .percentile(0.99)
+                        .unwrap_or(0.0)
+                        .total_cmp(&a.srtt.percentile(0.99).unwrap_or(0.0)),
+                )
+        });
+        let mut flows: Vec<BulkFlow> = self.flows.into_values().collect();
+        flows.sort_by(|a, b| {
+            (b.bytes_acked + b.bytes_received).cmp(&(a.bytes_acked + a.bytes_received))
+        });
+        (ifaces, peers, flows, self.retransmits)
+    }
+}

@@ -1,0 +1,365 @@
+//! SQL Server in the report: the instances (`sql_instance`), and the time each
+//! session lost. A session shows up in three places — a stall episode's
+//! `sessions`, the `sql` tag of its connection's `tcp_retransmit` records, and
+//! `sql_session` records (which add its SPID and, with DMV enrichment, who is
+//! on it) — and is identified across them by the worker's pid and the client's
+//! `addr:port` (a SPID can be reused by a later connection; a 4-tuple cannot
+//! while the connection lives).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::fields::{bool_of, str_of, u64_of};
+
+/// A `sql` tag (schema `sql_tag`), or the same facts from a `sql_session` record.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SqlTag {
+    pub pid: Option<u64>,
+    pub kind: Option<String>,
+    pub spid: Option<u64>,
+    pub client: Option<String>,
+    pub encrypted: bool,
+    pub login: Option<String>,
+    pub program: Option<String>,
+    pub database: Option<String>,
+    pub wait_type: Option<String>,
+}
+
+impl SqlTag {
+    pub fn from_value(v: &Value) -> Option<Self> {
+        v.as_object()?;
+        Some(Self {
+            pid: u64_of(v, "pid"),
+            kind: str_of(v, "kind"),
+            spid: u64_of(v, "spid"),
+            client: str_of(v, "client"),
+            encrypted: bool_of(v, "encrypted").unwrap_or(false),
+            login: str_of(v, "login"),
+            program: str_of(v, "program"),
+            database: str_of(v, "database"),
+            wait_type: str_of(v, "wait_type"),
+        })
+    }
+
+    /// A session (it has a client or a SPID), not an instance-wide tag.
+    pub fn is_session(&self) -> bool {
+        self.client.is_some() || self.spid.is_some()
+    }
+
+    fn key(&self) -> SessionKey {
+        match &self.client {
+            Some(c) => SessionKey::Client(self.pid, c.clone()),
+            None => SessionKey::Spid(self.pid, self.spid),
+        }
+    }
+
+    /// Fill what this tag lacks from `other` (the same session seen elsewhere).
+    fn fill_from(&mut self, other: &SqlTag) {
+        fn fill<T: Clone>(a: &mut Option<T>, b: &Option<T>) {
+            if a.is_none() {
+                a.clone_from(b);
+            }
+        }
+        fill(&mut self.pid, &other.pid);
+        fill(&mut self.kind, &other.kind);
+        fill(&mut self.spid, &other.spid);
+        fill(&mut self.client, &other.client);
+        fill(&mut self.login, &other.login);
+        fill(&mut self.program, &other.program);
+        fill(&mut self.database, &other.database);
+        fill(&mut self.wait_type, &other.wait_type);
+        self.encrypted |= other.encrypted;
+    }
+
+    /// `SPID 51` / `SPID ?` (encrypted, no DMV) / the kind for a non-client session.
+    pub fn spid_label(&self) -> String {
+        match (self.spid, self.kind.as_deref()) {
+            (Some(s), _) => format!("SPID {s}"),
+            (None, Some("availability_group")) => "AG endpoint".into(),
+            (None, Some("backup")) => "backup".into(),
+            (None, _) if self.encrypted => "SPID ? (encrypted)".into(),
+            (None, _) => "SPID ?".into(),
+        }
+    }
+
+    /// Login, program and database, when DMV enrichment gave them.
+    pub fn who(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            self.login.as_ref().map(|l| format!("login {l}")),
+            self.program.as_ref().map(|p| format!("program {p}")),
+            self.database.as_ref().map(|d| format!("db {d}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum SessionKey {
+    Client(Option<u64>, String),
+    Spid(Option<u64>, Option<u64>),
+}
+
+/// What one session lost over the run.
+#[derive(Clone, Debug, Default)]
+pub struct SessionImpact {
+    pub tag: SqlTag,
+    /// Ids of the stall episodes that name it.
+    pub episodes: Vec<u64>,
+    /// Summed length of those episodes: time it spent inside a stall.
+    pub stall_ms: f64,
+    /// Retransmission timeouts its connection waited out (`rto_ms` of each
+    /// timer-fired retransmission): time lost, measured on the connection itself.
+    pub rto_wait_ms: f64,
+    pub retransmits: u64,
+    pub retrans_segs: u64,
+    pub rtos: u64,
+}
+
+impl SessionImpact {
+    /// What sessions are ranked by.
+    pub fn weight(&self) -> f64 {
+        self.stall_ms + self.rto_wait_ms
+    }
+}
+
+/// A SQL Server instance, as its latest `sql_instance` record describes it.
+#[derive(Clone, Debug, Default)]
+pub struct Instance {
+    pub pid: u64,
+    pub watchdog_pid: Option<u64>,
+    pub tds_ports: Vec<u64>,
+    pub ag_ports: Vec<u64>,
+    /// (path, role)
+    pub files: Vec<(String, String)>,
+    /// `major:minor` -> role
+    pub disk_roles: BTreeMap<String, String>,
+    /// Slow I/Os the worker submitted (`slow_io` with its `sql` tag), by file
+    /// (`""` when the file is not known).
+    pub slow_ios_by_file: BTreeMap<String, u64>,
+    /// Client sessions seen open (`sql_session` records).
+    pub sessions_seen: usize,
+}
+
+#[derive(Default)]
+pub struct Sessions {
+    instances: BTreeMap<u64, Instance>,
+    /// Everything known about each session, from every record naming it.
+    known: BTreeMap<SessionKey, SqlTag>,
+    impact: BTreeMap<SessionKey, SessionImpact>,
+    opened: BTreeMap<u64, BTreeSet<String>>,
+}
+
+impl Sessions {
+    pub fn instance(&mut self, r: &Value) {
+        let Some(pid) = u64_of(r, "pid") else { return };
+        let ports = |key: &str| -> Vec<u64> {
+            r.get(key)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default()
+        };
+        let inst = self.instances.entry(pid).or_default();
+        inst.pid = pid;
+        inst.watchdog_pid = u64_of(r, "watchdog_pid");
+        inst.tds_ports = ports("tds_ports");
+        inst.ag_ports = ports("ag_ports");
+        inst.files = r
+            .get("files")
+            .and_then(Value::as_array)
+            .map(|files| {
+                files
+                    .iter()
+                    .filter_map(|f| Some((str_of(f, "path")?, str_of(f, "role")?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        inst.disk_roles = r
+            .get("disk_roles")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(disk, role)| Some((disk.clone(), role.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+
+    /// A `sql_session` record: what it says about who the session is.
+    pub fn session(&mut self, r: &Value) {
+        let dmv = r
+            .get("dmv")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first());
+        let tag = SqlTag {
+            pid: u64_of(r, "pid"),
+            kind: str_of(r, "kind"),
+            spid: u64_of(r, "spid").or_else(|| dmv.and_then(|d| u64_of(d, "session_id"))),
+            client: str_of(r, "remote"),
+            encrypted: bool_of(r, "encrypted").unwrap_or(false),
+            login: dmv.and_then(|d| str_of(d, "login")),
+            program: dmv.and_then(|d| str_of(d, "program")),
+            database: dmv.and_then(|d| str_of(d, "database")),
+            wait_type: dmv.and_then(|d| str_of(d, "wait_type")),
+        };
+        if let (Some(pid), Some(client)) = (tag.pid, &tag.client)
+            && tag.kind.as_deref().is_none_or(|k| k == "client")
+        {
+            self.opened.entry(pid).or_default().insert(client.clone());
+        }
+        self.learn(&tag);
+    }
+
+    /// Later records know more (a SPID read after the first packets, DMV fields):
+    /// keep the newest value of each field.
+    fn learn(&mut self, tag: &SqlTag) {
+        let known = self.known.entry(tag.key()).or_default();
+        let mut newer = tag.clone();
+        newer.fill_from(known);
+        *known = newer;
+    }
+
+    fn impact(&mut self, tag: &SqlTag) -> &mut SessionImpact {
+        self.learn(tag);
+        let entry = self.impact.entry(tag.key()).or_default();
+        entry.tag.fill_from(tag);
+        entry
+    }
+
+    /// A `tcp_retransmit` record carrying a session's `sql` tag.
+    pub fn retransmit(&mut self, tag: &SqlTag, segs: u64, timer_rto_ms: Option<f64>) {
+        if !tag.is_session() {
+            return;
+        }
+        let s = self.impact(tag);
+        s.retransmits += 1;
+        s.retrans_segs += segs;
+        if let Some(ms) = timer_rto_ms {
+            s.rtos += 1;
+            s.rto_wait_ms += ms;
+        }
+    }
+
+    /// A stall episode that names `tag` among the sessions it hit.
+    pub fn hit(&mut self, tag: &SqlTag, episode: u64, duration_ms: f64) {
+        if !tag.is_session() {
+            return;
+        }
+        let s = self.impact(tag);
+        if !s.episodes.contains(&episode) {
+            s.episodes.push(episode);
+            s.stall_ms += duration_ms;
+        }
+    }
+
+    /// `tag` with what other records said about the same session (its SPID,
+    /// who is on it): an episode's list names sessions as fully as the table.
+    pub fn enriched(&self, tag: &SqlTag) -> SqlTag {
+        let mut t = tag.clone();
+        if let Some(known) = self.known.get(&tag.key()) {
+            t.fill_from(known);
+        }
+        t
+    }
+
+    /// A slow I/O the instance's worker submitted.
+    pub fn slow_io(&mut self, pid: u64, file: Option<String>) {
+        let inst = self.instances.entry(pid).or_insert_with(|| Instance {
+            pid,
+            ..Default::default()
+        });
+        *inst
+            .slow_ios_by_file
+            .entry(file.unwrap_or_default())
+            .or_default() += 1;
+    }
+
+    /// Sessions ranked by time lost (stall time + RTO wait), then retransmits;
+    /// each with everything any record said about it.
+    pub fn finish(mut self) -> (Vec<Instance>, Vec<SessionImpact>) {
+        for (pid, clients) in &self.opened {
+            if let Some(inst) = self.instances.get_mut(pid) {
+                inst.sessions_seen = clients.len();
+            }
+        }
+        let mut impacts: Vec<SessionImpact> = std::mem::take(&mut self.impact)
+            .into_iter()
+            .map(|(key, mut s)| {
+                if let Some(known) = self.known.get(&key) {
+                    let mut tag = known.clone();
+                    tag.fill_from(&s.tag);
+                    s.tag = tag;
+                }
+                s.episodes.sort_unstable();
+                s
+            })
+            .collect();
+        impacts.sort_by(|a, b| {
+            b.weight()
+                .total_cmp(&a.weight())
+                .then(b.retransmits.cmp(&a.retransmits))
+                .then(a.tag.spid.cmp(&b.tag.spid))
+        });
+        (self.instances.into_values().collect(), impacts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tag(v: Value) -> SqlTag {
+        SqlTag::from_value(&v).unwrap()
+    }
+
+    #[test]
+    fn one_session_across_records_is_one_row_with_everything_known() {
+        let mut s = Sessions::default();
+        s.session(
+            &json!({"type": "sql_session", "event": "identified", "pid": 10,
+            "kind": "client", "remote": "10.0.0.9:50000", "spid": 51,
+            "dmv": [{"session_id": 51, "login": "app", "program": "OrderSvc"}]}),
+        );
+        let t = tag(json!({"pid": 10, "kind": "client", "spid": 51, "client": "10.0.0.9:50000"}));
+        s.retransmit(&t, 2, None);
+        s.retransmit(&t, 1, Some(204.0));
+        s.retransmit(&t, 1, Some(408.0));
+        s.hit(&t, 3, 1500.0);
+        s.hit(&t, 3, 1500.0); // named twice in one episode: counted once
+        // Same connection, SPID not in this tag: still the same session.
+        s.hit(
+            &tag(json!({"pid": 10, "client": "10.0.0.9:50000"})),
+            4,
+            500.0,
+        );
+        let (_, impacts) = s.finish();
+        assert_eq!(impacts.len(), 1);
+        let i = &impacts[0];
+        assert_eq!(i.retransmits, 3);
+        assert_eq!(i.retrans_segs, 4);
+        assert_eq!(i.rtos, 2);
+        assert_eq!(i.rto_wait_ms, 612.0);
+        assert_eq!(i.episodes, vec![3, 4]);
+        assert_eq!(i.stall_ms, 2000.0);
+        assert_eq!(i.tag.spid, Some(51));
+        assert_eq!(i.tag.login.as_deref(), Some("app"));
+        assert_eq!(i.tag.who().as_deref(), Some("login app, program OrderSvc"));
+    }
+
+    #[test]
+    fn sessions_rank_by_time_lost_and_instance_tags_are_not_sessions() {
+        let mut s = Sessions::default();
+        let a = tag(json!({"pid": 1, "spid": 51, "client": "c:1"}));
+        let b = tag(json!({"pid": 1, "spid": 52, "client": "c:2"}));
+        s.retransmit(&a, 1, Some(200.0));
+        s.hit(&b, 1, 900.0);
+        s.retransmit(&tag(json!({"pid": 1})), 1, Some(1000.0));
+        let (_, impacts) = s.finish();
+        let spids: Vec<_> = impacts.iter().map(|i| i.tag.spid).collect();
+        assert_eq!(spids, vec![Some(52), Some(51)]);
+    }
+}

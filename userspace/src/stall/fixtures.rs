@@ -1,0 +1,116 @@
+//! Records as the daemon writes them, built in code, for the detector's tests
+//! and the schema tests (which check that what the detector writes about them
+//! is valid).
+
+use serde_json::{Value, json};
+
+/// A histogram object from (value, count) pairs, as the daemon writes one.
+pub fn hist(values: &[(f64, u64)]) -> Value {
+    let count: u64 = values.iter().map(|v| v.1).sum();
+    if count == 0 {
+        return json!({"count": 0, "mean": null, "p50": null, "p90": null, "p99": null, "max": null, "buckets": []});
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let pct = |q: f64| {
+        let mut seen = 0;
+        for (v, n) in &sorted {
+            seen += n;
+            if seen as f64 >= q * count as f64 {
+                return *v;
+            }
+        }
+        sorted.last().unwrap().0
+    };
+    let sum: f64 = values.iter().map(|(v, n)| v * *n as f64).sum();
+    json!({
+        "count": count, "mean": sum / count as f64, "p50": pct(0.5), "p90": pct(0.9),
+        "p99": pct(0.99), "max": sorted.last().unwrap().0,
+        "buckets": sorted.iter().map(|(v, n)| json!([v, v, n])).collect::<Vec<_>>(),
+    })
+}
+
+pub fn block(
+    dev: &str,
+    count: u64,
+    tag_wait: &[(f64, u64)],
+    device: &[(f64, u64)],
+    inflight: &[(f64, u64)],
+    nr_requests: u64,
+) -> Value {
+    json!({
+        "type": "block", "ts": "t", "host": "h", "dev": dev, "major": 7, "minor": 3, "op": "write",
+        "interval_ms": 1000, "count": count, "bytes": count * 4096, "bios": count, "requeues": 0,
+        "completions_unseen": 0, "errors": 0,
+        "latency_us": hist(device), "tag_wait_us": hist(tag_wait), "queue_us": hist(&[(1.0, count)]),
+        "device_us": hist(device), "inflight": hist(inflight), "inflight_now": 0,
+        "queue_limit": {"scheduler": "none", "nr_requests": nr_requests, "hw_queue_depth": 128, "nr_hw_queues": 1},
+        "role": "log",
+    })
+}
+
+pub fn rto(peer: &str, rto_ms: f64, backoff: u64, spid: u64, client_port: u16) -> Value {
+    json!({
+        "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",
+        "saddr": "10.0.0.1", "sport": 1433, "daddr": peer, "dport": client_port, "state": "ESTABLISHED",
+        "kind": "rto", "timer": true, "ca_state": "loss", "segs": 1, "bytes": 100, "err": 0,
+        "counted": true, "rto_ms": rto_ms, "backoff": backoff, "srtt_us": 500.0, "stalled_ms": rto_ms,
+        "sql": {"pid": 42, "kind": "client", "spid": spid, "client": format!("{peer}:{client_port}")},
+    })
+}
+
+pub fn fast(peer: &str, segs: u64) -> Value {
+    json!({
+        "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",
+        "saddr": "10.0.0.1", "sport": 1433, "daddr": peer, "dport": 50000, "state": "ESTABLISHED",
+        "kind": "fast", "timer": false, "ca_state": "recovery", "segs": segs, "bytes": 1448 * segs, "err": 0,
+        "counted": true, "rto_ms": 204.0, "backoff": 0, "srtt_us": 800.0, "stalled_ms": 3.0,
+    })
+}
+
+pub fn netdev(iface: &str, qdisc: &[(f64, u64)], link: Value) -> Value {
+    json!({
+        "type": "netdev", "ts": "t", "host": "h", "iface": iface, "ifindex": 2, "netns": 1,
+        "interval_ms": 1000, "rx_packets": 10, "rx_bytes": 1000, "tx_packets": 1000, "tx_bytes": 1_250_000,
+        "qdisc_us": hist(qdisc), "xmit_us": hist(&[]), "rx_us": hist(&[]), "qdisc_untimed": 0,
+        "tx_timeouts": 0, "tx_stalls": 0, "tx_busy": 0, "link": link,
+    })
+}
+
+pub fn link(duplex: &str, collisions: u64, crc: u64, rx_pause: u64) -> Value {
+    json!({
+        "oper_state": "up", "speed_mbps": 1000, "duplex": duplex, "autoneg": true,
+        "counters": {"collisions": collisions, "rx_crc_errors": crc, "rx_errors": crc, "tx_errors": 0},
+        "pause": {"rx_pause_frames": rx_pause, "tx_pause_frames": 0},
+        "qdisc": {"kind": "tbf", "backlog_bytes": 30000, "qlen_packets": 20, "drops": 0, "requeues": 0, "overlimits": 500},
+    })
+}
+
+pub fn flow(limiter: &str, busy_ms: f64, rwnd_ms: f64, retrans: u64) -> Value {
+    json!({
+        "type": "tcp_flow", "ts": "t", "host": "h", "netns": 1, "family": "ipv4", "saddr": "10.0.0.1",
+        "sport": 40000, "daddr": "10.0.0.9", "dport": 445, "interval_ms": 1000, "bytes_acked": 50_000_000,
+        "bytes_received": 0, "send_mbps": 400.0, "busy_ms": busy_ms, "rwnd_limited_ms": rwnd_ms,
+        "sndbuf_limited_ms": 0.0, "retrans_segs": retrans, "srtt_us": 300.0, "cwnd": 40, "limiter": limiter,
+    })
+}
+
+/// One interval with something of every kind: timeouts on a half-duplex
+/// link (hitting 60 sessions), a slow disk holding a SQL Server log, a shaped interface, a
+/// receiver-limited flow.
+pub fn eventful_interval() -> Vec<Value> {
+    // More sessions hit than a record lists.
+    let timeouts = (0..60).map(|i| rto("10.0.0.2", 408.0, 1, 51 + i, 50001 + i as u16));
+    timeouts.chain([
+        json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
+            "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": {"7:3": "log"}}),
+        json!({"type": "sql_session", "ts": "t", "host": "h", "event": "identified", "pid": 42,
+            "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.7:50001",
+            "sock_ino": 7, "first_seen": "t", "spid": 51, "encrypted": false}),
+        netdev("eth0", &[(30_000.0, 500)], link("half", 37, 12, 0)),
+        block("loop3", 50, &[(2.0, 50)], &[(400_000.0, 50)], &[(1.0, 50)], 128),
+        json!({"type": "slow_io", "ts": "t", "host": "h", "dev": "loop3", "file": "/var/opt/mssql/data/sales_log.ldf"}),
+        flow("receiver", 900.0, 700.0, 0),
+    ])
+    .collect()
+}

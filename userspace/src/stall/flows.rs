@@ -1,0 +1,135 @@
+//! Bulk-flow rules: a backup or replica stream is held back by the receiver,
+//! by the network (with loss or queueing to show for it), or by the sending
+//! application while the storage it reads is slow. A bulk flow limited by
+//! nothing wrong (a clean network at full speed) is no stall.
+
+use super::interval::{Finding, Interval};
+use super::network::round1;
+use super::record::{Cause, Evidence, Kind, Subject};
+
+/// `others`: this interval's network and storage findings, which turn a
+/// limiter into a cause.
+pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for f in &iv.flows {
+        let name = format!("{}:{} -> {}:{}", f.saddr, f.sport, f.daddr, f.dport);
+        let busy = f.busy_ms.max(0.0);
+        let fraction = |part: f64| if busy > 0.0 { part / busy } else { 0.0 };
+        let rate = Evidence::new(
+            "send_mbps",
+            round1(f.send_mbps),
+            format!("the flow sent {:.1} Mbit/s", f.send_mbps),
+        )
+        .unit("Mbit/s");
+        let (cause, mut evidence, next_step, impact_ms) = match f.limiter.as_str() {
+            "receiver" => (
+                Cause::ReceiverLimited,
+                vec![
+                    Evidence::new(
+                        "rwnd_limited_fraction",
+                        round1(fraction(f.rwnd_limited_ms) * 100.0) / 100.0,
+                        format!(
+                            "the receiver's window was full {:.0}% of the time data was in flight",
+                            fraction(f.rwnd_limited_ms) * 100.0
+                        ),
+                    )
+                    .unit("fraction"),
+                ],
+                format!(
+                    "{} does not read as fast as this host sends: check the receiving side (its \
+                     disk, CPU, socket receive buffer)",
+                    f.daddr
+                ),
+                f.rwnd_limited_ms,
+            ),
+            "network" => {
+                let path = others
+                    .iter()
+                    .find(|o| o.kind == Kind::Network && o.subject.netns == Some(f.netns));
+                if f.retrans_segs == 0 && path.is_none() {
+                    continue; // the network at full speed: nothing wrong
+                }
+                let mut ev =
+                    vec![Evidence::new(
+                    "retrans_segs",
+                    f.retrans_segs,
+                    format!(
+                        "the congestion window limited it while {} segments were retransmitted",
+                        f.retrans_segs
+                    ),
+                )
+                .unit("count")];
+                if let Some(p) = path {
+                    ev.push(Evidence::new(
+                        "network_episode",
+                        p.cause.name(),
+                        format!(
+                            "on the same path: {}",
+                            p.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
+                        ),
+                    ));
+                }
+                (
+                    Cause::NetworkLimited,
+                    ev,
+                    "the network path limits the stream: see the network episode for the path \
+                     (loss, a shaper, PAUSE frames) and fix that first"
+                        .to_string(),
+                    busy,
+                )
+            }
+            "application" => {
+                let Some(disk) = others.iter().find(|o| o.kind == Kind::Storage) else {
+                    continue; // an idle or paced sender is not a stall
+                };
+                let dev = disk.subject.dev.clone().unwrap_or_default();
+                (
+                    Cause::ApplicationLimited,
+                    vec![
+                        Evidence::new(
+                            "busy_fraction",
+                            round1(busy / f.interval_ms.max(1) as f64 * 100.0) / 100.0,
+                            format!(
+                                "the sender had data in flight only {:.0}% of the interval: it \
+                                 had nothing to send",
+                                busy / f.interval_ms.max(1) as f64 * 100.0
+                            ),
+                        )
+                        .unit("fraction"),
+                        Evidence::new(
+                            "storage_episode",
+                            dev.clone(),
+                            format!(
+                                "meanwhile {dev} was slow: {}",
+                                disk.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
+                            ),
+                        ),
+                    ],
+                    format!(
+                        "the stream waits for the sending application, which waits for {dev}: \
+                         the disk, not the network, bounds it (see the storage episode)"
+                    ),
+                    (f.interval_ms as f64 - busy).max(0.0),
+                )
+            }
+            _ => continue,
+        };
+        evidence.push(rate);
+        out.push(Finding {
+            kind: Kind::BulkFlow,
+            subject: Subject {
+                flow: Some(name),
+                netns: Some(f.netns),
+                ..Default::default()
+            },
+            cause,
+            role: None,
+            impact_ms,
+            evidence,
+            next_step,
+            sessions: f.sql.iter().cloned().collect(),
+            files: Vec::new(),
+        });
+    }
+    out
+}

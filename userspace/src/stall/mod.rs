@@ -1,0 +1,171 @@
+//! Stall detection: the daemon's records of each interval become episodes
+//! (`stall` records) with a likely cause, the evidence for it, what to check
+//! next, and the SQL Server sessions it hit.
+//!
+//! The detector reads the records exactly as they are written (JSON), so what
+//! it concludes can be checked against the stream itself. Rules, one module
+//! per path: network.rs (per peer: retransmission timeouts, loss, the
+//! duplex-mismatch signature; per interface: a stuck transmit queue, PAUSE
+//! frames, a shaping qdisc), storage.rs (per disk: the queue in front of the
+//! device is full, or the device is slow), flows.rs (a bulk flow held back by
+//! its receiver, the network, or a sender waiting on a slow disk).
+
+mod episode;
+#[cfg(test)]
+pub(crate) mod fixtures;
+mod flows;
+mod interval;
+mod network;
+pub mod record;
+mod storage;
+#[cfg(test)]
+mod tests;
+pub mod views;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use episode::Episode;
+use interval::{Interval, SqlState};
+use record::{Kind, Phase, StallRecord, Subject};
+
+/// Quiet time after which an episode closes, by default.
+pub const DEFAULT_RECOVER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// When a signal is a stall. Defaults are what an SRE of a SQL Server host
+/// would call one; each has a `stalltrace run` flag.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// A connection made no progress this long (ms), or a retransmission
+    /// timeout fired (the first is 200 ms on Linux): a stall a transaction felt.
+    pub net_ms: f64,
+    /// Retransmitted segments per second to one peer, without timeouts, that
+    /// count as loss worth an episode.
+    pub retrans_per_s: f64,
+    /// Transmit queue (qdisc) wait, p99, ms.
+    pub qdisc_ms: f64,
+    /// Device time (issue → complete), p99, ms. SQL Server's own guidance
+    /// calls log writes slower than a few ms and data reads slower than
+    /// 20 ms a problem; 20 ms flags both without tripping on busy but healthy disks.
+    pub io_ms: f64,
+    /// Least mean tag wait (µs) for a full queue to count: below it the queue
+    /// is full but nobody waits long.
+    pub tag_wait_us: f64,
+    /// Least requests or packets in an interval for a percentile to count.
+    pub min_samples: u64,
+    /// Quiet time (ms) after which an episode closes.
+    pub recover_ms: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            net_ms: 200.0,
+            retrans_per_s: 100.0,
+            qdisc_ms: 20.0,
+            io_ms: 20.0,
+            tag_wait_us: 100.0,
+            min_samples: 10,
+            recover_ms: DEFAULT_RECOVER.as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+pub struct Detector {
+    th: Thresholds,
+    sql: SqlState,
+    open: BTreeMap<(Kind, Subject), Episode>,
+    next_id: u64,
+    /// The run's clock: milliseconds of intervals seen so far.
+    clock_ms: f64,
+    /// End of the last interval (the next one's start).
+    last_end: String,
+    /// Records the rules could not read (counted, never silently).
+    pub unreadable: u64,
+    /// Record types already reported as unreadable (each is said once).
+    reported: Vec<String>,
+}
+
+impl Detector {
+    /// `started`: when the run began (the first interval's start).
+    pub fn new(th: Thresholds, started: &str) -> Self {
+        Self {
+            th,
+            sql: SqlState::default(),
+            open: BTreeMap::new(),
+            next_id: 1,
+            clock_ms: 0.0,
+            last_end: started.to_string(),
+            unreadable: 0,
+            reported: Vec::new(),
+        }
+    }
+
+    /// One interval's records (everything written in it), ending at `end`
+    /// after `len_ms`. Returns the `stall` records to write: episodes that
+    /// opened, and episodes that closed.
+    pub fn interval(&mut self, records: &[Value], end: &str, len_ms: f64) -> Vec<StallRecord> {
+        let start = std::mem::replace(&mut self.last_end, end.to_string());
+        let start_ms = self.clock_ms;
+        self.clock_ms += len_ms;
+        let end_ms = self.clock_ms;
+        let iv = Interval::new(len_ms, records, &mut self.sql);
+        self.unreadable += iv.unreadable;
+        for (kind, why) in &iv.why_unreadable {
+            if !self.reported.contains(kind) {
+                // A record this build wrote and cannot read back is a bug: say so once.
+                eprintln!(
+                    "stalltrace: stall detection cannot read a {kind} record ({why}): please report it"
+                );
+                self.reported.push(kind.clone());
+            }
+        }
+
+        let mut findings = network::peers(&iv, &self.th);
+        findings.extend(network::interfaces(&iv, &self.th));
+        findings.extend(storage::disks(&iv, &self.sql, &self.th));
+        let bulk = flows::bulk(&iv, &findings);
+        findings.extend(bulk);
+
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        for f in findings {
+            let key = (f.kind, f.subject.clone());
+            seen.push(key.clone());
+            match self.open.get_mut(&key) {
+                Some(e) => e.add(f, end, end_ms),
+                None => {
+                    let e = Episode::open(self.next_id, f, &start, start_ms, end, end_ms);
+                    self.next_id += 1;
+                    out.push(e.record(Phase::Open));
+                    self.open.insert(key, e);
+                }
+            }
+        }
+        let recover_ms = self.th.recover_ms;
+        let mut closed = Vec::new();
+        for (key, e) in &mut self.open {
+            if !seen.contains(key) {
+                e.quiet_ms += len_ms;
+                if e.quiet_ms >= recover_ms {
+                    closed.push(key.clone());
+                }
+            }
+        }
+        for key in closed {
+            if let Some(e) = self.open.remove(&key) {
+                out.push(e.record(Phase::Closed));
+            }
+        }
+        out
+    }
+
+    /// The run ended: close every open episode.
+    pub fn finish(&mut self) -> Vec<StallRecord> {
+        let mut open: Vec<Episode> = std::mem::take(&mut self.open).into_values().collect();
+        open.sort_by_key(|e| e.id);
+        open.iter().map(|e| e.record(Phase::Closed)).collect()
+    }
+}

@@ -1,0 +1,352 @@
+//! Network rules: retransmission timeouts and loss per peer (with the link
+//! evidence of the duplex-mismatch signature), and transmit-side throttling
+//! per interface (qdisc wait, PAUSE frames, transmit timeouts).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::Thresholds;
+use super::interval::{Finding, Interval};
+use super::record::{Cause, Evidence, Kind, Subject};
+use super::views::{Netdev, Retransmit};
+
+/// Retransmissions to one peer in one interval.
+#[derive(Default)]
+struct PeerLoss<'a> {
+    timer_rtos: u64,
+    rto_ms_max: f64,
+    backoff_max: u64,
+    stalled_ms_max: f64,
+    segs: u64,
+    fast: u64,
+    tlp: u64,
+    /// Time lost: each timer RTO waited its `rto_ms`; any other
+    /// retransmission costs about a round trip.
+    impact_ms: f64,
+    sessions: Vec<&'a Value>,
+}
+
+pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
+    let mut by_peer: BTreeMap<(u64, &str), PeerLoss> = BTreeMap::new();
+    for r in iv.retransmits.iter().filter(|r| r.err == 0) {
+        let p = by_peer.entry((r.netns, r.daddr.as_str())).or_default();
+        add(p, r);
+    }
+    let mut out = Vec::new();
+    for ((netns, peer), p) in by_peer {
+        let segs_per_s = p.segs as f64 * 1000.0 / iv.len_ms.max(1.0);
+        let timeouts = p.timer_rtos > 0 || p.stalled_ms_max >= th.net_ms;
+        if !timeouts && segs_per_s < th.retrans_per_s {
+            continue;
+        }
+        let mut evidence = Vec::new();
+        if p.timer_rtos > 0 {
+            evidence.push(
+                Evidence::new(
+                    "rto_ms_max",
+                    p.rto_ms_max,
+                    format!(
+                        "{} retransmission timeout(s) to {peer}, the longest {:.0} ms (backoff {})",
+                        p.timer_rtos, p.rto_ms_max, p.backoff_max
+                    ),
+                )
+                .unit("ms"),
+            );
+        }
+        if p.stalled_ms_max >= th.net_ms {
+            evidence.push(
+                Evidence::new(
+                    "stalled_ms_max",
+                    p.stalled_ms_max,
+                    format!(
+                        "a connection to {peer} made no progress for {:.0} ms",
+                        p.stalled_ms_max
+                    ),
+                )
+                .unit("ms")
+                .threshold(th.net_ms),
+            );
+        }
+        evidence.push(
+            Evidence::new(
+                "retransmitted_segs_per_s",
+                round1(segs_per_s),
+                format!(
+                    "{} segments retransmitted ({:.0}/s: {} fast, {} tail-loss probes)",
+                    p.segs, segs_per_s, p.fast, p.tlp
+                ),
+            )
+            .unit("count/s")
+            .threshold(th.retrans_per_s),
+        );
+        let mut cause = if timeouts {
+            Cause::RetransmissionTimeouts
+        } else {
+            Cause::PacketLoss
+        };
+        let link = link_evidence(iv, netns);
+        let mut next_step = format!(
+            "packets to {peer} are lost on the path: look for errors and drops on each hop \
+             (`ip -s link`, `ethtool -S` on this host, the switch ports, the peer's receive drops)"
+        );
+        if let Some((iface, link_ev, mismatch)) = link {
+            evidence.extend(link_ev);
+            if mismatch {
+                cause = Cause::DuplexMismatch;
+                next_step = format!(
+                    "{iface} shows the duplex-mismatch signature: set both ends of its link to the \
+                     same speed and duplex (autonegotiation on both, or fixed on both), then check \
+                     that collisions and CRC errors stop"
+                );
+            }
+        }
+        out.push(Finding {
+            kind: Kind::Network,
+            subject: Subject {
+                peer: Some(peer.to_string()),
+                netns: Some(netns),
+                ..Default::default()
+            },
+            cause,
+            role: None,
+            impact_ms: p.impact_ms,
+            evidence,
+            next_step,
+            sessions: p.sessions.into_iter().cloned().collect(),
+            files: Vec::new(),
+        });
+    }
+    out
+}
+
+fn add<'a>(p: &mut PeerLoss<'a>, r: &'a Retransmit) {
+    p.segs += r.segs;
+    match r.kind.as_str() {
+        "rto" if r.timer => {
+            p.timer_rtos += 1;
+            p.rto_ms_max = p.rto_ms_max.max(r.rto_ms);
+            p.backoff_max = p.backoff_max.max(r.backoff);
+            p.impact_ms += r.rto_ms;
+        }
+        "tlp" => p.tlp += 1,
+        "fast" => p.fast += 1,
+        _ => {}
+    }
+    if !(r.kind == "rto" && r.timer) {
+        p.impact_ms += r.srtt_us / 1000.0;
+    }
+    p.stalled_ms_max = p.stalled_ms_max.max(r.stalled_ms);
+    if let Some(tag) = &r.sql
+        && !p.sessions.iter().any(|s| same_session(s, tag))
+    {
+        p.sessions.push(tag);
+    }
+}
+
+/// Two `sql` tags name the same session: same worker, same client end.
+pub fn same_session(a: &Value, b: &Value) -> bool {
+    a["pid"] == b["pid"] && a["client"] == b["client"]
+}
+
+/// Link health of the namespace's interfaces that points at the cause: half
+/// duplex, collisions, CRC errors (the duplex-mismatch signature, true in the
+/// result when present), PAUSE frames.
+fn link_evidence(iv: &Interval, netns: u64) -> Option<(String, Vec<Evidence>, bool)> {
+    let mut best: Option<(String, Vec<Evidence>, bool)> = None;
+    for n in iv.netdevs.iter().filter(|n| n.netns == netns) {
+        let Some(link) = &n.link else { continue };
+        let c = link.counters();
+        let mut ev = Vec::new();
+        if link.half_duplex() {
+            ev.push(Evidence::new(
+                "duplex",
+                "half",
+                format!(
+                    "{} runs at half duplex{}",
+                    n.iface,
+                    link.speed_mbps()
+                        .map(|s| format!(", {s} Mb/s"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if c.collisions > 0 {
+            ev.push(
+                Evidence::new(
+                    "collisions",
+                    c.collisions,
+                    format!(
+                        "{} collisions on {} (only possible in half duplex)",
+                        c.collisions, n.iface
+                    ),
+                )
+                .unit("count"),
+            );
+        }
+        if c.rx_crc_errors > 0 {
+            ev.push(
+                Evidence::new(
+                    "rx_crc_errors",
+                    c.rx_crc_errors,
+                    format!(
+                        "{} frames with CRC errors received on {}",
+                        c.rx_crc_errors, n.iface
+                    ),
+                )
+                .unit("count"),
+            );
+        }
+        if ev.is_empty() {
+            continue;
+        }
+        // Collisions happen only in half duplex; with half duplex or late
+        // collisions and CRC errors, the two ends disagree.
+        let mismatch = link.half_duplex() && (c.collisions > 0 || c.rx_crc_errors > 0)
+            || c.collisions > 0 && c.rx_crc_errors > 0;
+        if best
+            .as_ref()
+            .is_none_or(|b| !b.2 && (mismatch || ev.len() > b.1.len()))
+        {
+            best = Some((n.iface.clone(), ev, mismatch));
+        }
+    }
+    best
+}
+
+/// Transmit side of each interface: a stuck queue, PAUSE frames, a queue that
+/// holds packets.
+pub fn interfaces(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
+    iv.netdevs
+        .iter()
+        .filter_map(|n| interface(iv, n, th))
+        .collect()
+}
+
+fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
+    let iface = &n.iface;
+    let tx_mbps = n.tx_bytes as f64 * 8.0 / 1000.0 / n.interval_ms.max(1) as f64;
+    let rate = Evidence::new(
+        "tx_mbps",
+        round1(tx_mbps),
+        format!(
+            "{iface} sent {tx_mbps:.1} Mbit/s ({} packets)",
+            n.tx_packets
+        ),
+    )
+    .unit("Mbit/s");
+    let pause = n
+        .link
+        .as_ref()
+        .and_then(|l| l.rx_pause_frames())
+        .unwrap_or(0);
+    let qdisc = n.link.as_ref().and_then(|l| l.qdisc.clone());
+    let queued_ms = n.qdisc_us.total() / 1000.0;
+    let (cause, mut evidence, next_step, impact_ms) = if n.tx_timeouts + n.tx_stalls > 0 {
+        (
+            Cause::TxTimeout,
+            vec![
+                Evidence::new(
+                    "tx_timeouts",
+                    n.tx_timeouts + n.tx_stalls,
+                    format!(
+                        "{iface}: {} transmit watchdog timeout(s), {} byte-queue-limit stall(s)",
+                        n.tx_timeouts, n.tx_stalls
+                    ),
+                )
+                .unit("count"),
+            ],
+            format!(
+                "the driver of {iface} stopped transmitting: check `dmesg` for the NIC's reset \
+                 messages, its firmware and driver version, and the switch port"
+            ),
+            n.interval_ms as f64,
+        )
+    } else if pause > 0 {
+        (
+            Cause::FlowControl,
+            vec![Evidence::new(
+                "rx_pause_frames",
+                pause,
+                format!("{iface} received {pause} PAUSE frames: its link partner told it to stop sending"),
+            )
+            .unit("count")],
+            format!(
+                "a slow receiver behind the switch is throttling {iface} for every peer: find the \
+                 congested port on the switch, or turn flow control off (`ethtool -A {iface} rx off \
+                 tx off`) so one slow receiver stops slowing the rest"
+            ),
+            queued_ms,
+        )
+    } else if n.qdisc_us.count >= th.min_samples && n.qdisc_us.p99() >= th.qdisc_ms * 1000.0 {
+        let kind = qdisc.as_ref().map(|q| q.kind.as_str()).unwrap_or("qdisc");
+        (
+            Cause::TxThrottled,
+            vec![
+                Evidence::new(
+                    "qdisc_wait_ms_p99",
+                    round1(n.qdisc_us.p99() / 1000.0),
+                    format!(
+                        "packets waited in {iface}'s {kind} queue {:.1} ms (p99; mean {:.1} ms)",
+                        n.qdisc_us.p99() / 1000.0,
+                        n.qdisc_us.mean() / 1000.0
+                    ),
+                )
+                .unit("ms")
+                .threshold(th.qdisc_ms),
+            ],
+            format!(
+                "the {kind} queue on {iface} holds packets back: compare its configured rate with \
+                 the traffic (`tc -s qdisc show dev {iface}`); a shaper set below what the \
+                 application sends queues everything behind it"
+            ),
+            queued_ms,
+        )
+    } else {
+        return None;
+    };
+    if let Some(q) = &qdisc
+        && (q.backlog_bytes > 0 || q.drops > 0)
+    {
+        evidence.push(
+            Evidence::new(
+                "qdisc_backlog_bytes",
+                q.backlog_bytes,
+                format!(
+                    "{} qdisc on {iface}: {} bytes queued, {} dropped, {} times over its limit",
+                    q.kind, q.backlog_bytes, q.drops, q.overlimits
+                ),
+            )
+            .unit("bytes"),
+        );
+    }
+    evidence.push(rate);
+    // The sessions sending through this namespace.
+    let mut sessions: Vec<Value> = Vec::new();
+    for r in iv.rtts.iter().filter(|r| r.netns == n.netns) {
+        if let Some(tag) = &r.sql
+            && !sessions.iter().any(|s| same_session(s, tag))
+        {
+            sessions.push(tag.clone());
+        }
+    }
+    Some(Finding {
+        kind: Kind::Network,
+        subject: Subject {
+            iface: Some(iface.clone()),
+            netns: Some(n.netns),
+            ..Default::default()
+        },
+        cause,
+        role: None,
+        impact_ms,
+        evidence,
+        next_step,
+        sessions,
+        files: Vec::new(),
+    })
+}
+
+pub fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
