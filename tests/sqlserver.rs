@@ -82,6 +82,7 @@ fn retransmits_name_the_session_they_hit() {
     };
     // Port 0: the worker listens wherever the kernel puts it, never on 1433.
     let sim = SqlServerSim::start(
+        &bins(),
         server_side,
         "0.0.0.0:0",
         &files.0.join("sales.mdf"),
@@ -100,7 +101,7 @@ fn retransmits_name_the_session_they_hit() {
         ..Default::default()
     };
     let before = pair.counters(Side::B);
-    let mut client = SqlClientRun::start(client_side, &server, 4, 400, 8);
+    let mut client = SqlClientRun::start(&bins(), client_side, &server, 4, 400, 8);
     // Loss once the sessions exist: a lost SYN-ACK belongs to no session yet.
     wait_for_sessions(&pair, &mut client, sim.port, 4);
     pair.drop_random(Side::A, 3, Some(sim.port));
@@ -202,6 +203,7 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
     let slow_ms = 5;
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", &slow_ms.to_string()]);
     let sim = SqlServerSim::start(
+        &bins(),
         Placement {
             cgroup: Some(&cgroup),
             ..Default::default()
@@ -218,6 +220,7 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
     // commits, so every log write waits its turn.
     log_disk.slow_down(&cgroup, 5);
     let client = SqlClientRun::start(
+        &bins(),
         Placement::default(),
         &format!("127.0.0.1:{}", sim.port),
         2,

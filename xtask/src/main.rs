@@ -3,6 +3,7 @@
 //! all the set-up: `cargo xtask run` and `cargo xtask test`.
 
 mod bench;
+mod lab;
 mod setup;
 mod util;
 mod vmlinux;
@@ -36,6 +37,15 @@ enum Task {
     Bench {
         #[arg(default_value = "block")]
         suite: String,
+    },
+    /// Run a field case in the lab (root): build it, record it with `stalltrace run`,
+    /// print the report and a conclusion. Without a name: list the scenarios.
+    Lab {
+        /// Scenario: loss, queue-depth, throttle, rtt, backup
+        name: Option<String>,
+        /// The same load without the fault
+        #[arg(long)]
+        clean: bool,
     },
     /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
     Vmlinux,
@@ -72,6 +82,7 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             bench::bench(&suite)
         }
+        Task::Lab { name, clean } => lab::lab(name.as_deref(), clean),
         Task::Vmlinux => vmlinux::regenerate(),
     }
 }

@@ -4,8 +4,9 @@ use anyhow::bail;
 
 use crate::util;
 
-/// Debian packages: build (clang, llvm, libbpf headers, libclang for bindgen) and
-/// the lab (fio, iproute2, nftables, iperf3, sockperf, tshark, bpftool, bpftrace).
+/// Debian packages: build (clang, llvm, libbpf headers, libclang for bindgen),
+/// the lab (fio, iproute2, nftables, iperf3, sockperf, tshark, bpftool, bpftrace),
+/// and chromium, which loads the HTML report headless in tests/report.rs.
 const APT_PACKAGES: &[&str] = &[
     "clang",
     "llvm",
@@ -25,6 +26,7 @@ const APT_PACKAGES: &[&str] = &[
     "util-linux",
     "e2fsprogs",
     "procps",
+    "chromium",
 ];
 
 fn installed(package: &str) -> bool {

@@ -1,0 +1,73 @@
+//! The stalltrace lab: the situations the end-to-end tests and `cargo xtask
+//! lab` build on the shared kernel, and the field cases built from them.
+//!
+//! - disk.rs, fio.rs: loop devices (over tmpfs or disk files, with their queue
+//!   settings) and fio as load and oracle; /proc/diskstats.
+//! - net/: network namespaces joined by veth (`NetPair`) or by a bridge
+//!   (`Switch`), loss with nftables, rate limits with tbf, iperf3 and sockperf,
+//!   the kernel's own counters.
+//! - sql/: the SQL Server simulator (`sqlservr`, `sqlclient`), filesystems on
+//!   loop devices, a blkio cgroup that makes a device slow.
+//! - tracer.rs, records.rs: `stalltrace run` as a child process, and reading
+//!   what it wrote.
+//! - scenario/: the field cases (`loss`, `queue-depth`, `throttle`, `rtt`,
+//!   `backup`), each with a fault and a clean variant.
+//!
+//! Everything the lab creates has a unique name and a Drop guard that removes
+//! it, also when the caller panics, so labs may run beside each other and
+//! beside other tests. The lab panics on any failure (with the command's
+//! output): a half-built situation is never measured.
+
+pub mod disk;
+pub mod fio;
+pub mod net;
+pub mod records;
+pub mod scenario;
+pub mod sql;
+pub mod tracer;
+mod util;
+
+use std::path::PathBuf;
+
+pub use disk::{Backing, DiskStats, LoopDevice};
+pub use fio::{Fio, fio, randread_4k};
+pub use records::{Buckets, HIST_BUCKET_ERROR, block_records, of_type, sum_field};
+pub use tracer::{Tracer, parse_lines};
+pub use util::{require_root, sh, sh_stdin, unique};
+
+/// The binaries a lab runs: the caller says where they are (the tests: cargo's
+/// `CARGO_BIN_EXE_*` and its siblings; xtask: its release build).
+#[derive(Clone, Debug)]
+pub struct Bins {
+    pub stalltrace: PathBuf,
+    pub sqlservr: PathBuf,
+    pub sqlclient: PathBuf,
+}
+
+impl Bins {
+    /// `stalltrace`, with the simulator's binaries beside it (cargo puts every
+    /// binary of the workspace in the same directory).
+    pub fn beside(stalltrace: impl Into<PathBuf>) -> Self {
+        let stalltrace = stalltrace.into();
+        Self {
+            sqlservr: stalltrace.with_file_name("sqlservr"),
+            sqlclient: stalltrace.with_file_name("sqlclient"),
+            stalltrace,
+        }
+    }
+
+    /// Panic naming whichever binary is missing and how to build it.
+    pub fn check(&self) {
+        for (path, how) in [
+            (&self.stalltrace, "cargo build -p stalltrace"),
+            (&self.sqlservr, "cargo build -p stalltrace-sim"),
+            (&self.sqlclient, "cargo build -p stalltrace-sim"),
+        ] {
+            assert!(
+                path.exists(),
+                "{} is missing: build it (`{how}`, or run `cargo xtask test`)",
+                path.display()
+            );
+        }
+    }
+}

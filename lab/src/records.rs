@@ -1,0 +1,98 @@
+//! Reading records: by type, by disk, and histograms re-merged from their
+//! buckets independently of stalltrace's own code.
+
+use serde_json::Value;
+
+pub fn of_type<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r["type"] == kind).collect()
+}
+
+/// `block` records of one disk and op, in order.
+pub fn block_records<'a>(records: &'a [Value], disk: &str, op: &str) -> Vec<&'a Value> {
+    records
+        .iter()
+        .filter(|r| r["type"] == "block" && r["dev"] == disk && r["op"] == op)
+        .collect()
+}
+
+pub fn sum_field(records: &[&Value], field: &str) -> u64 {
+    records.iter().map(|r| r[field].as_u64().unwrap()).sum()
+}
+
+/// A histogram rebuilt from the `[low, high, count]` buckets of many records.
+/// Percentiles here are computed independently of stalltrace's own code.
+#[derive(Default, Debug)]
+pub struct Buckets(std::collections::BTreeMap<(u64, u64), u64>);
+
+impl Buckets {
+    pub fn merge(records: &[&Value], field: &str) -> Self {
+        let mut b = Self::default();
+        for r in records {
+            for bucket in r[field]["buckets"].as_array().unwrap() {
+                let lo = (bucket[0].as_f64().unwrap() * 1000.0).round() as u64;
+                let hi = (bucket[1].as_f64().unwrap() * 1000.0).round() as u64;
+                *b.0.entry((lo, hi)).or_default() += bucket[2].as_u64().unwrap();
+            }
+        }
+        b
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// Mean from bucket midpoints (within the bucket error of the true mean).
+    pub fn mean(&self) -> f64 {
+        let total: f64 = self
+            .0
+            .iter()
+            .map(|(&(lo, hi), &n)| (lo + hi) as f64 / 2.0 * n as f64)
+            .sum();
+        total / self.count() as f64 / 1000.0
+    }
+
+    /// Nearest-rank percentile as the bucket midpoint, in the field's unit.
+    pub fn percentile(&self, q: f64) -> f64 {
+        let total = self.count();
+        assert!(total > 0, "empty histogram");
+        let rank = ((q * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (&(lo, hi), &n) in &self.0 {
+            seen += n;
+            if seen >= rank {
+                return (lo + hi) as f64 / 2.0 / 1000.0;
+            }
+        }
+        unreachable!()
+    }
+
+    /// Upper edge of the highest non-empty bucket, in the field's unit.
+    pub fn max(&self) -> f64 {
+        self.0
+            .keys()
+            .next_back()
+            .map(|&(_, hi)| hi as f64 / 1000.0)
+            .unwrap()
+    }
+
+    /// Samples in buckets entirely at or above `v` / touching `v` or above.
+    pub fn count_at_least(&self, v: f64) -> (u64, u64) {
+        let v = (v * 1000.0).round() as u64;
+        let surely = self
+            .0
+            .iter()
+            .filter(|((lo, _), _)| *lo >= v)
+            .map(|(_, n)| n)
+            .sum();
+        let maybe = self
+            .0
+            .iter()
+            .filter(|((_, hi), _)| *hi >= v)
+            .map(|(_, n)| n)
+            .sum();
+        (surely, maybe)
+    }
+}
+
+/// Relative error of one bucket: a reported midpoint is within half of it.
+pub const HIST_BUCKET_ERROR: f64 = 1.0 / 16.0;

@@ -1,0 +1,150 @@
+//! `loss`: the duplex-mismatch story. The SQL Server simulator's OLTP load
+//! (`sqlservr` in one namespace, `sqlclient` with several sessions in the
+//! other) while the client's link drops packets at random (nftables
+//! `numgen random` on the client's input: what the server sends is lost on
+//! the wire). Each lost response is a retransmission timeout the transaction
+//! waits out: the 200 ms tails.
+
+use std::time::{Duration, Instant};
+
+use super::{Expected, Fault, INTERVAL, Outcome, ScratchDir, Session};
+use crate::Bins;
+use crate::net::{NetPair, Side, delta};
+use crate::sql::{Placement, SqlClientRun, SqlServerSim};
+use crate::tracer::Tracer;
+
+pub const ABOUT: &str = "SQL Server simulator OLTP load, 4 sessions; fault: 5% random loss on the client's link (received side)";
+
+const SESSIONS: u32 = 4;
+const RATE: u32 = 400;
+const SECS: u32 = 8;
+const LOSS_PERCENT: u8 = 5;
+
+pub fn run(bins: &Bins, fault: Fault) -> Outcome {
+    crate::require_root();
+    bins.check();
+    let pair = NetPair::new();
+    let files = ScratchDir::new("/var/tmp");
+    let args = [
+        "--interval",
+        INTERVAL,
+        "--slow-io-ms",
+        "0",
+        "--netns",
+        pair.netns(Side::A),
+        "--netns",
+        pair.netns(Side::B),
+    ];
+    let mut tracer = Tracer::start(&bins.stalltrace, &args);
+    let sim = SqlServerSim::start(
+        bins,
+        Placement {
+            netns: Some(pair.netns(Side::B)),
+            ..Default::default()
+        },
+        "0.0.0.0:0",
+        &files.0.join("sales.mdf"),
+        &files.0.join("sales_log.ldf"),
+        &["--data-size-mb", "16", "--log-size-mb", "4"],
+    );
+    // Sessions opened once stalltrace knows the worker: the kernel reads each
+    // one's SPID from its first response.
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let before = pair.counters(Side::B);
+    let mut client = SqlClientRun::start(
+        bins,
+        Placement {
+            netns: Some(pair.netns(Side::A)),
+            ..Default::default()
+        },
+        &server,
+        SESSIONS,
+        RATE,
+        SECS,
+    );
+    wait_for_sessions(&pair, &mut client, sim.port, SESSIONS as usize);
+    if fault == Fault::Injected {
+        // Once the sessions exist: a lost SYN-ACK belongs to no session yet.
+        pair.drop_random(Side::A, LOSS_PERCENT, Some(sim.port));
+    }
+    let report = client.finish();
+    let dropped = pair.dropped_packets(Side::A);
+    pair.clear_drops(Side::A);
+    let k = delta(&before, &pair.counters(Side::B));
+    std::thread::sleep(Duration::from_millis(1200));
+    let stream = tracer.stop_text();
+
+    let client_ip = pair.v4(Side::A).to_string();
+    let sessions: Vec<Session> = report
+        .sessions()
+        .into_iter()
+        .map(|(port, spid)| Session {
+            worker: sim.worker,
+            spid,
+            client: format!("{client_ip}:{port}"),
+        })
+        .collect();
+    let mut o = Outcome::new("loss", fault, stream);
+    o.args = args.iter().map(|s| s.to_string()).collect();
+    o.peers = vec![client_ip.clone(), pair.v4(Side::B).to_string()];
+    o.ifaces = vec![pair.veth(Side::A).into(), pair.veth(Side::B).into()];
+    o.netns = vec![pair.netns_inode(Side::A), pair.netns_inode(Side::B)];
+    o.figures = vec![
+        format!(
+            "sqlclient: {} transactions in {SECS} s over {SESSIONS} sessions, {} errors; latency p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
+            report.transactions(),
+            report.errors(),
+            report.p50_us(),
+            report.0["p90_us"],
+            report.0["p99_us"],
+            report.0["max_us"]
+        ),
+        format!(
+            "sessions (SPID, client): {}",
+            sessions
+                .iter()
+                .map(|s| format!("{} {}", s.spid, s.client))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        format!(
+            "loss: {dropped} packets dropped on the client's input; the server's namespace counted RetransSegs {}, TCPTimeouts {}, TCPLossProbes {}",
+            k.get("Tcp.RetransSegs"),
+            k.get("TcpExt.TCPTimeouts"),
+            k.get("TcpExt.TCPLossProbes")
+        ),
+    ];
+    if fault == Fault::Injected {
+        o.expected = vec![Expected {
+            kind: "network",
+            cause: "retransmission_timeouts",
+            field: "peer",
+            value: client_ip,
+            netns: Some(pair.netns_inode(Side::B)),
+            sessions: sessions.clone(),
+        }];
+    }
+    o.sessions = sessions;
+    o
+}
+
+/// Wait until the server side has `n` established connections on `port`.
+fn wait_for_sessions(pair: &NetPair, client: &mut SqlClientRun, port: u16, n: usize) {
+    let filter = format!("( sport = :{port} )");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = pair.exec(Side::B, &["ss", "-Htn", "state", "established", &filter]);
+        if out.lines().count() >= n {
+            return;
+        }
+        assert!(client.is_running(), "sqlclient ended early");
+        assert!(
+            Instant::now() < deadline,
+            "{n} sessions did not connect within 20 s:\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

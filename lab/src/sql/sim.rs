@@ -1,0 +1,232 @@
+//! The SQL Server workload simulator (`sim/`: `sqlservr`, `sqlclient`) run as
+//! child processes, in a network namespace and a cgroup of the lab's choosing.
+//!
+//! Every guard here undoes what it made on drop: the watchdog and its worker
+//! are stopped and waited for, the client killed.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::Cgroup;
+use crate::Bins;
+
+/// Where a simulator process runs: a network namespace and a cgroup, each optional.
+#[derive(Default, Clone, Copy)]
+pub struct Placement<'a> {
+    pub netns: Option<&'a str>,
+    pub cgroup: Option<&'a Cgroup>,
+}
+
+impl Placement<'_> {
+    fn command(&self, program: &Path) -> Command {
+        let mut cmd = match self.netns {
+            // `ip netns exec` execs the program: the pid stays the same.
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        // SAFETY: prctl is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        if let Some(cgroup) = self.cgroup {
+            cgroup.enter_on_exec(&mut cmd);
+        }
+        cmd
+    }
+}
+
+// ---- the server ---------------------------------------------------------------
+
+/// `sqlservr`: its watchdog parent (our child) and the worker it starts.
+pub struct SqlServerSim {
+    watchdog: Child,
+    pub worker: u32,
+    pub port: u16,
+    pub data: PathBuf,
+    pub log: PathBuf,
+}
+
+impl SqlServerSim {
+    /// Start it listening on `listen` (port 0: any free port, which the worker
+    /// prints) with its data and log files at the given paths, and wait until
+    /// it accepts connections.
+    pub fn start(
+        bins: &Bins,
+        place: Placement,
+        listen: &str,
+        data: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> Self {
+        let mut cmd = place.command(&bins.sqlservr);
+        cmd.arg("--listen")
+            .arg(listen)
+            .arg("--data")
+            .arg(data)
+            .arg("--log")
+            .arg(log)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut watchdog = cmd.spawn().expect("spawn sqlservr");
+        let stdout = watchdog.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut sim = Self {
+            watchdog,
+            worker: 0,
+            port: 0,
+            data: data.to_path_buf(),
+            log: log.to_path_buf(),
+        };
+        // "sqlservr: worker PID listening on ADDR"
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("sqlservr did not report its listener within 60 s"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert!(
+            words.len() == 6 && words[1] == "worker" && words[3] == "listening",
+            "unexpected first line from sqlservr: {line}"
+        );
+        sim.worker = words[2].parse().unwrap();
+        sim.port = words[5].rsplit(':').next().unwrap().parse().unwrap();
+        sim
+    }
+
+    pub fn watchdog_pid(&self) -> u32 {
+        self.watchdog.id()
+    }
+}
+
+impl Drop for SqlServerSim {
+    fn drop(&mut self) {
+        // SIGTERM: the watchdog passes it on and the worker closes its files.
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.watchdog.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.watchdog.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
+        // The worker gets SIGTERM when the watchdog dies; wait for it to go.
+        let proc = PathBuf::from(format!("/proc/{}", self.worker));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while proc.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if proc.exists() {
+            // SAFETY: the worker is the simulator's; it failed to exit.
+            unsafe { libc::kill(self.worker as i32, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_file(&self.data);
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+// ---- the client ---------------------------------------------------------------
+
+/// `sqlclient` running in the background; `finish` returns its JSON report.
+pub struct SqlClientRun {
+    child: Option<Child>,
+}
+
+impl SqlClientRun {
+    pub fn start(
+        bins: &Bins,
+        place: Placement,
+        server: &str,
+        sessions: u32,
+        rate: u32,
+        secs: u32,
+    ) -> Self {
+        let mut cmd = place.command(&bins.sqlclient);
+        cmd.args(["--server", server])
+            .args(["--sessions", &sessions.to_string()])
+            .args(["--rate", &rate.to_string()])
+            .args(["--duration", &secs.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        Self {
+            child: Some(cmd.spawn().expect("spawn sqlclient")),
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Wait for it to end; panic unless it succeeded.
+    pub fn finish(mut self) -> ClientReport {
+        let out = self.child.take().unwrap().wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "sqlclient failed ({}): {text}",
+            out.status
+        );
+        ClientReport(serde_json::from_str(text.trim()).expect("sqlclient's JSON report"))
+    }
+}
+
+impl Drop for SqlClientRun {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// sqlclient's report: totals, latency percentiles, and per session its SPID
+/// and client port.
+pub struct ClientReport(pub Value);
+
+impl ClientReport {
+    pub fn transactions(&self) -> u64 {
+        self.0["transactions"].as_u64().unwrap()
+    }
+    pub fn errors(&self) -> u64 {
+        self.0["errors"].as_u64().unwrap()
+    }
+    pub fn p50_us(&self) -> u64 {
+        self.0["p50_us"].as_u64().unwrap()
+    }
+    /// (client port, SPID) of each session.
+    pub fn sessions(&self) -> Vec<(u16, u16)> {
+        self.0["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["client_port"].as_u64().unwrap() as u16,
+                    s["spid"].as_u64().unwrap() as u16,
+                )
+            })
+            .collect()
+    }
+}
