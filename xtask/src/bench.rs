@@ -8,10 +8,14 @@
 
 mod block;
 mod fio;
+mod hostcpu;
 mod interrupt;
 mod loopdisk;
+mod net;
+mod netpair;
 mod publish;
 mod quiet;
+mod settings;
 mod stats;
 mod table;
 mod tracer;
@@ -26,10 +30,16 @@ struct Suite {
 }
 
 /// Every suite `all` runs, in order. A new suite is one module plus one line here.
-const SUITES: &[Suite] = &[Suite {
-    name: "block",
-    run: block::run,
-}];
+const SUITES: &[Suite] = &[
+    Suite {
+        name: "block",
+        run: block::run,
+    },
+    Suite {
+        name: "net",
+        run: net::run,
+    },
+];
 
 pub fn bench(suite: &str) -> anyhow::Result<()> {
     let selected: Vec<&Suite> = match suite {

@@ -11,7 +11,6 @@
 mod render;
 mod results;
 
-use std::fs;
 use std::path::Path;
 use std::time::Instant;
 
@@ -20,8 +19,9 @@ use anyhow::bail;
 use super::fio::{self, FioRun};
 use super::loopdisk::{self, LoopDisk};
 use super::publish::{self, Host};
-use super::tracer::{StopRecord, Tracer};
-use super::{interrupt, quiet};
+use super::quiet;
+pub use super::settings::Settings;
+use super::tracer::{self, StopRecord, Tracer};
 use crate::util;
 
 /// QD16 is the headline (the target is set there); QD1 shows the cost on a
@@ -31,32 +31,11 @@ const FILE_MIB: u64 = 1024;
 pub const IOPS_RATIO_TARGET: f64 = 0.97;
 pub const NS_PER_EVENT_TARGET: f64 = 150.0;
 
-/// Rounds and seconds per fio run; overridable for a quick look while
-/// developing (the published figures say what they were made with). The
+/// Rounds and seconds per fio run (overridable: see [`Settings`]). The
 /// defaults keep the suite near 6 minutes: 5 rounds x 2 depths x 3 configs x 10 s
 /// of fio, plus a second or so per daemon to load and attach.
-pub struct Settings {
-    pub rounds: usize,
-    pub runtime_s: u64,
-}
-
-impl Settings {
-    fn from_env() -> anyhow::Result<Self> {
-        let get = |name: &str, default: u64| -> anyhow::Result<u64> {
-            match std::env::var(name) {
-                Err(_) => Ok(default),
-                Ok(v) => match v.parse::<u64>() {
-                    Ok(n) if n >= 1 => Ok(n),
-                    _ => bail!("{name}={v}: expected a whole number of 1 or more"),
-                },
-            }
-        };
-        Ok(Settings {
-            rounds: get("STALLTRACE_BENCH_ROUNDS", 5)? as usize,
-            runtime_s: get("STALLTRACE_BENCH_RUNTIME_S", 10)?,
-        })
-    }
-}
+const ROUNDS: u64 = 5;
+const RUNTIME_S: u64 = 10;
 
 /// One traced fio run and what the daemon reported and used during it.
 pub struct TracedRun {
@@ -89,10 +68,10 @@ pub struct Measured {
 }
 
 pub fn run() -> anyhow::Result<()> {
-    let settings = Settings::from_env()?;
+    let settings = Settings::from_env(ROUNDS, RUNTIME_S)?;
     let began = Instant::now();
     let host = Host::this();
-    let load_before = load_average();
+    let load_before = publish::load_average();
     let bin = util::workspace_root().join("target/release/stalltrace");
 
     let disk = LoopDisk::create(FILE_MIB)?;
@@ -112,7 +91,7 @@ pub fn run() -> anyhow::Result<()> {
         &measured,
         host,
         began.elapsed().as_secs_f64(),
-        [load_before, load_average()],
+        [load_before, publish::load_average()],
     );
     let body = render::markdown(&results);
     println!("\n{body}");
@@ -143,7 +122,7 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
     );
     // With the sysctl on, the kernel accounts every program run whatever the
     // daemon asks for: the "traced" configuration then pays for bpf_stats too.
-    let stats_sysctl = bpf_stats_sysctl();
+    let stats_sysctl = tracer::bpf_stats_sysctl();
     if stats_sysctl {
         let w = "sysctl kernel.bpf_stats_enabled was 1, so the traced runs without \
                  --bpf-stats paid the bpf_stats cost too"
@@ -155,10 +134,10 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
         for d in &mut m.depths {
             let (qd, rounds) = (d.iodepth, settings.rounds);
             let label = format!("round {round}/{rounds} QD{qd} untraced");
-            let run = retry(&label, &mut m.warnings, || {
-                let before = quiet::disturbance(0);
+            let run = quiet::retry(&label, &mut m.warnings, || {
+                let before = quiet::block_disturbance(&[]);
                 let run = fio::randread(dev, qd, settings.runtime_s)?;
-                Ok((run, before.or_else(|| quiet::disturbance(0))))
+                Ok((run, before.or_else(|| quiet::block_disturbance(&[]))))
             })?;
             progress(&label, &run);
             d.untraced.push(run);
@@ -171,7 +150,7 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
                 };
                 let label = format!("round {round}/{rounds} QD{qd} {config}");
                 let tag = format!("r{round}-qd{qd}-{config}");
-                let (run, hooks) = retry(&label, &mut m.warnings, || {
+                let (run, hooks) = quiet::retry(&label, &mut m.warnings, || {
                     let (run, hooks, disturbed) = traced(
                         bin,
                         disk,
@@ -198,39 +177,6 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
     Ok(m)
 }
 
-fn bpf_stats_sysctl() -> bool {
-    fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
-}
-
-/// How often a run disturbed by someone else's block hooks is tried again;
-/// the last attempt is kept, with a warning next to the figures.
-const ATTEMPTS: usize = 3;
-
-fn retry<T>(
-    label: &str,
-    warnings: &mut Vec<String>,
-    mut run: impl FnMut() -> anyhow::Result<(T, Option<String>)>,
-) -> anyhow::Result<T> {
-    for attempt in 1.. {
-        interrupt::check()?;
-        match run()? {
-            (result, None) => return Ok(result),
-            (result, Some(why)) if attempt >= ATTEMPTS => {
-                let w = format!("{label}: kept after {ATTEMPTS} attempts although {why}");
-                eprintln!("bench: warning: {w}");
-                warnings.push(w);
-                return Ok(result);
-            }
-            (_, Some(why)) => {
-                eprintln!("bench: {label}: {why}; waiting, then running it again");
-                // Other people's tests hold their hooks for seconds: let them finish.
-                std::thread::sleep(std::time::Duration::from_secs(5));
-            }
-        }
-    }
-    unreachable!("the loop returns by its last attempt")
-}
-
 /// One traced fio run, the hooks the daemon attached, and whether the run
 /// was disturbed: anyone else's block hooks attached alongside (before or
 /// after fio), or, for a run without `--bpf-stats`, the kernel accounting
@@ -245,15 +191,16 @@ fn traced(
     bpf_stats: bool,
     stats_sysctl: bool,
 ) -> anyhow::Result<(TracedRun, Vec<String>, Option<String>)> {
-    let tracer = Tracer::start(bin, disk.dir(), tag, bpf_stats)?;
-    let hooks = attached_hooks(&tracer.start);
-    let disturbed = quiet::disturbance(hooks.len());
+    let tracer = Tracer::start(bin, disk.dir(), tag, bpf_stats, &[])?;
+    let hooks = tracer.hooks_of("block");
+    let ours = tracer.prog_ids();
+    let disturbed = quiet::block_disturbance(&ours);
     let before = tracer.usage()?;
     let window = Instant::now();
     let fio = fio::randread(disk.device(), qd, runtime_s)?;
     let after = tracer.usage()?;
     let window_s = window.elapsed().as_secs_f64();
-    let disturbed = disturbed.or_else(|| quiet::disturbance(hooks.len()));
+    let disturbed = disturbed.or_else(|| quiet::block_disturbance(&ours));
     let finished = tracer.stop()?;
     let counted: u64 = finished.stop.programs.iter().map(|p| p.run_count).sum();
     let disturbed = disturbed.or_else(|| {
@@ -284,27 +231,6 @@ fn progress(label: &str, run: &FioRun) {
     );
 }
 
-fn attached_hooks(start: &serde_json::Value) -> Vec<String> {
-    let probes = start["probes"].as_array().cloned().unwrap_or_default();
-    probes
-        .iter()
-        .filter(|p| p["attached"] == true)
-        .map(|p| {
-            format!(
-                "{} ({})",
-                p["hook"].as_str().unwrap_or("?"),
-                p["mode"].as_str().unwrap_or("?")
-            )
-        })
-        .collect()
-}
-
-fn load_average() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 /// What the bench may have left behind under `scratch`; empty when clean.
 fn leaks(scratch: &Path) -> Vec<String> {
     let mut out = loopdisk::loops_under(scratch);
@@ -314,27 +240,6 @@ fn leaks(scratch: &Path) -> Vec<String> {
     if scratch.exists() {
         out.push(format!("{} still exists", scratch.display()));
     }
-    let me = std::process::id().to_string();
-    for pid in stalltrace_pids() {
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        if status
-            .lines()
-            .any(|l| l.split_whitespace().eq(["PPid:", &me]))
-        {
-            out.push(format!("stalltrace pid {pid} still running"));
-        }
-    }
+    out.extend(tracer::our_daemons_left());
     out
-}
-
-fn stalltrace_pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "stalltrace")
-        })
-        .collect()
 }

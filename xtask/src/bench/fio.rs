@@ -7,6 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
+use super::hostcpu::HostCpu;
+
 /// The workload's fixed part; `iodepth`, `runtime` and the device are added per run.
 pub const WORKLOAD: &[&str] = &[
     "--rw=randread",
@@ -61,41 +63,6 @@ pub fn randread(device: &str, iodepth: u32, runtime_s: u64) -> anyhow::Result<Fi
     run.others_user_cpu_pct = (100.0 * host.user_s / wall_s - fio_usr_pct).max(0.0);
     run.steal_pct = 100.0 * host.steal_s / wall_s;
     Ok(run)
-}
-
-/// Host-wide CPU seconds from the first line of /proc/stat.
-struct HostCpu {
-    user_s: f64,
-    steal_s: f64,
-}
-
-impl HostCpu {
-    fn now() -> Self {
-        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let ticks: Vec<f64> = stat
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(1)
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        let field = |i: usize| ticks.get(i).copied().unwrap_or(0.0) / hz;
-        // Fields: user nice system idle iowait irq softirq steal ...
-        HostCpu {
-            user_s: field(0) + field(1),
-            steal_s: field(7),
-        }
-    }
-
-    fn since(&self, earlier: &Self) -> Self {
-        HostCpu {
-            user_s: self.user_s - earlier.user_s,
-            steal_s: self.steal_s - earlier.steal_s,
-        }
-    }
 }
 
 #[derive(Deserialize)]

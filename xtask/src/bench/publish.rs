@@ -43,6 +43,13 @@ impl Host {
     }
 }
 
+/// /proc/loadavg's 1, 5 and 15 minute figures: a busy host shows here.
+pub fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 const INTRO: &str = "# Benchmarks
 
 What stalltrace costs the host it runs on, measured by `cargo xtask bench <suite>`

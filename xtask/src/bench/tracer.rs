@@ -31,11 +31,23 @@ pub const BPF_STATS: &str = "--bpf-stats";
 
 /// The command line as published (`--out FILE` standing for the per-run file).
 pub fn command_line(bpf_stats: bool) -> String {
+    command_line_with(bpf_stats, &[])
+}
+
+/// The same, with `filters` (e.g. `--netns NS`) before `--out`.
+pub fn command_line_with(bpf_stats: bool, filters: &[&str]) -> String {
     let mut args: Vec<&str> = ARGS.to_vec();
     if bpf_stats {
         args.insert(1, BPF_STATS);
     }
+    args.extend(filters);
     format!("stalltrace {} --out FILE", args.join(" "))
+}
+
+/// Whether the sysctl that makes the kernel account every BPF program run is
+/// on for good: then every traced run pays for bpf_stats, asked for or not.
+pub fn bpf_stats_sysctl() -> bool {
+    fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
 }
 
 pub struct Tracer {
@@ -51,6 +63,8 @@ pub struct Tracer {
 pub struct Usage {
     /// user + system, all threads.
     pub cpu_s: f64,
+    /// user only.
+    pub user_s: f64,
     /// Peak resident set (VmHWM).
     pub peak_rss_kib: u64,
 }
@@ -70,6 +84,9 @@ pub struct StopRecord {
     pub kind: String,
     #[serde(default)]
     pub lost: std::collections::BTreeMap<String, u64>,
+    /// Records written, by type.
+    #[serde(default)]
+    pub records: std::collections::BTreeMap<String, u64>,
     pub programs: Vec<ProgramCost>,
 }
 
@@ -84,14 +101,21 @@ pub struct ProgramCost {
 
 impl Tracer {
     /// Start `bin` writing to files in `dir`, with `--bpf-stats` when
-    /// `bpf_stats`; return once its `start` record is written, i.e. once every
-    /// probe is attached.
-    pub fn start(bin: &Path, dir: &Path, tag: &str, bpf_stats: bool) -> anyhow::Result<Self> {
+    /// `bpf_stats` and `filters` (e.g. `--netns NS`); return once its `start`
+    /// record is written, i.e. once every probe is attached.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        tag: &str,
+        bpf_stats: bool,
+        filters: &[&str],
+    ) -> anyhow::Result<Self> {
         let out = dir.join(format!("{tag}.jsonl"));
         let stderr = dir.join(format!("{tag}.stderr"));
         let mut cmd = Command::new(bin);
         cmd.args(ARGS)
             .args(bpf_stats.then_some(BPF_STATS))
+            .args(filters)
             .arg("--out")
             .arg(&out)
             .stdin(Stdio::null())
@@ -144,10 +168,54 @@ impl Tracer {
     pub fn usage(&self) -> anyhow::Result<Usage> {
         let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        let (user, system) = cpu_ticks(&stat).context("unexpected /proc/PID/stat")?;
         Ok(Usage {
-            cpu_s: cpu_ticks(&stat).context("unexpected /proc/PID/stat")? as f64 / clock_ticks(),
+            cpu_s: (user + system) as f64 / clock_ticks(),
+            user_s: user as f64 / clock_ticks(),
             peak_rss_kib: vm_hwm_kib(&status).context("no VmHWM in /proc/PID/status")?,
         })
+    }
+
+    /// The hooks of `family` it attached, as its start record lists them:
+    /// "tcp_probe (tp_btf)".
+    pub fn hooks_of(&self, family: &str) -> Vec<String> {
+        self.attached()
+            .filter(|p| p["family"] == family)
+            .map(|p| {
+                format!(
+                    "{} ({})",
+                    p["hook"].as_str().unwrap_or("?"),
+                    p["mode"].as_str().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    /// The families it attached hooks of, in start-record order.
+    pub fn families(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for f in self.attached().filter_map(|p| p["family"].as_str()) {
+            if !out.iter().any(|o| o == f) {
+                out.push(f.to_string());
+            }
+        }
+        out
+    }
+
+    /// The ids of the programs it attached (every family): how its BPF links
+    /// are told from anyone else's.
+    pub fn prog_ids(&self) -> Vec<u64> {
+        self.attached()
+            .filter_map(|p| p["program_id"].as_u64())
+            .collect()
+    }
+
+    fn attached(&self) -> impl Iterator<Item = &serde_json::Value> {
+        self.start["probes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["attached"] == true)
     }
 
     /// SIGINT, wait for a clean exit, and read the `stop` record (the last line).
@@ -176,6 +244,11 @@ impl Tracer {
             stop,
             lifetime_cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
         })
+    }
+
+    /// The file it writes its records to.
+    pub fn out(&self) -> &Path {
+        &self.out
     }
 
     fn first_record(&self) -> Option<serde_json::Value> {
@@ -235,13 +308,40 @@ impl Drop for Tracer {
     }
 }
 
-/// utime + stime (fields 14 and 15) of /proc/PID/stat, in clock ticks. The
+/// utime and stime (fields 14 and 15) of /proc/PID/stat, in clock ticks. The
 /// command name (field 2) may hold spaces and parentheses, so count from its
 /// closing parenthesis.
-fn cpu_ticks(stat: &str) -> Option<u64> {
+pub fn cpu_ticks(stat: &str) -> Option<(u64, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
+}
+
+/// User CPU seconds of any process so far; None once it is gone.
+pub fn process_user_s(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(cpu_ticks(&stat)?.0 as f64 / clock_ticks())
+}
+
+/// stalltrace daemons this process started that are still running.
+pub fn our_daemons_left() -> Vec<String> {
+    let me = std::process::id().to_string();
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "stalltrace")
+        })
+        .filter(|pid| {
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .any(|l| l.split_whitespace().eq(["PPid:", &me]))
+        })
+        .map(|pid| format!("stalltrace pid {pid} still running"))
+        .collect()
 }
 
 fn vm_hwm_kib(status: &str) -> Option<u64> {
@@ -271,7 +371,7 @@ mod tests {
     #[test]
     fn cpu_ticks_survive_odd_command_names() {
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5 0";
-        assert_eq!(cpu_ticks(stat), Some(10));
+        assert_eq!(cpu_ticks(stat), Some((7, 3)));
     }
 
     #[test]
@@ -283,6 +383,10 @@ mod tests {
         assert_eq!(
             command_line(true),
             "stalltrace run --bpf-stats --slow-io-ms 0 --interval 1s --out FILE"
+        );
+        assert_eq!(
+            command_line_with(false, &["--netns", "NS"]),
+            "stalltrace run --slow-io-ms 0 --interval 1s --netns NS --out FILE"
         );
     }
 

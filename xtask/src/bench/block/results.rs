@@ -430,6 +430,7 @@ mod tests {
             stop: StopRecord {
                 kind: "stop".into(),
                 lost: BTreeMap::new(),
+                records: BTreeMap::new(),
                 programs: vec![ProgramCost {
                     family: "block".into(),
                     program: "on_block_rq_issue".into(),

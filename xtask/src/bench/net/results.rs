@@ -1,0 +1,679 @@
+//! From raw runs to the published figures: medians and ranges per workload
+//! and configuration, ratios traced / untraced (the targets are judged on the
+//! traced runs without `--bpf-stats`), per-program cost summed over the
+//! `--bpf-stats` runs. Everything here is serialized as-is into benchmarks.json.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::workload::{self, Bound, Run, Workload};
+use super::{Measured, RATIO_TARGET, TracedRun, WorkloadRuns, on_net_path};
+use crate::bench::netpair::NFT_TABLE;
+use crate::bench::publish::Host;
+use crate::bench::settings::Settings;
+use crate::bench::stats::Summary;
+use crate::bench::tracer::{self, ProgramCost};
+
+#[derive(Serialize)]
+pub struct NetResults {
+    pub host: Host,
+    pub command: &'static str,
+    pub wall_time_s: f64,
+    pub setup: Setup,
+    /// Network-path hooks (every family but block), as the daemon reported them attached.
+    pub hooks: Vec<String>,
+    pub targets: Vec<Verdict>,
+    pub workloads: Vec<WorkloadResult>,
+    /// Network-path programs (every family but block), summed over the `--bpf-stats` runs.
+    pub programs: Vec<ProgramResult>,
+    /// Records the daemon could not deliver, summed over both traced configurations.
+    pub lost: BTreeMap<String, u64>,
+    /// /proc/loadavg before and after: a busy host shows here.
+    pub load_average: [String; 2],
+    pub warnings: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct Setup {
+    pub rounds: usize,
+    pub runtime_s: u64,
+    pub network: String,
+    pub congestion_control: String,
+    pub sockperf: String,
+    pub iperf3: String,
+    pub iperf3_loss: String,
+    pub loss_rule: String,
+    /// The "traced" configuration: stalltrace as deployed.
+    pub tracer: String,
+    /// The "traced_bpf_stats" configuration.
+    pub tracer_bpf_stats: String,
+    pub configs: &'static str,
+}
+
+pub const CONFIGS: &str = "per round and workload, in this order: untraced; traced \
+     (stalltrace without --bpf-stats: the ratios and the targets use it; the daemon's CPU \
+     and RSS come from it); traced_bpf_stats (stalltrace with --bpf-stats: ns/event and \
+     events/s per program come from it; its figures pay the kernel's accounting on every \
+     program run and judge nothing)";
+
+#[derive(Serialize)]
+pub struct Side {
+    /// Every figure the workload's tool gave, over the rounds.
+    pub figures: BTreeMap<&'static str, Summary>,
+    pub others_user_cpu_pct: Summary,
+    pub steal_pct: Summary,
+    pub runs: Vec<Run>,
+}
+
+#[derive(Serialize)]
+pub struct WorkloadResult {
+    pub key: &'static str,
+    pub title: &'static str,
+    pub untraced: Side,
+    /// Without --bpf-stats: what the ratios and the targets are about.
+    pub traced: Side,
+    /// With --bpf-stats: shown, judges nothing.
+    pub traced_bpf_stats: Side,
+    /// Medians, traced / untraced, per figure (where the untraced median is not 0).
+    pub ratio: BTreeMap<&'static str, f64>,
+    /// Medians, traced_bpf_stats / untraced.
+    pub bpf_stats_ratio: BTreeMap<&'static str, f64>,
+    /// The target figure of each traced run over the untraced run of the same
+    /// round: less exposed to drift on a shared host than the ratio of medians.
+    pub paired_ratio: Summary,
+    pub paired_bpf_stats_ratio: Summary,
+    /// From the traced runs (without --bpf-stats).
+    pub daemon: Daemon,
+    /// All network-path programs together, in the --bpf-stats runs.
+    pub bpf: BpfLoad,
+    /// A cross-check of the hooks against the kernel's own counters: runs of
+    /// netdev's net_dev_start_xmit program over the packets both veth ends
+    /// sent (`ip -s link`), per --bpf-stats run. At least 1 when no packet
+    /// was missed (the daemon also sees packets outside the client's window
+    /// and on other interfaces); None without that program.
+    pub xmit_runs_per_veth_packet: Option<Summary>,
+    /// The same from the daemon's own records, in both traced configurations:
+    /// transmits on the client's veth its hooks saw over those the kernel
+    /// counted (netlink), over the daemon's whole life; 1 when none was missed.
+    pub tx_seen_per_counted: Coverage,
+}
+
+#[derive(Serialize)]
+pub struct Coverage {
+    pub traced: Option<Summary>,
+    pub traced_bpf_stats: Option<Summary>,
+}
+
+fn coverage(runs: &[TracedRun]) -> Option<Summary> {
+    let ratios: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.tx_counted > 0)
+        .map(|r| r.tx_seen as f64 / r.tx_counted as f64)
+        .collect();
+    Summary::of(&ratios)
+}
+
+#[derive(Serialize)]
+pub struct Daemon {
+    /// While the client ran: CPU time / wall time, in % of one CPU.
+    pub cpu_pct_of_one_cpu: Summary,
+    /// Whole life of each daemon: load, verify, attach, run, detach.
+    pub lifetime_cpu_s: Summary,
+    pub peak_rss_mib: Summary,
+    /// Records it wrote per run, all types, and `tcp_retransmit` records.
+    pub records: Summary,
+    pub tcp_retransmit_records: Summary,
+}
+
+#[derive(Serialize)]
+pub struct BpfLoad {
+    /// Run time of the programs over the client's wall time, in % of one CPU.
+    pub cpu_pct_of_one_cpu: f64,
+    /// An estimate of the hooks' cost free of run-to-run noise: their run
+    /// time as a share of what bounds the workload (sockperf: of the untraced
+    /// p50 round trip; unpaced iperf3: of the one CPU it keeps busy); None
+    /// for a paced workload. Measured with bpf_stats on, so a little high.
+    pub share_of_bound: Option<f64>,
+    /// Run time of the programs per transaction (`unit`).
+    pub ns_per_unit: f64,
+    pub unit: &'static str,
+}
+
+#[derive(Serialize)]
+pub struct ProgramResult {
+    pub family: String,
+    pub program: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    pub recursion_misses: u64,
+    /// None when it never ran.
+    pub ns_per_event: Option<f64>,
+    pub by_workload: Vec<ProgramInWorkload>,
+}
+
+#[derive(Serialize)]
+pub struct ProgramInWorkload {
+    pub workload: &'static str,
+    pub run_count: u64,
+    pub ns_per_event: Option<f64>,
+    /// Per second of client run time, in the --bpf-stats runs.
+    pub events_per_s: f64,
+    /// Per transaction (a round trip; a MB received).
+    pub events_per_unit: f64,
+}
+
+#[derive(Serialize)]
+pub struct Verdict {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+    /// How far inside or outside the target, in words.
+    pub detail: String,
+}
+
+fn summary(v: impl IntoIterator<Item = f64>) -> Summary {
+    Summary::of(&v.into_iter().collect::<Vec<_>>()).expect("at least one round")
+}
+
+fn side(runs: &[Run]) -> Side {
+    let keys: Vec<&'static str> = runs
+        .iter()
+        .flat_map(|r| r.figures.keys().copied())
+        .collect();
+    Side {
+        figures: keys
+            .into_iter()
+            .map(|k| (k, summary(runs.iter().map(|r| r.figure(k)))))
+            .collect(),
+        others_user_cpu_pct: summary(runs.iter().map(|r| r.others_user_cpu_pct)),
+        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
+        runs: runs.to_vec(),
+    }
+}
+
+fn ratios(num: &Side, den: &Side) -> BTreeMap<&'static str, f64> {
+    num.figures
+        .iter()
+        .filter_map(|(k, n)| {
+            let d = den.figures.get(k)?.median;
+            (d > 0.0).then(|| (*k, n.median / d))
+        })
+        .collect()
+}
+
+fn paired(untraced: &[Run], traced: &[TracedRun], key: &str) -> Summary {
+    summary(
+        untraced
+            .iter()
+            .zip(traced)
+            .map(|(u, t)| t.run.figure(key) / u.figure(key)),
+    )
+}
+
+fn daemon(traced: &[TracedRun]) -> Daemon {
+    Daemon {
+        cpu_pct_of_one_cpu: summary(
+            traced
+                .iter()
+                .map(|t| 100.0 * t.cpu_in_window_s / t.window_s),
+        ),
+        lifetime_cpu_s: summary(traced.iter().map(|t| t.lifetime_cpu_s)),
+        peak_rss_mib: summary(traced.iter().map(|t| t.peak_rss_kib as f64 / 1024.0)),
+        records: summary(
+            traced
+                .iter()
+                .map(|t| t.stop.records.values().sum::<u64>() as f64),
+        ),
+        tcp_retransmit_records: summary(
+            traced
+                .iter()
+                .map(|t| t.stop.records.get("tcp_retransmit").copied().unwrap_or(0) as f64),
+        ),
+    }
+}
+
+/// Counters of the network-path programs, summed over `runs`, keyed by (family, program).
+fn program_totals<'a>(
+    runs: impl IntoIterator<Item = &'a TracedRun>,
+) -> BTreeMap<(String, String), ProgramCost> {
+    let mut out: BTreeMap<(String, String), ProgramCost> = BTreeMap::new();
+    let ours = runs
+        .into_iter()
+        .flat_map(|r| &r.stop.programs)
+        .filter(|p| on_net_path(&p.family));
+    for p in ours {
+        let e = out
+            .entry((p.family.clone(), p.program.clone()))
+            .or_insert_with(|| ProgramCost {
+                run_count: 0,
+                run_time_ns: 0,
+                recursion_misses: 0,
+                ..p.clone()
+            });
+        e.run_count += p.run_count;
+        e.run_time_ns += p.run_time_ns;
+        e.recursion_misses += p.recursion_misses;
+    }
+    out
+}
+
+fn ns_per_event(p: &ProgramCost) -> Option<f64> {
+    (p.run_count > 0).then(|| p.run_time_ns as f64 / p.run_count as f64)
+}
+
+/// Client seconds and transactions of the --bpf-stats runs of one workload.
+fn exposure(runs: &WorkloadRuns) -> (f64, f64) {
+    let unit = runs.workload.unit_figure;
+    let s = &runs.traced_bpf_stats;
+    (
+        s.iter().map(|r| r.run.seconds).sum(),
+        s.iter().map(|r| r.run.figure(unit)).sum(),
+    )
+}
+
+fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
+    let ratios: Vec<f64> =
+        runs.traced_bpf_stats
+            .iter()
+            .filter_map(|r| {
+                let xmit =
+                    r.stop.programs.iter().find(|p| {
+                        p.family == "netdev" && p.program.ends_with("net_dev_start_xmit")
+                    })?;
+                let packets = r.run.figure("veth_packets");
+                (packets > 0.0).then(|| xmit.run_count as f64 / packets)
+            })
+            .collect();
+    Summary::of(&ratios)
+}
+
+fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
+    let (seconds, units) = exposure(runs);
+    let ns: u64 = program_totals(&runs.traced_bpf_stats)
+        .values()
+        .map(|p| p.run_time_ns)
+        .sum();
+    let cpu_pct_of_one_cpu = 100.0 * ns as f64 / 1e9 / seconds.max(f64::MIN_POSITIVE);
+    let ns_per_unit = ns as f64 / units.max(f64::MIN_POSITIVE);
+    let share_of_bound = match runs.workload.bound {
+        Bound::RoundTrip => untraced
+            .figures
+            .get("p50_us")
+            .filter(|p50| p50.median > 0.0)
+            .map(|p50| ns_per_unit / (p50.median * 1000.0)),
+        Bound::OneCpu => Some(cpu_pct_of_one_cpu / 100.0),
+        Bound::Paced => None,
+    };
+    BpfLoad {
+        cpu_pct_of_one_cpu,
+        share_of_bound,
+        ns_per_unit,
+        unit: runs.workload.unit,
+    }
+}
+
+pub fn aggregate(
+    settings: &Settings,
+    m: &Measured,
+    host: Host,
+    wall_time_s: f64,
+    load_average: [String; 2],
+) -> NetResults {
+    let workloads: Vec<WorkloadResult> = m
+        .workloads
+        .iter()
+        .map(|runs| {
+            let w = runs.workload;
+            let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
+            let (u, t, ts) = (
+                side(&runs.untraced),
+                side(&traced_runs(&runs.traced)),
+                side(&traced_runs(&runs.traced_bpf_stats)),
+            );
+            let key = w.figures[0].key;
+            WorkloadResult {
+                key: w.key,
+                title: w.title,
+                ratio: ratios(&t, &u),
+                bpf_stats_ratio: ratios(&ts, &u),
+                paired_ratio: paired(&runs.untraced, &runs.traced, key),
+                paired_bpf_stats_ratio: paired(&runs.untraced, &runs.traced_bpf_stats, key),
+                daemon: daemon(&runs.traced),
+                bpf: bpf_load(runs, &u),
+                xmit_runs_per_veth_packet: xmit_coverage(runs),
+                tx_seen_per_counted: Coverage {
+                    traced: coverage(&runs.traced),
+                    traced_bpf_stats: coverage(&runs.traced_bpf_stats),
+                },
+                untraced: u,
+                traced: t,
+                traced_bpf_stats: ts,
+            }
+        })
+        .collect();
+
+    let per_workload: Vec<_> = m
+        .workloads
+        .iter()
+        .map(|runs| {
+            let (seconds, units) = exposure(runs);
+            (
+                runs.workload.key,
+                program_totals(&runs.traced_bpf_stats),
+                seconds,
+                units,
+            )
+        })
+        .collect();
+    let programs: Vec<ProgramResult> =
+        program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats))
+            .into_iter()
+            .map(|(key, total)| ProgramResult {
+                ns_per_event: ns_per_event(&total),
+                by_workload: per_workload
+                    .iter()
+                    .map(|(workload, totals, seconds, units)| {
+                        let p = totals.get(&key);
+                        let count = p.map_or(0, |p| p.run_count);
+                        ProgramInWorkload {
+                            workload,
+                            run_count: count,
+                            ns_per_event: p.and_then(ns_per_event),
+                            events_per_s: count as f64 / seconds.max(f64::MIN_POSITIVE),
+                            events_per_unit: count as f64 / units.max(f64::MIN_POSITIVE),
+                        }
+                    })
+                    .collect(),
+                family: total.family,
+                program: total.program,
+                run_count: total.run_count,
+                run_time_ns: total.run_time_ns,
+                recursion_misses: total.recursion_misses,
+            })
+            .collect();
+
+    let mut lost = BTreeMap::new();
+    let all_traced = m
+        .workloads
+        .iter()
+        .flat_map(|w| w.traced.iter().chain(&w.traced_bpf_stats));
+    for run in all_traced {
+        for (source, n) in &run.stop.lost {
+            *lost.entry(source.clone()).or_insert(0) += n;
+        }
+    }
+
+    let targets = m
+        .workloads
+        .iter()
+        .zip(&workloads)
+        .map(|(runs, r)| verdict(runs.workload, r))
+        .collect();
+    let filters = ["--netns", "CLIENT_NS"];
+    let cmd = |args: Vec<String>| {
+        format!(
+            "ip netns exec CLIENT_NS {} {}",
+            workload::client_prefix(settings.runtime_s).join(" "),
+            args.join(" ")
+        )
+    };
+    let addr = "SERVER_ADDR";
+    NetResults {
+        host,
+        command: "cargo xtask bench net",
+        wall_time_s,
+        setup: Setup {
+            rounds: settings.rounds,
+            runtime_s: settings.runtime_s,
+            network: format!(
+                "two network namespaces of the bench's own (client, server) joined by a veth \
+                 pair, an IPv4 /30 in 10.201.0.0/16, no route outside; veth defaults (TSO/GSO \
+                 on, GRO off, qdisc noqueue); tcp_no_metrics_save=1 in both; every client and \
+                 server pinned to CPU {} (taskset), the daemon not",
+                workload::CPU
+            ),
+            congestion_control: m.congestion_control.clone(),
+            sockperf: cmd(workload::sockperf_args(addr, settings.runtime_s)),
+            iperf3: cmd(workload::iperf3_args(
+                addr,
+                workload::IPERF3_PORT,
+                None,
+                settings.runtime_s,
+            )),
+            iperf3_loss: cmd(workload::iperf3_args(
+                addr,
+                workload::IPERF3_LOSS_PORT,
+                Some(workload::LOSS_RATE),
+                settings.runtime_s,
+            )),
+            loss_rule: format!(
+                "in the server namespace: table inet {NFT_TABLE}, chain input (hook input, \
+                 priority filter): tcp dport {} numgen random mod 100 < {} counter drop",
+                workload::IPERF3_LOSS_PORT,
+                workload::LOSS_PERCENT
+            ),
+            tracer: tracer::command_line_with(false, &filters),
+            tracer_bpf_stats: tracer::command_line_with(true, &filters),
+            configs: CONFIGS,
+        },
+        hooks: m.hooks.clone(),
+        targets,
+        workloads,
+        programs,
+        lost,
+        load_average,
+        warnings: m.warnings.clone(),
+    }
+}
+
+/// The target on a workload's first figure: within 2% of untraced.
+fn verdict(w: &Workload, r: &WorkloadResult) -> Verdict {
+    let fig = &w.figures[0];
+    let name = match w.key {
+        "sockperf" => "sockperf round-trip p50".to_string(),
+        "iperf3" => "iperf3 unpaced received throughput".to_string(),
+        key => format!("{key} received throughput"),
+    };
+    let Some(&ratio) = r.ratio.get(fig.key) else {
+        return Verdict {
+            target: name,
+            measured: "no figure".into(),
+            met: false,
+            detail: "not measured: the untraced median was 0".into(),
+        };
+    };
+    let (bound, met, change, what) = if w.higher_is_better {
+        let bound = 1.0 - RATIO_TARGET;
+        (bound, ratio >= bound, (1.0 - ratio) * 100.0, "lost")
+    } else {
+        let bound = 1.0 + RATIO_TARGET;
+        (bound, ratio <= bound, (ratio - 1.0) * 100.0, "added")
+    };
+    let op = if w.higher_is_better { ">=" } else { "<=" };
+    let allowed = RATIO_TARGET * 100.0;
+    let p = &r.paired_ratio;
+    let paired = format!(
+        "per-round ratios {:.3} ({:.3}–{:.3})",
+        p.median, p.min, p.max
+    );
+    let change = if change >= 0.0 {
+        format!("traced {what} {change:.1}%")
+    } else {
+        let opposite = if what == "lost" { "gained" } else { "took off" };
+        format!("traced {opposite} {:.1}%", -change)
+    };
+    let margin = (allowed
+        - (if w.higher_is_better {
+            1.0 - ratio
+        } else {
+            ratio - 1.0
+        }) * 100.0)
+        .abs();
+    Verdict {
+        target: format!("{name}, traced / untraced {op} {bound:.2}"),
+        measured: format!("{ratio:.3}"),
+        met,
+        detail: if met {
+            format!(
+                "met with {margin:.1} points to spare ({change}; {allowed:.0}% allowed; {paired})"
+            )
+        } else {
+            format!("missed by {margin:.1} points ({change}; {allowed:.0}% allowed; {paired})")
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::net::workload::WORKLOADS;
+    use crate::bench::net::{WorkloadRuns, render};
+    use crate::bench::tracer::StopRecord;
+
+    fn run(w: &Workload, first: f64) -> Run {
+        let mut figures = BTreeMap::from([
+            (w.figures[0].key, first),
+            (w.unit_figure, 1000.0),
+            ("veth_packets", 40_000.0),
+        ]);
+        figures.insert("retransmits", 0.0);
+        Run {
+            seconds: 8.0,
+            figures,
+            others_user_cpu_pct: 1.0,
+            steal_pct: 0.5,
+        }
+    }
+
+    fn traced(w: &Workload, first: f64, run_count: u64, cpu_s: f64) -> TracedRun {
+        TracedRun {
+            run: run(w, first),
+            stop: StopRecord {
+                kind: "stop".into(),
+                lost: BTreeMap::new(),
+                records: BTreeMap::from([
+                    ("tcp_retransmit".to_string(), 3),
+                    ("netdev".to_string(), 7),
+                ]),
+                programs: vec![
+                    ProgramCost {
+                        family: "tcp".into(),
+                        program: "on_tcp_probe".into(),
+                        run_count,
+                        run_time_ns: run_count * 200,
+                        recursion_misses: 0,
+                    },
+                    ProgramCost {
+                        family: "netdev".into(),
+                        program: "on_net_dev_start_xmit".into(),
+                        run_count,
+                        run_time_ns: run_count * 100,
+                        recursion_misses: 0,
+                    },
+                    ProgramCost {
+                        family: "block".into(),
+                        program: "on_block_rq_issue".into(),
+                        run_count: 5,
+                        run_time_ns: 5000,
+                        recursion_misses: 0,
+                    },
+                ],
+            },
+            cpu_in_window_s: cpu_s,
+            window_s: 8.0,
+            lifetime_cpu_s: cpu_s,
+            peak_rss_kib: 2048,
+            tx_seen: 99,
+            tx_counted: 100,
+        }
+    }
+
+    /// Ratios and targets from the runs without --bpf-stats, program costs
+    /// from the runs with it (network-path families only), the daemon from the former.
+    #[test]
+    fn each_figure_comes_from_its_configuration() {
+        let runs: Vec<WorkloadRuns> = WORKLOADS
+            .iter()
+            .map(|w| {
+                let (base, traced_fig, stats_fig) = if w.higher_is_better {
+                    (1000.0, 990.0, 900.0)
+                } else {
+                    (100.0, 103.0, 110.0)
+                };
+                WorkloadRuns {
+                    workload: w,
+                    untraced: vec![run(w, base); 3],
+                    traced: (0..3).map(|_| traced(w, traced_fig, 0, 0.08)).collect(),
+                    traced_bpf_stats: (0..3).map(|_| traced(w, stats_fig, 80_000, 0.16)).collect(),
+                }
+            })
+            .collect();
+        let m = Measured {
+            workloads: runs,
+            hooks: vec!["tcp_probe (tp_btf)".into()],
+            congestion_control: "bbr".into(),
+            warnings: Vec::new(),
+        };
+        let settings = Settings {
+            rounds: 3,
+            runtime_s: 8,
+        };
+        let host = Host {
+            date: "today".into(),
+            kernel: "6.18".into(),
+            cpu_model: "test".into(),
+            cpus: 2,
+        };
+        let r = aggregate(&settings, &m, host, 1.0, [String::new(), String::new()]);
+        let s = &r.workloads[0];
+        assert!((s.ratio["p50_us"] - 1.03).abs() < 1e-9);
+        assert!((s.bpf_stats_ratio["p50_us"] - 1.1).abs() < 1e-9);
+        assert!(!s.ratio.contains_key("retransmits"), "0 untraced: no ratio");
+        assert!(!r.targets[0].met, "{}", r.targets[0].detail);
+        assert!(
+            r.targets[0].detail.starts_with("missed by 1.0 points"),
+            "{}",
+            r.targets[0].detail
+        );
+        assert!(r.targets[1].met, "{}", r.targets[1].detail);
+        assert!(
+            r.targets[1].detail.starts_with("met with 1.0 points"),
+            "{}",
+            r.targets[1].detail
+        );
+        assert!((s.daemon.cpu_pct_of_one_cpu.median - 1.0).abs() < 1e-9);
+        assert_eq!(s.daemon.tcp_retransmit_records.median, 3.0);
+        assert_eq!(s.daemon.records.median, 10.0);
+
+        assert_eq!(r.programs.len(), 2, "block programs are left out");
+        let p = r.programs.iter().find(|p| p.family == "tcp").unwrap();
+        assert_eq!(p.run_count, 3 * 80_000 * 3);
+        assert_eq!(p.ns_per_event, Some(200.0));
+        let b = &p.by_workload[0];
+        assert!((b.events_per_s - 10_000.0).abs() < 1e-9);
+        assert!((b.events_per_unit - 80.0).abs() < 1e-9);
+        // 80 000 runs x (200 + 100) ns per 8 s run = 0.3% of a CPU; 24 µs per transaction.
+        assert!((s.bpf.cpu_pct_of_one_cpu - 0.3).abs() < 1e-9);
+        assert!((s.bpf.ns_per_unit - 24_000.0).abs() < 1e-9);
+        // 24 µs per round trip of an untraced p50 of 100 µs.
+        assert!((s.bpf.share_of_bound.unwrap() - 0.24).abs() < 1e-9);
+        assert!((r.workloads[1].bpf.share_of_bound.unwrap() - 0.003).abs() < 1e-9);
+        assert_eq!(r.workloads[2].bpf.share_of_bound, None);
+        assert_eq!(s.xmit_runs_per_veth_packet.unwrap().median, 2.0);
+        assert_eq!(s.tx_seen_per_counted.traced.unwrap().median, 0.99);
+
+        assert!(r.setup.tracer.contains("--netns CLIENT_NS"));
+        assert!(r.setup.iperf3_loss.contains("-b 500M"));
+        let md = render::markdown(&r);
+        for needle in [
+            "### Targets",
+            "sockperf",
+            "iperf3_loss",
+            "tcp/on_tcp_probe",
+            "**missed**",
+        ] {
+            assert!(md.contains(needle), "{needle}");
+        }
+    }
+}
