@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::interval::Finding;
+use super::interval::{Finding, Tally};
 use super::network::same_session;
 use super::record::{Cause, Evidence, Kind, MAX_SESSIONS, Phase, StallRecord, Subject};
 
@@ -27,6 +27,8 @@ pub struct Episode {
     sessions: Vec<Value>,
     sessions_omitted: u32,
     files: Vec<String>,
+    /// Summed over every interval with a finding, whatever its cause.
+    tally: Tally,
 }
 
 impl Episode {
@@ -50,6 +52,7 @@ impl Episode {
             sessions: Vec::new(),
             sessions_omitted: 0,
             files: Vec::new(),
+            tally: Tally::default(),
         };
         e.add(f, end, end_ms);
         e
@@ -63,6 +66,9 @@ impl Episode {
         self.quiet_ms = 0.0;
         self.intervals += 1;
         self.impact_ms += f.impact_ms;
+        self.tally.rtos += f.tally.rtos;
+        self.tally.rto_wait_ms += f.tally.rto_wait_ms;
+        self.tally.retransmitted_segs += f.tally.retransmitted_segs;
         if f.role.is_some() {
             self.role = f.role;
         }
@@ -99,6 +105,34 @@ impl Episode {
 
     pub fn record(&self, phase: Phase) -> StallRecord {
         let mut evidence = self.evidence.clone();
+        // The whole episode's toll, beside each signal's worst interval.
+        if self.intervals > 1 && self.tally.rtos > 0 {
+            evidence.push(
+                Evidence::new(
+                    "rto_wait_ms_total",
+                    (self.tally.rto_wait_ms * 1000.0).round() / 1000.0,
+                    format!(
+                        "in the whole episode: {} retransmission timeout(s) made connections wait \
+                         {:.0} ms in all",
+                        self.tally.rtos, self.tally.rto_wait_ms
+                    ),
+                )
+                .unit("ms"),
+            );
+        }
+        if self.intervals > 1 && self.tally.retransmitted_segs > 0 {
+            evidence.push(
+                Evidence::new(
+                    "retransmitted_segs_total",
+                    self.tally.retransmitted_segs,
+                    format!(
+                        "in the whole episode: {} segments retransmitted",
+                        self.tally.retransmitted_segs
+                    ),
+                )
+                .unit("count"),
+            );
+        }
         if self.intervals > 1 {
             evidence.push(Evidence::new(
                 "intervals",

@@ -3,7 +3,7 @@
 //! application while the storage it reads is slow. A bulk flow limited by
 //! nothing wrong (a clean network at full speed) is no stall.
 
-use super::interval::{Finding, Interval};
+use super::interval::{Finding, Interval, Tally};
 use super::network::round1;
 use super::record::{Cause, Evidence, Kind, Subject};
 
@@ -129,6 +129,7 @@ pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
             next_step,
             sessions: f.sql.iter().cloned().collect(),
             files: Vec::new(),
+            tally: Tally::default(),
         });
     }
     out

@@ -123,4 +123,17 @@ pub struct Finding {
     pub next_step: String,
     pub sessions: Vec<Value>,
     pub files: Vec<String>,
+    /// Counts the episode sums over its intervals (evidence shows each
+    /// signal's worst interval; an SRE also wants the episode's whole toll).
+    pub tally: Tally,
+}
+
+/// What a finding adds to its episode's totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// Retransmission timer expiries.
+    pub rtos: u64,
+    /// Time those timeouts made the connections wait.
+    pub rto_wait_ms: f64,
+    pub retransmitted_segs: u64,
 }

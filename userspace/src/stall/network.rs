@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::Thresholds;
-use super::interval::{Finding, Interval};
+use super::interval::{Finding, Interval, Tally};
 use super::record::{Cause, Evidence, Kind, Subject};
 use super::views::{Netdev, Retransmit};
 
@@ -17,6 +17,8 @@ struct PeerLoss<'a> {
     timer_rtos: u64,
     rto_ms_max: f64,
     backoff_max: u64,
+    /// Sum of the timer RTOs' `rto_ms`.
+    rto_wait_ms: f64,
     stalled_ms_max: f64,
     segs: u64,
     fast: u64,
@@ -115,6 +117,11 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
             next_step,
             sessions: p.sessions.into_iter().cloned().collect(),
             files: Vec::new(),
+            tally: Tally {
+                rtos: p.timer_rtos,
+                rto_wait_ms: p.rto_wait_ms,
+                retransmitted_segs: p.segs,
+            },
         });
     }
     out
@@ -127,6 +134,7 @@ fn add<'a>(p: &mut PeerLoss<'a>, r: &'a Retransmit) {
             p.timer_rtos += 1;
             p.rto_ms_max = p.rto_ms_max.max(r.rto_ms);
             p.backoff_max = p.backoff_max.max(r.backoff);
+            p.rto_wait_ms += r.rto_ms;
             p.impact_ms += r.rto_ms;
         }
         "tlp" => p.tlp += 1,
@@ -344,6 +352,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
         next_step,
         sessions,
         files: Vec::new(),
+        tally: Tally::default(),
     })
 }
 

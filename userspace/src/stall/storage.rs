@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::Thresholds;
-use super::interval::{Finding, Interval, SqlState};
+use super::interval::{Finding, Interval, SqlState, Tally};
 use super::network::round1;
 use super::record::{Cause, Evidence, Kind, Subject};
 use super::views::{Block, Hist};
@@ -262,5 +262,6 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
         next_step,
         sessions: sql.sessions_on_disk(&d.key),
         files,
+        tally: Tally::default(),
     })
 }

@@ -94,6 +94,38 @@ fn retransmission_timeouts_open_an_episode_that_names_the_sessions() {
 }
 
 #[test]
+fn an_episode_sums_its_timeouts_beside_the_worst_interval() {
+    let r = run(&[
+        vec![
+            rto("10.0.0.2", 204.0, 0, 51, 50001),
+            rto("10.0.0.2", 408.0, 1, 51, 50001),
+        ],
+        vec![rto("10.0.0.2", 204.0, 0, 52, 50002)],
+        vec![fast("10.0.0.2", 400)],
+    ]);
+    let e = first_closed(r);
+    let signal = |name: &str| {
+        e.evidence
+            .iter()
+            .find(|x| x.signal == name)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", e.evidence))
+    };
+    // Worst interval: the 408 ms timeout; whole episode: three, 816 ms.
+    assert_eq!(signal("rto_ms_max").value, json!(408.0));
+    assert_eq!(signal("rto_wait_ms_total").value, json!(816.0));
+    assert!(
+        signal("rto_wait_ms_total")
+            .text
+            .contains("3 retransmission")
+    );
+    // Each rto() carries one segment; the fast retransmits 400 more.
+    assert_eq!(signal("retransmitted_segs_total").value, json!(403));
+    // One interval alone has no separate total: its evidence is the total.
+    let one = first_closed(run(&[vec![rto("10.0.0.2", 204.0, 0, 51, 50001)]]));
+    assert!(!one.evidence.iter().any(|x| x.signal.ends_with("_total")));
+}
+
+#[test]
 fn half_duplex_with_collisions_is_a_duplex_mismatch() {
     let r = run(&[vec![
         rto("10.0.0.2", 204.0, 0, 51, 50001),
