@@ -48,9 +48,21 @@ impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
         let slow_io_ns = opts.slow_io.map_or(0, |d| d.as_nanos() as u64);
         let globals = [("slow_io_ns", slow_io_ns)];
+        // The disks present now get their entries before any hook can run.
+        let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
+            let map = ebpf
+                .map_mut("block_stats")
+                .ok_or("the object has no map block_stats")?;
+            let mut stats: PerCpuHashMap<&mut MapData, block_key, block_stats> =
+                PerCpuHashMap::try_from(map).map_err(|e| e.to_string())?;
+            for (_, major, minor) in Sysfs::default().disks_with_media() {
+                prepare_disk(&mut stats, major, minor); // a failure is retried after attach
+            }
+            Ok(())
+        };
         let setup = probes::Setup {
             globals: &globals,
-            before_attach: None,
+            before_attach: Some(&prepare),
         };
         let mut family = probes::attach_family(probes::embedded("block"), opts.mode, &setup, btf)?;
         let taken = Self::take_maps(&mut family);
@@ -101,37 +113,18 @@ impl BlockProbe {
     /// first I/O. The kernel side creates a missing entry itself, but a per-CPU
     /// value of this size comes from the atomic per-CPU pool there, which can be
     /// empty for a moment (the I/O would then be counted as lost); from here
-    /// the allocation may sleep. Called at attach and every interval, for
-    /// disks that appear later.
+    /// the allocation may sleep. Called before the programs attach (so the
+    /// disks present at start never lose their first I/Os), then at every
+    /// interval for disks that appear later.
     fn prepare_disks(&mut self) {
-        let ncpus = match aya::util::nr_cpus() {
-            Ok(n) => n,
-            Err(_) => return,
-        };
         for (name, major, minor) in self.sysfs.disks_with_media() {
-            if self.prepared.contains(&(major, minor)) {
-                continue;
+            if self.prepared.contains(&(major, minor))
+                || !prepare_disk(&mut self.stats, major, minor)
+            {
+                continue; // done already, or retried next interval
             }
-            let mut ok = true;
-            for op in [abi::BLOCK_OP_READ, abi::BLOCK_OP_WRITE, abi::BLOCK_OP_FLUSH] {
-                let key = block_key { major, minor, op };
-                let zeroed = PerCpuValues::try_from(vec![block_stats::default(); ncpus]);
-                let Ok(zeroed) = zeroed else { return };
-                // BPF_NOEXIST: never reset an entry the kernel side already created.
-                match self
-                    .stats
-                    .insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST))
-                {
-                    Ok(()) => {}
-                    Err(MapError::SyscallError(e))
-                        if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-                    Err(_) => ok = false, // retried next interval
-                }
-            }
-            if ok {
-                self.names.insert((major, minor), name);
-                self.prepared.insert((major, minor));
-            }
+            self.names.insert((major, minor), name);
+            self.prepared.insert((major, minor));
         }
     }
 
@@ -303,4 +296,30 @@ impl Family for BlockProbe {
     fn lost(&mut self) -> Vec<(String, u64)> {
         self.lost.deltas(&self.family.ebpf)
     }
+}
+
+/// Create `(major, minor)`'s common (disk, op) entries in `block_stats` if
+/// missing (never resetting one the kernel side created). False when one could
+/// not be created.
+fn prepare_disk<T: std::borrow::BorrowMut<MapData>>(
+    stats: &mut PerCpuHashMap<T, block_key, block_stats>,
+    major: u32,
+    minor: u32,
+) -> bool {
+    let Ok(ncpus) = aya::util::nr_cpus() else {
+        return false;
+    };
+    let mut ok = true;
+    for op in [abi::BLOCK_OP_READ, abi::BLOCK_OP_WRITE, abi::BLOCK_OP_FLUSH] {
+        let key = block_key { major, minor, op };
+        let Ok(zeroed) = PerCpuValues::try_from(vec![block_stats::default(); ncpus]) else {
+            return false;
+        };
+        match stats.insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST)) {
+            Ok(()) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(_) => ok = false,
+        }
+    }
+    ok
 }
