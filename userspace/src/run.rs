@@ -30,9 +30,11 @@ use crate::stall::record::Phase;
 use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
 
-/// Records the stall detector reads per interval at most; past it, they are
-/// counted as lost (`stall.records`) rather than held.
-const TAP_CAP: usize = 100_000;
+/// Per-event records (retransmits, slow I/Os) the stall detector reads per
+/// interval at most; past it, they are counted as lost (`stall.records`)
+/// rather than held. As JSON values they take ~2 KiB each: this bounds the
+/// detector's copy at ~20 MiB in a storm.
+const TAP_EVENT_CAP: usize = 10_000;
 
 /// How often the ring buffers are drained between intervals. Events are
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
@@ -380,7 +382,7 @@ fn stream(
     out.flush()?;
     let mut stalls_opened = 0;
     let mut detector = start.stalls.map(|th| {
-        out.tap(TAP_CAP);
+        out.tap(crate::stall::tapped, TAP_EVENT_CAP);
         Detector::new(th.clone(), &start_ts)
     });
     let deadline = args.duration.map(|d| started + d);

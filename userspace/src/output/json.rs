@@ -19,10 +19,25 @@ pub struct JsonWriter {
 /// exactly as a reader of the stream would.
 struct Tap {
     records: Vec<serde_json::Value>,
-    /// Most records kept between two `take_tapped` calls; the rest are
-    /// counted (a retransmit storm must not grow the daemon without bound).
-    cap: usize,
+    /// Which records to keep, and which of them are per-event.
+    wants: fn(&str) -> Tapped,
+    /// Most per-event records kept between two `take_tapped` calls; the rest
+    /// are counted (a retransmit storm must not grow the daemon without
+    /// bound). Aggregates are bounded by the kernel maps that produce them.
+    event_cap: usize,
+    events: usize,
     dropped: u64,
+}
+
+/// What a tap does with a record type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tapped {
+    /// Not read: not kept.
+    No,
+    /// One record per interval per subject: always kept.
+    Aggregate,
+    /// One record per kernel event: kept up to the cap.
+    Event,
 }
 
 #[derive(Serialize)]
@@ -45,12 +60,14 @@ impl JsonWriter {
         }
     }
 
-    /// Keep a copy of every record written (at most `cap` between two
-    /// `take_tapped` calls).
-    pub fn tap(&mut self, cap: usize) {
+    /// Keep a copy of the records `wants` asks for, at most `event_cap`
+    /// per-event records between two `take_tapped` calls.
+    pub fn tap(&mut self, wants: fn(&str) -> Tapped, event_cap: usize) {
         self.tap = Some(Tap {
             records: Vec::new(),
-            cap,
+            wants,
+            event_cap,
+            events: 0,
             dropped: 0,
         });
     }
@@ -58,10 +75,13 @@ impl JsonWriter {
     /// The records written since the last call, and how many did not fit.
     pub fn take_tapped(&mut self) -> (Vec<serde_json::Value>, u64) {
         match &mut self.tap {
-            Some(t) => (
-                std::mem::take(&mut t.records),
-                std::mem::take(&mut t.dropped),
-            ),
+            Some(t) => {
+                t.events = 0;
+                (
+                    std::mem::take(&mut t.records),
+                    std::mem::take(&mut t.dropped),
+                )
+            }
             None => (Vec::new(), 0),
         }
     }
@@ -77,10 +97,13 @@ impl JsonWriter {
         serde_json::to_writer(&mut self.out, &envelope)?;
         self.out.write_all(b"\n")?;
         if let Some(tap) = &mut self.tap {
-            if tap.records.len() < tap.cap {
-                tap.records.push(serde_json::to_value(&envelope)?);
-            } else {
-                tap.dropped += 1;
+            match (tap.wants)(kind) {
+                Tapped::No => {}
+                Tapped::Event if tap.events >= tap.event_cap => tap.dropped += 1,
+                wanted => {
+                    tap.events += usize::from(wanted == Tapped::Event);
+                    tap.records.push(serde_json::to_value(&envelope)?);
+                }
             }
         }
         *self.emitted.entry(kind).or_default() += 1;
@@ -124,6 +147,43 @@ impl Write for SharedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tap_keeps_aggregates_and_caps_events_per_take() {
+        fn wants(kind: &str) -> Tapped {
+            match kind {
+                "block" => Tapped::Aggregate,
+                "tcp_retransmit" => Tapped::Event,
+                _ => Tapped::No,
+            }
+        }
+        let mut w = JsonWriter::new(Box::new(io::sink()), "db1".into());
+        w.tap(wants, 2);
+        for kind in [
+            "tcp_retransmit",
+            "block",
+            "start",
+            "tcp_retransmit",
+            "tcp_retransmit",
+        ] {
+            w.emit(kind, "t", &serde_json::json!({})).unwrap();
+        }
+        w.emit("block", "t", &serde_json::json!({})).unwrap();
+        let (records, dropped) = w.take_tapped();
+        let kinds: Vec<&str> = records
+            .iter()
+            .map(|r| r["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["tcp_retransmit", "block", "tcp_retransmit", "block"]
+        );
+        assert_eq!(dropped, 1, "the third event is over the cap");
+        // The cap is per take: the next interval starts afresh.
+        w.emit("tcp_retransmit", "t", &serde_json::json!({}))
+            .unwrap();
+        assert_eq!(w.take_tapped(), (vec![records[0].clone()], 0));
+    }
 
     #[test]
     fn records_are_single_lines_with_the_envelope_first() {

@@ -7,4 +7,4 @@ mod schema_check;
 
 #[cfg(test)]
 pub(crate) use json::SharedBuffer;
-pub use json::{JsonWriter, SCHEMA_VERSION};
+pub use json::{JsonWriter, SCHEMA_VERSION, Tapped};

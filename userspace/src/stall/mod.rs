@@ -27,9 +27,23 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::output::Tapped;
 use episode::Episode;
 use interval::{Interval, SqlState};
 use record::{Kind, Phase, StallRecord, Subject};
+
+/// Which records the detector reads, and which of them come one per kernel
+/// event (capped per interval by the writer's tap) rather than one per
+/// subject per interval. Must list every type `Interval::new` reads.
+pub fn tapped(kind: &str) -> Tapped {
+    match kind {
+        "slow_io" | "tcp_retransmit" => Tapped::Event,
+        "block" | "tcp_rtt" | "netdev" | "tcp_flow" | "sql_instance" | "sql_session" => {
+            Tapped::Aggregate
+        }
+        _ => Tapped::No,
+    }
+}
 
 /// Quiet time after which an episode closes, by default.
 pub const DEFAULT_RECOVER: std::time::Duration = std::time::Duration::from_secs(2);
