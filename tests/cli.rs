@@ -307,3 +307,68 @@ fn check_lists_every_hook_in_both_modes() {
         "{text}"
     );
 }
+
+/// `investigate` records, then reports what it found: iperf3 through a 4
+/// Mbit/s tbf in a namespace of the test's own is ranked as a `tx_throttled`
+/// episode on that veth, in the text report on stdout, in the `stall` records
+/// that `--out` tees (schema-valid, `start` to `stop`), and in the `--html`
+/// page; a progress line goes to stderr.
+#[test]
+fn investigate_reports_the_episode_it_recorded() {
+    use common::netlab::{Family, NetPair, Side};
+    require_root();
+    let net = NetPair::new();
+    net.limit_rate(Side::A, "4mbit", "16kb", "400ms");
+    let server = net.iperf3_server(Side::B);
+    let dir = std::env::temp_dir().join(unique("stalltrace-investigate"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (jsonl, html) = (dir.join("run.jsonl"), dir.join("report.html"));
+    let child = Command::new(stalltrace_bin())
+        .args(["investigate", "--duration", "7s", "--interval", "500ms"])
+        .args(["--netns", net.netns(Side::A), "--out"])
+        .arg(&jsonl)
+        .arg("--html")
+        .arg(&html)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500)); // attached
+    let iperf = net.iperf3(&server, Family::V4, 4, &[]);
+    let out = child.wait_with_output().unwrap();
+    let (text, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    let records = std::fs::read_to_string(&jsonl).unwrap_or_default();
+    let page = std::fs::read_to_string(&html).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(out.status.success(), "investigate failed: {stderr}");
+    eprintln!(
+        "iperf3 through the tbf: {:.1} Mbit/s\n{text}",
+        iperf.received_bps / 1e6
+    );
+    assert!(
+        stderr.contains("stalltrace: recording"),
+        "no progress line: {stderr}"
+    );
+    let veth = net.veth(Side::A);
+    let records = parse_records(&records);
+    assert_eq!(records.first().map(|r| &r["type"]), Some(&"start".into()));
+    assert_eq!(records.last().map(|r| &r["type"]), Some(&"stop".into()));
+    let throttled = records
+        .iter()
+        .any(|r| r["type"] == "stall" && r["cause"] == "tx_throttled" && r["iface"] == veth);
+    assert!(throttled, "no tx_throttled stall on {veth} in the records");
+    let episodes = text.split("── STALL EPISODES").nth(1).unwrap_or_default();
+    let first = episodes.split("\n#2").next().unwrap_or_default();
+    assert!(
+        first.contains("#1 network: tx throttled") && first.contains(&format!("iface {veth}")),
+        "the top episode is not the tbf on {veth}: {first}"
+    );
+    assert!(
+        page.contains("<svg") && page.contains(veth),
+        "html report: {} bytes",
+        page.len()
+    );
+}

@@ -1,14 +1,15 @@
 //! `stalltrace investigate`: record for a while with a progress line, then
 //! print the report of what was recorded (or the records themselves).
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
 use std::time::Duration;
 
 use crate::cli::InvestigateArgs;
 use crate::error::UserError;
-use crate::report::{Report, render_html, render_text};
+use crate::report::{ReportBuilder, ReportError, render_html, render_text};
 use crate::run::{Progress, run_into};
 
 /// How long to record when --duration is not given.
@@ -17,9 +18,13 @@ const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
     let mut run = args.run.clone();
     let duration = *run.duration.get_or_insert(DEFAULT_DURATION);
-    let records = SharedBuffer::default();
+    // The report is built as the records are written (or, with --json, they
+    // go straight to stdout): a long investigation holds the report's
+    // aggregates, never the recording itself.
+    let building = Rc::new(RefCell::new(Building::default()));
     let mut sink = Tee {
-        memory: records.clone(),
+        building: (!args.json).then(|| building.clone()),
+        stdout: args.json.then(io::stdout),
         file: None,
     };
     if let Some(path) = &run.out {
@@ -31,7 +36,7 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
         })?);
     }
     let tty = io::stderr().is_terminal();
-    let mut last_line = Duration::ZERO;
+    let mut last_line: Option<Duration> = None;
     let mut progress = |p: &Progress| {
         let line = format!(
             "stalltrace: recording {:>4.0}/{} s: {} records, {} stall episode{}",
@@ -41,13 +46,13 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
             p.stalls,
             if p.stalls == 1 { "" } else { "s" },
         );
-        // A terminal gets one line rewritten in place; a log gets a line
-        // every 10 s.
+        // A terminal gets one line rewritten in place; a log gets the first
+        // and then a line every 10 s.
         if tty {
             eprint!("\r{line}\x1b[K");
-        } else if p.elapsed >= last_line + Duration::from_secs(10) {
+        } else if last_line.is_none_or(|t| p.elapsed >= t + Duration::from_secs(10)) {
             eprintln!("{line}");
-            last_line = p.elapsed;
+            last_line = Some(p.elapsed);
         }
     };
     let result = run_into(&run, Box::new(sink), &mut progress);
@@ -55,35 +60,67 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
         eprintln!();
     }
     result?;
-    let text = records.text();
+    if args.json {
+        return Ok(());
+    }
+    let building = Rc::try_unwrap(building)
+        .map_err(|_| anyhow::anyhow!("the recording is still being written"))?
+        .into_inner();
+    if let Some(e) = building.error {
+        return Err(e.to_user_error("the recording").into());
+    }
+    let report = building
+        .builder
+        .build()
+        .map_err(|e| e.to_user_error("the recording"))?;
+    if let Some(out) = &args.html {
+        std::fs::write(out, render_html(&report)).map_err(|e| {
+            UserError::new(
+                format!("cannot write {}: {e}", out.display()),
+                "give --html a path in a directory that exists and that you can write to",
+            )
+        })?;
+    }
+    let width = crate::report::terminal_width();
     let mut stdout = io::stdout().lock();
-    let written = if args.json {
-        stdout.write_all(text.as_bytes())
-    } else {
-        let report = Report::from_text(&text).map_err(|e| e.to_user_error("the recording"))?;
-        if let Some(out) = &args.html {
-            std::fs::write(out, render_html(&report)).map_err(|e| {
-                UserError::new(
-                    format!("cannot write {}: {e}", out.display()),
-                    "give --html a path in a directory that exists and that you can write to",
-                )
-            })?;
-        }
-        let width = crate::report::terminal_width();
-        stdout.write_all(render_text(&report, width).as_bytes())
-    };
+    let written = stdout.write_all(render_text(&report, width).as_bytes());
     match written.and_then(|()| stdout.flush()) {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
 }
 
-/// The records in memory (bounded by the duration: about a kilobyte per
-/// record, a few hundred records a second on a busy host) and, with --out,
-/// in a file.
+/// Where the records go: the report being built (or stdout, with --json)
+/// and, with --out, a file.
 struct Tee {
-    memory: SharedBuffer,
+    building: Option<Rc<RefCell<Building>>>,
+    stdout: Option<io::Stdout>,
     file: Option<File>,
+}
+
+/// The report so far, and the end of a record not yet complete.
+#[derive(Default)]
+struct Building {
+    builder: ReportBuilder,
+    partial: Vec<u8>,
+    /// The first record the report could not take; the rest are not fed.
+    error: Option<ReportError>,
+}
+
+impl Building {
+    fn feed(&mut self, b: &[u8]) {
+        self.partial.extend_from_slice(b);
+        while let Some(end) = self.partial.iter().position(|&c| c == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            if self.error.is_none()
+                && let Err(e) = self
+                    .builder
+                    .push_line(&String::from_utf8_lossy(&line[..end]))
+            {
+                self.error = Some(e);
+            }
+        }
+    }
 }
 
 impl Write for Tee {
@@ -91,26 +128,21 @@ impl Write for Tee {
         if let Some(f) = &mut self.file {
             f.write_all(b)?;
         }
-        self.memory
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(b);
+        if let Some(out) = &mut self.stdout {
+            out.write_all(b)?;
+        }
+        if let Some(building) = &self.building {
+            building.borrow_mut().feed(b);
+        }
         Ok(b.len())
     }
     fn flush(&mut self) -> io::Result<()> {
+        if let Some(out) = &mut self.stdout {
+            out.flush()?;
+        }
         match &mut self.file {
             Some(f) => f.flush(),
             None => Ok(()),
         }
-    }
-}
-
-#[derive(Clone, Default)]
-struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl SharedBuffer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
     }
 }

@@ -24,7 +24,7 @@ pub use episodes::{Episode, EpisodeState, Evidence};
 pub use html::render_html;
 pub use input::{command, read_report, terminal_width};
 pub use merge::{MergedHist, Unit};
-pub use model::{FamilyStatus, Losses, Report, ReportError, RunInfo, StreamHealth};
+pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo, StreamHealth};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
 pub use sessions::{Instance, SessionImpact, SqlTag};
 pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};

@@ -282,6 +282,8 @@ pub struct ReportBuilder {
     network: Network,
     episodes: Episodes,
     sessions: Sessions,
+    /// Lines given to `push_line` so far.
+    pushed: usize,
 }
 
 impl Report {
@@ -330,6 +332,21 @@ impl Report {
 }
 
 impl ReportBuilder {
+    /// One complete line of a stream as it is written (without its newline),
+    /// for a caller that builds the report while recording.
+    pub fn push_line(&mut self, line: &str) -> Result<(), ReportError> {
+        if self.done {
+            return Ok(());
+        }
+        self.pushed += 1;
+        self.line(self.pushed, line, true)
+    }
+
+    /// The report of every line pushed.
+    pub fn build(self) -> Result<Report, ReportError> {
+        self.finish()
+    }
+
     fn line(&mut self, n: usize, line: &str, terminated: bool) -> Result<(), ReportError> {
         let line = line.trim();
         if line.is_empty() {
