@@ -717,3 +717,23 @@ fn a_long_run_keeps_a_bounded_series_and_every_count() {
         n * 1000
     );
 }
+
+// ---- bounds -------------------------------------------------------------------
+
+#[test]
+fn connections_past_the_bound_are_summed_in_one_row() {
+    use super::network::MAX_PEERS;
+    let n = MAX_PEERS + 3;
+    let mut records = vec![start()];
+    records.extend((0..n).map(|i| retransmit(1.0, 30_000 + i as u16, 51, true, 204.0)));
+    let r = report(&records);
+    assert_eq!(r.peers.len(), MAX_PEERS + 1);
+    let others: Vec<_> = r.peers.iter().filter(|p| p.others).collect();
+    assert_eq!(others.len(), 1);
+    let o = others[0];
+    assert_eq!((o.events, o.rto_wait_ms), (3, 612.0));
+    assert!(o.sql.is_none(), "the summed row is nobody's session");
+    assert!(o.label().contains("past the first"), "{}", o.label());
+    // Nothing is lost by folding: every event is in some row.
+    assert_eq!(r.peers.iter().map(|p| p.events).sum::<u64>(), n as u64);
+}

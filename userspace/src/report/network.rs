@@ -206,11 +206,20 @@ pub struct TcpPeer {
     pub max_rto_ms: f64,
     pub max_backoff: u64,
     pub sql: Option<SqlTag>,
+    /// The connections past the first `MAX_PEERS`, summed in one row.
+    pub others: bool,
 }
+
+/// Connections the report keeps apart; the rest are summed in one row, so a
+/// long recording of a host with churning clients stays bounded in memory.
+pub const MAX_PEERS: usize = 20_000;
 
 impl TcpPeer {
     /// `10.0.0.9:50000 -> :1433`
     pub fn label(&self) -> String {
+        if self.others {
+            return format!("(connections past the first {MAX_PEERS})");
+        }
         let port = |p: Option<u64>| p.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
         let addr = if self.peer.contains(':') {
             format!("[{}]", self.peer)
@@ -388,6 +397,12 @@ impl Network {
     }
 
     fn peer(&mut self, key: PeerKey) -> &mut TcpPeer {
+        let others = self.peers.len() >= MAX_PEERS && !self.peers.contains_key(&key);
+        let key = if others {
+            (None, String::new(), None, None)
+        } else {
+            key
+        };
         self.peers.entry(key.clone()).or_insert_with(|| TcpPeer {
             netns: key.0,
             peer: key.1,
@@ -402,6 +417,7 @@ impl Network {
             max_rto_ms: 0.0,
             max_backoff: 0,
             sql: None,
+            others,
         })
     }
 
@@ -422,7 +438,9 @@ impl Network {
         p.retransmits += count_of(r, "retransmits");
         p.retrans_segs += count_of(r, "retrans_segs");
         p.rtos += count_of(r, "rtos");
-        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value) {
+        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value)
+            && !p.others
+        {
             p.sql = Some(tag);
         }
     }
@@ -460,7 +478,7 @@ impl Network {
         p.rto_wait_ms += waited.unwrap_or(0.0);
         p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));
         p.max_backoff = p.max_backoff.max(count_of(r, "backoff"));
-        if p.sql.is_none() {
+        if p.sql.is_none() && !p.others {
             p.sql = r.get("sql").and_then(SqlTag::from_value);
         }
         waited
