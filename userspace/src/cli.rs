@@ -38,6 +38,11 @@ pub enum Command {
     /// Record for a while (default 30 s), then print the report: stall episodes
     /// ranked by impact with their likely cause, evidence, next step and the
     /// sessions they hit, and each disk's and interface's histograms.
+    // The run options are `run`'s, but two mean something else here.
+    #[command(
+        mut_arg("duration", |a| a.help("How long to record (e.g. 30s, 5m) [default: 30s]")),
+        mut_arg("out", |a| a.help("Also write the records to FILE (created or truncated)"))
+    )]
     Investigate(InvestigateArgs),
 }
 
