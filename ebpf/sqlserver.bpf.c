@@ -33,6 +33,20 @@ struct {
 	__type(value, __u8);
 } sql_workers SEC(".maps");
 
+/*
+ * Non-zero once the daemon has put any worker in sql_workers. tcp_sendmsg_locked
+ * fires for every TCP send on the host, and on a host (or at a moment) without
+ * SQL Server the hash lookup in sql_workers was most of its cost: an array
+ * lookup is inlined by the verifier into a few instructions, so the hook now
+ * leaves before any helper call.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sql_workers_known SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -61,13 +75,17 @@ static __always_inline const void *send_buffer_start(const struct msghdr *msg)
 HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg, const struct sk_buff *skb,
      int size_goal)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct tds_session fresh = {}, *session;
+	__u32 tgid, zero = 0, *known;
 	const void *buf;
 	__u8 hdr[8];
 	__u64 ino;
 	__u16 len;
 
+	known = bpf_map_lookup_elem(&sql_workers_known, &zero);
+	if (!known || !*known)
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!bpf_map_lookup_elem(&sql_workers, &tgid))
 		return 0;
 	ino = sock_inode(sk);

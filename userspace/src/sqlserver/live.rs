@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use aya::Btf;
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::dmv::{Dmv, DmvRow, DmvSession, KnownSocket, join};
 use super::inventory::{Discovery, Inventory, Session};
@@ -27,6 +27,8 @@ const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
 pub struct SqlServer {
     family: AttachedFamily,
     workers: BpfHashMap<MapData, u32, u8>,
+    /// Set to 1 with the first worker: until then the kernel side leaves at once.
+    workers_known: Array<MapData, u32>,
     tds: BpfHashMap<MapData, u64, tds_session>,
     lost: LostCounters,
     inventory: Inventory,
@@ -53,14 +55,16 @@ impl SqlServer {
         let maps = (|| -> anyhow::Result<_> {
             Ok((
                 probes::take_map(ebpf, "sql_workers")?,
+                probes::take_map(ebpf, "sql_workers_known")?,
                 probes::take_map(ebpf, "tds_sessions")?,
                 LostCounters::take("sqlserver", ebpf)?,
             ))
         })();
         match maps {
-            Ok((workers, tds, lost)) => Ok(Self {
+            Ok((workers, workers_known, tds, lost)) => Ok(Self {
                 family,
                 workers,
+                workers_known,
                 tds,
                 lost,
                 inventory: Inventory::new(discovery),
@@ -91,6 +95,8 @@ impl SqlServer {
         for pid in self.inventory.worker_pids() {
             if self.pushed.insert(pid) {
                 let _ = self.workers.insert(pid, 1, 0);
+                // After the worker is in the map, so the kernel side never sees the flag without it.
+                let _ = self.workers_known.set(0, 1, 0);
             }
         }
         for instance in &changes.instances {
