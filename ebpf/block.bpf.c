@@ -212,6 +212,13 @@ HOOK(block_bio_queue, struct bio *bio)
 	slot->major = KREAD(disk, major);
 	slot->minor = KREAD(disk, first_minor);
 	slot->op = block_op_of(KREAD(bio, bi_opf), KREAD(bio, bi_iter.bi_size));
+	/*
+	 * The submitter is read only by slow_io events: without them (slow_io_ns
+	 * is a load-time constant, so the verifier drops this branch) the helper
+	 * call and the name copy are skipped.
+	 */
+	if (!slow_io_ns)
+		return 0;
 	id = bpf_get_current_pid_tgid();
 	slot->tgid = id >> 32;
 	slot->pid = (__u32)id;
