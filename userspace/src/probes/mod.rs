@@ -13,6 +13,8 @@
 pub mod lost;
 pub mod stats;
 
+use std::cell::RefCell;
+
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
@@ -239,7 +241,7 @@ fn attach_mode(
         })
         .collect();
 
-    let mut loader = EbpfLoader::new();
+    let mut loader = take_blank_loader();
     loader.btf(Some(btf));
     for (name, value) in setup.globals {
         loader.override_global(name, value, true);
@@ -376,6 +378,33 @@ pub trait Family {
     fn lost(&mut self) -> Vec<(String, u64)>;
 }
 
+thread_local! {
+    /// Loaders made by `preflight` before it parses the kernel's BTF.
+    static BLANK_LOADERS: RefCell<Vec<EbpfLoader<'static>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A loader that holds no BTF of its own.
+///
+/// `EbpfLoader::new()` parses /sys/kernel/btf/vmlinux itself (a 5.5 MiB file,
+/// ~13 MiB parsed, ~19 MiB while parsing) even though every family is then
+/// given the one BTF `preflight` returns. Made while that BTF was alive, those
+/// parses were the daemon's peak memory: heaptrack measured 32.5 MiB of heap
+/// at the peak, 19 of it in `EbpfLoader::new`. So `preflight` makes the
+/// loaders first, dropping each one's BTF at once, and only then parses the
+/// BTF that stays (docs/BENCHMARKS.md, "Driving the cost down").
+fn blank_loader() -> EbpfLoader<'static> {
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    loader
+}
+
+/// One of `preflight`'s blank loaders, or a new one when they are used up (a raw_tp fallback).
+fn take_blank_loader() -> EbpfLoader<'static> {
+    BLANK_LOADERS
+        .with(|pool| pool.borrow_mut().pop())
+        .unwrap_or_else(blank_loader)
+}
+
 /// Checks that must pass before anything is loaded; returns the kernel's BTF.
 pub fn preflight() -> Result<Btf, UserError> {
     crate::host::caps::require_tracing_privileges()?;
@@ -383,6 +412,12 @@ pub fn preflight() -> Result<Btf, UserError> {
         return Err(UserError::no_btf());
     }
     raise_memlock_limit();
+    BLANK_LOADERS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        while pool.len() < FAMILIES.len() {
+            pool.push(blank_loader());
+        }
+    });
     Btf::from_sys_fs().map_err(|e| {
         UserError::new(
             format!(
