@@ -22,25 +22,11 @@
  */
 #include "common.bpf.h"
 #include "slots.bpf.h"
+#include "netdev_rx.bpf.h" /* netdev_stats, rx_slots, the end of the receive path */
 
 #define NETDEV_TX_BUSY_RC 0x10
 /* A departure time further back than this is not a qdisc wait but a stale stamp. */
 #define MAX_QDISC_WAIT_NS (10ULL * 1000 * 1000 * 1000)
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 256);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct netdev_key);
-	__type(value, struct netdev_stats);
-} netdev_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct netdev_stats);
-} netdev_stats_zero SEC(".maps");
 
 /*
  * The driver call in flight on this CPU, per nesting level (a vlan or bond
@@ -63,28 +49,6 @@ struct {
 	__type(value, struct xmit_slots);
 } xmit_slots SEC(".maps");
 
-/*
- * Sampled received packets, per CPU: the receive softirq usually carries a
- * packet from the driver to TCP on one CPU; a packet that moves (RPS, the
- * socket backlog) is simply not timed.
- */
-#define RX_SLOTS 8
-
-struct rx_slots {
-	struct {
-		__u64 skb;
-		__u64 start_ns;
-		struct netdev_key dev;
-	} slot[RX_SLOTS];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct rx_slots);
-} rx_slots SEC(".maps");
-
 /* Each program's own ptr_key() scratch word (slots.bpf.h). */
 enum netdev_program {
 	PROG_START_XMIT,
@@ -102,30 +66,10 @@ static __always_inline struct netdev_key key_of(const struct net_device *dev)
 	return key;
 }
 
-static __always_inline struct netdev_stats *stats_for(struct netdev_key *key)
-{
-	struct netdev_stats *stats = bpf_map_lookup_elem(&netdev_stats, key);
-	__u32 zero = 0;
-	void *init;
-	long err;
-
-	if (stats)
-		return stats;
-	init = bpf_map_lookup_elem(&netdev_stats_zero, &zero);
-	if (!init)
-		return NULL;
-	err = bpf_map_update_elem(&netdev_stats, key, init, BPF_NOEXIST);
-	if (err && err != -EEXIST) {
-		count_lost(LOST_NETDEV_STATS_FULL);
-		return NULL;
-	}
-	return bpf_map_lookup_elem(&netdev_stats, key);
-}
-
 HOOK(net_dev_start_xmit, const struct sk_buff *skb, const struct net_device *dev)
 {
 	struct netdev_key key = key_of(dev);
-	struct netdev_stats *stats = stats_for(&key);
+	struct netdev_stats *stats = netdev_stats_for(&key);
 	__u64 now = bpf_ktime_get_ns(), skb_key = ptr_key(skb, PROG_START_XMIT);
 	struct xmit_slots *slots;
 	__u32 i, zero = 0;
@@ -170,7 +114,7 @@ HOOK(net_dev_xmit, struct sk_buff *skb, int rc, struct net_device *dev, unsigned
 			break;
 		}
 	}
-	stats = stats_for(&key);
+	stats = netdev_stats_for(&key);
 	if (!stats)
 		return 0;
 	if (start)
@@ -183,7 +127,7 @@ HOOK(net_dev_xmit, struct sk_buff *skb, int rc, struct net_device *dev, unsigned
 HOOK(net_dev_xmit_timeout, struct net_device *dev, int queue_index)
 {
 	struct netdev_key key = key_of(dev);
-	struct netdev_stats *stats = stats_for(&key);
+	struct netdev_stats *stats = netdev_stats_for(&key);
 
 	if (stats)
 		__sync_fetch_and_add(&stats->tx_timeouts, 1);
@@ -208,7 +152,7 @@ OPTIONAL_HOOK(dql_stall_detected, unsigned short thrs, unsigned int len, unsigne
 		return 0;
 	key.netns = BPF_CORE_READ(dev, nd_net.net, ns.inum);
 	key.ifindex = BPF_CORE_READ(dev, ifindex);
-	stats = stats_for(&key);
+	stats = netdev_stats_for(&key);
 	if (stats)
 		__sync_fetch_and_add(&stats->tx_stalls, 1);
 	return 0;
@@ -255,23 +199,13 @@ HOOK(netif_receive_skb_list_entry, const struct sk_buff *skb)
 	return 0;
 }
 
-/* TCP processes a received segment: the end of a sampled packet's receive path. */
+/*
+ * TCP processes a received segment: the end of a sampled packet's receive
+ * path. Attached only when the tcp family is not: otherwise the tcp object's
+ * tcp_probe does this with these very maps (netdev_rx.bpf.h says why).
+ */
 HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
-	__u64 skb_key = ptr_key(skb, PROG_TCP_PROBE);
-	struct netdev_stats *stats;
-	struct rx_slots *slots;
-	__u32 i, zero = 0;
-
-	slots = bpf_map_lookup_elem(&rx_slots, &zero);
-	for (i = 0; slots && i < RX_SLOTS; i++) {
-		if (slots->slot[i].skb != skb_key)
-			continue;
-		slots->slot[i].skb = 0;
-		stats = stats_for(&slots->slot[i].dev);
-		if (stats)
-			hist_add(&stats->rx, bpf_ktime_get_ns() - slots->slot[i].start_ns);
-		return 0;
-	}
+	netdev_rx_end(skb, PROG_TCP_PROBE);
 	return 0;
 }

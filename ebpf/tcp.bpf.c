@@ -25,6 +25,7 @@
  */
 #include "common.bpf.h"
 #include "sock.bpf.h"
+#include "netdev_rx.bpf.h" /* the netdev family's receive-path end, run from our tcp_probe */
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -38,6 +39,18 @@
 /* Set by the daemon at load time (--netns, --port): 1 when the filter map is in use. */
 const volatile __u64 filter_netns = 0;
 const volatile __u64 filter_ports = 0;
+/*
+ * Set by the daemon when this object's netdev_stats and rx_slots are the
+ * netdev family's own maps: tcp_probe then also ends netdev's sampled
+ * receive path, so one program runs per received segment instead of two
+ * (netdev_rx.bpf.h).
+ */
+const volatile __u64 netdev_rx_end_here = 0;
+
+/* ptr_key() scratch words (slots.bpf.h) */
+enum tcp_program {
+	PROG_TCP_PROBE,
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -391,6 +404,9 @@ HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	struct tuple t;
 	__u32 srtt;
 
+	/* first, and for every segment: the netdev family's job, not filtered by ours */
+	if (netdev_rx_end_here)
+		netdev_rx_end(skb, PROG_TCP_PROBE);
 	if (!tp)
 		return 0;
 	if ((__s32)(KREAD(cb, ack_seq) - KREAD(tp, snd_una)) <= 0)

@@ -16,12 +16,12 @@ use crate::cli::{ProbeArgs, RunArgs};
 use crate::error::UserError;
 use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
-use crate::netdev::{NetdevOptions, NetdevProbe};
+use crate::netdev::{NETDEV_RX_MAPS, NetdevOptions, NetdevProbe};
 pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
 use crate::output::{JsonWriter, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
-use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
+use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus, SharedMaps};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
@@ -84,34 +84,55 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         block.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    let tcp = TcpProbe::attach(
-        &TcpOptions {
-            mode: args.probe_mode,
-            netns: plan.netns.iter().map(|n| n.inode).collect(),
+    // netdev's receive path ends in the tcp object's tcp_probe when both
+    // families attach: its maps are shared by pinning them while the two load
+    // (netdev/mod.rs NETDEV_RX_MAPS). Without bpffs, or if the tcp family
+    // cannot attach that way, each keeps its own tcp_probe.
+    let shared = SharedMaps::new(NETDEV_RX_MAPS);
+    let mut tcp_opts = TcpOptions {
+        mode: args.probe_mode,
+        netns: plan.netns.iter().map(|n| n.inode).collect(),
+        ports: plan.ports.clone(),
+        hz: plan.hz,
+        flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
+            bulk_mbps: plan.bulk_mbps,
+            netns: plan.netns.clone(),
             ports: plan.ports.clone(),
-            hz: plan.hz,
-            flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
-                bulk_mbps: plan.bulk_mbps,
-                netns: plan.netns.clone(),
-                ports: plan.ports.clone(),
-            }),
-        },
-        &btf,
-    );
+        }),
+        netdev_rx: shared
+            .as_ref()
+            .map(|s| s.pins().to_vec())
+            .unwrap_or_default(),
+    };
+    let mut tcp = TcpProbe::attach(&tcp_opts, &btf);
+    if tcp.is_err() && !tcp_opts.netdev_rx.is_empty() {
+        tcp_opts.netdev_rx.clear();
+        tcp = TcpProbe::attach(&tcp_opts, &btf);
+    }
+    let rx_in_tcp = if tcp.is_ok() {
+        tcp_opts.netdev_rx.clone()
+    } else {
+        Vec::new()
+    };
     accept(
         &mut out,
         "tcp",
         tcp.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    let netdev = NetdevProbe::attach(
-        &NetdevOptions {
-            mode: args.probe_mode,
-            netns: plan.netns.clone(),
-            ifaces: plan.ifaces.clone(),
-        },
-        &btf,
-    );
+    let mut netdev_opts = NetdevOptions {
+        mode: args.probe_mode,
+        netns: plan.netns.clone(),
+        ifaces: plan.ifaces.clone(),
+        rx_in_tcp,
+    };
+    let mut netdev = NetdevProbe::attach(&netdev_opts, &btf);
+    if netdev.is_err() && !netdev_opts.rx_in_tcp.is_empty() {
+        // on its own, with its own tcp_probe (the tcp object's then times nothing)
+        netdev_opts.rx_in_tcp.clear();
+        netdev = NetdevProbe::attach(&netdev_opts, &btf);
+    }
+    drop(shared); // unpin: the maps live on with the programs that use them
     accept(
         &mut out,
         "netdev",

@@ -63,6 +63,7 @@ impl BlockProbe {
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&prepare),
+            ..Default::default()
         };
         let mut family = probes::attach_family(probes::embedded("block"), opts.mode, &setup, btf)?;
         let taken = Self::take_maps(&mut family);

@@ -28,7 +28,14 @@ pub struct NetdevOptions {
     pub netns: Vec<Netns>,
     /// Only these interface names; empty: all.
     pub ifaces: Vec<String>,
+    /// Our maps the tcp family's object already has (pinned there, see
+    /// `NETDEV_RX_MAPS`): its tcp_probe ends our receive path, so ours is not attached.
+    pub rx_in_tcp: Vec<(&'static str, PathBuf)>,
 }
+
+/// The maps the tcp family's tcp_probe needs to end our sampled receive path
+/// (ebpf/include/netdev_rx.bpf.h: one program per received segment, not two).
+pub const NETDEV_RX_MAPS: &[&str] = &["netdev_stats", "netdev_stats_zero", "rx_slots"];
 
 /// (netns inode, ifindex)
 type IfaceId = (u32, u32);
@@ -57,12 +64,17 @@ pub struct NetdevProbe {
 
 impl NetdevProbe {
     pub fn attach(opts: &NetdevOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let mut family = probes::attach_family(
-            probes::embedded("netdev"),
-            opts.mode,
-            &probes::Setup::default(),
-            btf,
-        )?;
+        let skip: &[&str] = if opts.rx_in_tcp.is_empty() {
+            &[]
+        } else {
+            &["tcp_probe"]
+        };
+        let setup = probes::Setup {
+            pins: &opts.rx_in_tcp,
+            skip,
+            ..Default::default()
+        };
+        let mut family = probes::attach_family(probes::embedded("netdev"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;
         let maps = (|| -> anyhow::Result<_> {
             Ok((

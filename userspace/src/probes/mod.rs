@@ -14,6 +14,7 @@ pub mod lost;
 pub mod stats;
 
 use std::cell::RefCell;
+use std::path::{Path, PathBuf};
 
 use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -154,6 +155,13 @@ pub struct Setup<'a> {
     /// Runs once the maps exist and before any program attaches (e.g. to fill
     /// filter maps, so no event slips through unfiltered).
     pub before_attach: Option<&'a BeforeAttach<'a>>,
+    /// Maps shared with another family's object: (map name, bpffs path). The
+    /// first object loaded creates and pins the map there, the next reuses it
+    /// (see `SharedMaps`).
+    pub pins: &'a [(&'static str, PathBuf)],
+    /// Tracepoints whose program is not attached: another family's program
+    /// does its job (their hooks are left out of the statuses too).
+    pub skip: &'a [&'static str],
 }
 
 pub type BeforeAttach<'a> = dyn Fn(&mut Ebpf) -> Result<(), String> + 'a;
@@ -227,7 +235,8 @@ fn attach_mode(
         HookMode::TpBtf => family.tp_btf,
         HookMode::RawTp => family.raw_tp,
     };
-    let hooks = hooks_in_object(bytes, mode);
+    let mut hooks = hooks_in_object(bytes, mode);
+    hooks.retain(|h| !setup.skip.contains(&h.tracepoint.as_str()));
     let mut statuses: Vec<HookStatus> = hooks
         .iter()
         .map(|hook| HookStatus {
@@ -245,6 +254,9 @@ fn attach_mode(
     loader.btf(Some(btf));
     for (name, value) in setup.globals {
         loader.override_global(name, value, true);
+    }
+    for (name, path) in setup.pins {
+        loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(bytes).map_err(|e| FamilyFailure {
         hooks: statuses.clone(),
@@ -376,6 +388,65 @@ pub trait Family {
     ) -> std::io::Result<()>;
     /// New losses since the last call, by source.
     fn lost(&mut self) -> Vec<(String, u64)>;
+}
+
+/// Maps two families' objects share, pinned in bpffs only while they load.
+///
+/// aya creates a map at its pin path the first time and opens the pinned one
+/// after that, so the second object gets the first one's map. The pins are
+/// removed when this is dropped (the maps live on with the programs using
+/// them), and any left by an earlier daemon with the same pid are removed
+/// first. Nothing is shared when /sys/fs/bpf is not a bpffs.
+pub struct SharedMaps {
+    pins: Vec<(&'static str, PathBuf)>,
+}
+
+const BPF_FS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+impl SharedMaps {
+    pub fn new(names: &[&'static str]) -> Option<Self> {
+        if !is_bpffs(Path::new(BPF_FS)) {
+            return None;
+        }
+        let pid = std::process::id();
+        let pins: Vec<_> = names
+            .iter()
+            .map(|name| {
+                (
+                    *name,
+                    Path::new(BPF_FS).join(format!("stalltrace-{pid}-{name}")),
+                )
+            })
+            .collect();
+        for (_, path) in &pins {
+            let _ = std::fs::remove_file(path);
+        }
+        Some(Self { pins })
+    }
+
+    pub fn pins(&self) -> &[(&'static str, PathBuf)] {
+        &self.pins
+    }
+}
+
+impl Drop for SharedMaps {
+    fn drop(&mut self) {
+        for (_, path) in &self.pins {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into `fs`, which is valid for writes and all-zero is a valid statfs.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut fs) == 0 && fs.f_type as i64 == BPF_FS_MAGIC
+    }
 }
 
 thread_local! {

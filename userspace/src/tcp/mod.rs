@@ -7,6 +7,7 @@ pub mod record;
 
 use std::collections::HashMap;
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -32,6 +33,9 @@ pub struct TcpOptions {
     pub hz: u32,
     /// `tcp_flow` records (sock_diag); None: off (`--bulk-mbps 0`).
     pub flows: Option<FlowOptions>,
+    /// The netdev family's maps this object shares (`NETDEV_RX_MAPS`); when
+    /// given, our tcp_probe also ends netdev's receive path (netdev_rx.bpf.h).
+    pub netdev_rx: Vec<(&'static str, PathBuf)>,
 }
 
 /// A peer: (netns, family, local port, remote port, remote address).
@@ -82,11 +86,14 @@ impl TcpProbe {
         let globals = [
             ("filter_netns", u64::from(!opts.netns.is_empty())),
             ("filter_ports", u64::from(!opts.ports.is_empty())),
+            ("netdev_rx_end_here", u64::from(!opts.netdev_rx.is_empty())),
         ];
         let before_attach = |ebpf: &mut Ebpf| fill_filters(ebpf, opts);
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&before_attach),
+            pins: &opts.netdev_rx,
+            skip: &[],
         };
         let mut family = probes::attach_family(probes::embedded("tcp"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;
