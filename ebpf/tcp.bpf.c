@@ -75,12 +75,42 @@ struct tcp_owner {
 	__u32 seen_retrans;       /* last_total_retrans is valid */
 };
 
+#ifdef STALLTRACE_RAW_TP
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u64); /* struct sock * */
 	__type(value, struct tcp_owner);
 } sock_owners SEC(".maps");
+#else
+/*
+ * tp_btf: in the socket's own local storage. sock_send_length and
+ * sock_recv_length run on every send and receive, and a lookup here is a
+ * pointer walk from the (already hot) socket instead of a hash of its address
+ * in a shared LRU table (docs/BENCHMARKS.md, "Driving the cost down"). It is
+ * freed with the socket, so nothing is deleted at close. raw_tp arguments
+ * are plain numbers, which the sk_storage helpers do not take: the LRU hash
+ * above.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct tcp_owner);
+} sock_owners SEC(".maps");
+#endif
+
+/* The socket's owner as last recorded, or NULL. */
+static __always_inline struct tcp_owner *owner_of(const struct sock *sk)
+{
+#ifdef STALLTRACE_RAW_TP
+	__u64 key = (__u64)sk;
+
+	return bpf_map_lookup_elem(&sock_owners, &key);
+#else
+	return bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, 0);
+#endif
+}
 
 /*
  * Per-peer aggregates, shared and preallocated: max_entries x ~4 KiB. LRU, so
@@ -198,12 +228,16 @@ static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
 /* Record the caller as the socket's owner when it is new or changed (one lookup otherwise). */
 static __always_inline void note_owner(const struct sock *sk)
 {
-	__u64 key = (__u64)sk, id = bpf_get_current_pid_tgid();
-	struct tcp_owner *owner, fresh = {};
+	__u64 id = bpf_get_current_pid_tgid();
+	struct tcp_owner *owner = owner_of(sk);
+#ifdef STALLTRACE_RAW_TP
+	__u64 key = (__u64)sk;
+	struct tcp_owner fresh = {};
+#endif
 
-	owner = bpf_map_lookup_elem(&sock_owners, &key);
 	if (owner && owner->tgid == id >> 32)
 		return;
+#ifdef STALLTRACE_RAW_TP
 	fresh.tgid = id >> 32;
 	fresh.pid = (__u32)id;
 	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
@@ -212,6 +246,16 @@ static __always_inline void note_owner(const struct sock *sk)
 		fresh.seen_retrans = owner->seen_retrans;
 	}
 	bpf_map_update_elem(&sock_owners, &key, &fresh, BPF_ANY);
+#else
+	/* created zeroed; updated in place (a retransmit racing a change of owner may see a mix) */
+	if (!owner)
+		owner = bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!owner)
+		return;
+	owner->tgid = id >> 32;
+	owner->pid = (__u32)id;
+	bpf_get_current_comm(owner->comm, sizeof(owner->comm));
+#endif
 }
 
 static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)
@@ -233,7 +277,7 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 	struct tcp_owner *owner;
 	__u32 total_retrans, stamp, now_ms, segs, flags;
 	__u8 ca_state, pending, kind;
-	__u64 key = (__u64)sk, now;
+	__u64 now;
 	bool counted;
 	struct tuple t;
 
@@ -254,7 +298,7 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 	 * the socket's previous retransmit; the first time, fall back to err
 	 * (early exits, -EBUSY and friends, are not counted; send failures are).
 	 */
-	owner = bpf_map_lookup_elem(&sock_owners, &key);
+	owner = owner_of(sk);
 	if (owner && owner->seen_retrans)
 		counted = total_retrans - owner->last_total_retrans == segs && segs;
 	else
@@ -354,7 +398,6 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 {
 	struct tcp_retransmit_event *e;
 	struct tcp_peer_stats *peer;
-	__u64 key = (__u64)sk;
 	struct tuple t;
 
 	common_tuple(&req->__req_common, &t);
@@ -385,7 +428,7 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 	__builtin_memcpy(e->saddr, t.saddr, 16);
 	__builtin_memcpy(e->daddr, t.daddr, 16);
 	e->segs = 1;
-	fill_owner(e, bpf_map_lookup_elem(&sock_owners, &key));
+	fill_owner(e, owner_of(sk));
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
@@ -445,13 +488,17 @@ OPTIONAL_HOOK(sock_recv_length, struct sock *sk, int ret, int flags)
  */
 HOOK(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
 {
+#ifdef STALLTRACE_RAW_TP
 	__u64 key = (__u64)sk;
+#endif
 
 	if (KREAD(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
 	if (newstate == TCP_SYN_SENT_STATE || newstate == TCP_LISTEN_STATE)
 		note_owner(sk);
+#ifdef STALLTRACE_RAW_TP
 	else if (newstate == TCP_CLOSE_STATE)
-		bpf_map_delete_elem(&sock_owners, &key);
+		bpf_map_delete_elem(&sock_owners, &key); /* tp_btf: sk_storage goes with the socket */
+#endif
 	return 0;
 }
