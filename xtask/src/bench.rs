@@ -7,12 +7,14 @@
 //! other's published figures.
 
 mod block;
+mod daemon;
 mod fio;
 mod hostcpu;
 mod interrupt;
 mod loopdisk;
 mod net;
 mod netpair;
+mod peers;
 mod publish;
 mod quiet;
 mod settings;
@@ -20,9 +22,55 @@ mod stats;
 mod table;
 mod tracer;
 
-use anyhow::bail;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{Context, bail};
 
 use crate::util;
+
+/// The stalltrace binary every suite runs: a private copy of the one just
+/// built, so that someone else rebuilding target/release in the same tree
+/// mid-run (the eBPF programs are being tuned alongside) cannot swap the
+/// binary under test between rounds.
+static BIN: OnceLock<PathBuf> = OnceLock::new();
+
+pub fn stalltrace_bin() -> PathBuf {
+    BIN.get()
+        .cloned()
+        .unwrap_or_else(|| util::workspace_root().join("target/release/stalltrace"))
+}
+
+/// The private copy's directory, removed on drop.
+struct BinCopy {
+    dir: PathBuf,
+}
+
+impl BinCopy {
+    fn create() -> anyhow::Result<Self> {
+        let dir = PathBuf::from(format!("/tmp/stalltrace-bench-bin-{}", std::process::id()));
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let copy = BinCopy { dir };
+        let bin = copy.dir.join("stalltrace");
+        std::fs::copy(
+            util::workspace_root().join("target/release/stalltrace"),
+            &bin,
+        )
+        .context("cannot copy target/release/stalltrace")?;
+        let _ = BIN.set(bin);
+        Ok(copy)
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for BinCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.path());
+    }
+}
 
 struct Suite {
     name: &'static str,
@@ -38,6 +86,10 @@ const SUITES: &[Suite] = &[
     Suite {
         name: "net",
         run: net::run,
+    },
+    Suite {
+        name: "daemon",
+        run: daemon::run,
     },
 ];
 
@@ -58,10 +110,26 @@ pub fn bench(suite: &str) -> anyhow::Result<()> {
     // Installed before anything is spawned, so a Ctrl-C at any point unwinds
     // through the suites' guards instead of killing xtask mid-setup.
     interrupt::install();
+    let began = std::time::Instant::now();
     util::cargo(&["build", "--release", "-p", "stalltrace"])?;
+    eprintln!(
+        "bench: built stalltrace in {:.0} s",
+        began.elapsed().as_secs_f64()
+    );
     interrupt::check()?;
-    for s in selected {
+    let _bin = BinCopy::create()?;
+    let mut took = Vec::new();
+    for s in &selected {
+        let t = std::time::Instant::now();
         (s.run)()?;
+        took.push(format!("{} {:.0} s", s.name, t.elapsed().as_secs_f64()));
+    }
+    if selected.len() > 1 {
+        eprintln!(
+            "bench: all suites took {:.0} s in all, build included ({})",
+            began.elapsed().as_secs_f64(),
+            took.join(", ")
+        );
     }
     Ok(())
 }

@@ -18,11 +18,11 @@ use anyhow::bail;
 
 use super::fio::{self, FioRun};
 use super::loopdisk::{self, LoopDisk};
+use super::peers::{self, Bpftrace, PeerProgram, StatsOn};
 use super::publish::{self, Host};
 use super::quiet;
 pub use super::settings::Settings;
 use super::tracer::{self, StopRecord, Tracer};
-use crate::util;
 
 /// QD16 is the headline (the target is set there); QD1 shows the cost on a
 /// latency-bound workload, where the hooks sit on every I/O's critical path.
@@ -32,10 +32,21 @@ pub const IOPS_RATIO_TARGET: f64 = 0.97;
 pub const NS_PER_EVENT_TARGET: f64 = 150.0;
 
 /// Rounds and seconds per fio run (overridable: see [`Settings`]). The
-/// defaults keep the suite near 6 minutes: 5 rounds x 2 depths x 3 configs x 10 s
-/// of fio, plus a second or so per daemon to load and attach.
+/// defaults keep the suite under 4 minutes: 5 rounds x 2 depths x 3 configs
+/// (untraced, traced, the bpftrace peer) x 4 s of fio, plus the two
+/// `--bpf-stats` configurations in the first [`BPF_STATS_ROUNDS`] rounds only
+/// (per-event costs are sums of kernel counters, steady from one round to the
+/// next), plus a second or so per daemon or bpftrace to load and attach.
 const ROUNDS: u64 = 5;
-const RUNTIME_S: u64 = 10;
+const RUNTIME_S: u64 = 4;
+pub const BPF_STATS_ROUNDS: usize = 2;
+
+/// The bpftrace peer, one run: fio's figures, and its programs' accounting
+/// (zero unless bpf_stats were on).
+pub struct PeerRun {
+    pub fio: FioRun,
+    pub programs: Vec<PeerProgram>,
+}
 
 /// One traced fio run and what the daemon reported and used during it.
 pub struct TracedRun {
@@ -55,6 +66,9 @@ pub struct DepthRuns {
     pub traced: Vec<TracedRun>,
     /// stalltrace with `--bpf-stats`: the per-program costs come from these.
     pub traced_bpf_stats: Vec<TracedRun>,
+    /// The bpftrace peer, without and with bpf_stats.
+    pub peer: Vec<PeerRun>,
+    pub peer_bpf_stats: Vec<PeerRun>,
 }
 
 /// Everything measured, before aggregation.
@@ -65,6 +79,8 @@ pub struct Measured {
     pub hooks: Vec<String>,
     /// Anything that may have disturbed the figures.
     pub warnings: Vec<String>,
+    /// The usual peers that cannot run here, and why.
+    pub unavailable: Vec<peers::Unavailable>,
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -72,7 +88,7 @@ pub fn run() -> anyhow::Result<()> {
     let began = Instant::now();
     let host = Host::this();
     let load_before = publish::load_average();
-    let bin = util::workspace_root().join("target/release/stalltrace");
+    let bin = super::stalltrace_bin();
 
     let disk = LoopDisk::create(FILE_MIB)?;
     let scratch = disk.dir().to_path_buf();
@@ -107,12 +123,20 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
                 untraced: Vec::new(),
                 traced: Vec::new(),
                 traced_bpf_stats: Vec::new(),
+                peer: Vec::new(),
+                peer_bpf_stats: Vec::new(),
             })
             .collect(),
         direct_io: disk.direct_io,
         hooks: Vec::new(),
         warnings: Vec::new(),
+        unavailable: Vec::new(),
     };
+    eprintln!("bench: trying the usual peers (BCC, the bpftrace package's tools)");
+    m.unavailable = peers::unavailable(&["biolatency", "biosnoop"]);
+    for u in &m.unavailable {
+        eprintln!("bench: peer {}: {}", u.tool, u.verdict);
+    }
     let dev = disk.device();
     eprintln!(
         "bench: {dev} (loop direct I/O {}), {} rounds x {} s per run",
@@ -143,6 +167,9 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
             d.untraced.push(run);
 
             for bpf_stats in [false, true] {
+                if bpf_stats && round > BPF_STATS_ROUNDS {
+                    continue;
+                }
                 let config = if bpf_stats {
                     "traced+bpf-stats"
                 } else {
@@ -170,6 +197,36 @@ fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<M
                     d.traced_bpf_stats.push(run);
                 } else {
                     d.traced.push(run);
+                }
+            }
+
+            for bpf_stats in [false, true] {
+                if bpf_stats && round > BPF_STATS_ROUNDS {
+                    continue;
+                }
+                let config = if bpf_stats {
+                    "bpftrace+bpf-stats"
+                } else {
+                    "bpftrace"
+                };
+                let label = format!("round {round}/{rounds} QD{qd} {config}");
+                let tag = format!("r{round}-qd{qd}-{config}");
+                let run = quiet::retry(&label, &mut m.warnings, || {
+                    let before = quiet::block_disturbance(&[]);
+                    let peer = Bpftrace::start(&peers::BLOCK_LATENCY, disk.dir(), &tag)?;
+                    let stats = bpf_stats.then(StatsOn::enable).transpose()?;
+                    let fio = fio::randread(dev, qd, settings.runtime_s)?;
+                    let programs = peer.costs();
+                    drop(stats);
+                    peer.stop()?;
+                    let run = PeerRun { fio, programs };
+                    Ok((run, before.or_else(|| quiet::block_disturbance(&[]))))
+                })?;
+                progress(&label, &run.fio);
+                if bpf_stats {
+                    d.peer_bpf_stats.push(run);
+                } else {
+                    d.peer.push(run);
                 }
             }
         }
@@ -226,7 +283,7 @@ fn traced(
 fn progress(label: &str, run: &FioRun) {
     let head = format!("{label}:");
     eprintln!(
-        "bench: {head:<33} {:.0} IOPS, p50 {:.1} us, p99 {:.1} us",
+        "bench: {head:<36} {:.0} IOPS, p50 {:.1} us, p99 {:.1} us",
         run.iops, run.p50_us, run.p99_us
     );
 }
@@ -241,5 +298,6 @@ fn leaks(scratch: &Path) -> Vec<String> {
         out.push(format!("{} still exists", scratch.display()));
     }
     out.extend(tracer::our_daemons_left());
+    out.extend(peers::ours_left());
     out
 }

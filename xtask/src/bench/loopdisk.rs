@@ -1,7 +1,8 @@
 //! A scratch block device the bench owns outright: a private tmpfs on a
-//! unique directory, a file of real (random, not sparse) data on it, and a loop
-//! device over the file. tmpfs keeps the backing store in memory, so fio
-//! measures the block layer and stalltrace's hooks, not a disk.
+//! unique directory, and on it the lab crate's loop device (a file of real,
+//! random data, with direct I/O; detached, its file deleted and the device
+//! removed on drop). tmpfs keeps the backing store in memory, so fio measures
+//! the block layer and stalltrace's hooks, not a disk.
 //!
 //! The kernel is shared with other people's tests, so everything here is
 //! uniquely named and `Drop` undoes whatever was set up, on error and on panic.
@@ -13,16 +14,17 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use stalltrace_lab::LoopDevice;
 
 use super::interrupt;
 
 pub struct LoopDisk {
     dir: PathBuf,
     mounted: bool,
-    device: Option<String>,
+    device: Option<LoopDevice>,
     /// Whether the loop driver reads the backing file with O_DIRECT (sysfs
-    /// `loop/dio`); on tmpfs it may be refused, and then it reads through the
-    /// page cache, which is cheaper per I/O.
+    /// `loop/dio`); when refused it reads through the page cache, which is
+    /// cheaper per I/O.
     pub direct_io: bool,
 }
 
@@ -51,39 +53,22 @@ impl LoopDisk {
         )?;
         disk.mounted = true;
 
-        let image = disk.dir.join("disk.img").to_string_lossy().into_owned();
-        eprintln!("bench: writing {size_mib} MiB of random data to {image}");
-        let written = run(
-            "dd",
-            &[
-                "if=/dev/urandom",
-                &format!("of={image}"),
-                "bs=1M",
-                &format!("count={size_mib}"),
-                "iflag=fullblock",
-                "status=none",
-            ],
-        );
-        // A Ctrl-C stops dd too; say "interrupted", not "dd failed".
+        eprintln!("bench: writing {size_mib} MiB of random data to a loop device in {dir}");
+        let size = u32::try_from(size_mib).context("disk size")?;
+        // The lab's loop device panics on failure (it is test code); its
+        // guard and ours still run as the panic unwinds.
+        let device = LoopDevice::new_in(&disk.dir, size, true);
+        // A Ctrl-C stops dd too: say "interrupted".
         interrupt::check()?;
-        written?;
-
-        let device = match capture("losetup", &["--find", "--show", "--direct-io=on", &image]) {
-            Ok(dev) => dev,
-            Err(e) => {
-                eprintln!("bench: losetup --direct-io=on failed ({e:#}); retrying without");
-                capture("losetup", &["--find", "--show", &image])?
-            }
-        };
-        disk.device = Some(device.clone());
         // Ask the kernel what it did: losetup may only warn when direct I/O is refused.
-        disk.direct_io =
-            fs::read_to_string(sysfs(&device).join("loop/dio")).is_ok_and(|s| s.trim() == "1");
+        disk.direct_io = fs::read_to_string(format!("/sys/block/{}/loop/dio", device.name))
+            .is_ok_and(|s| s.trim() == "1");
+        disk.device = Some(device);
         Ok(disk)
     }
 
     pub fn device(&self) -> &str {
-        self.device.as_deref().expect("set by create")
+        &self.device.as_ref().expect("set by create").dev
     }
 
     /// The scratch directory (on the tmpfs): removed with the disk.
@@ -94,15 +79,13 @@ impl LoopDisk {
 
 impl Drop for LoopDisk {
     fn drop(&mut self) {
-        if let Some(dev) = self.device.take() {
+        if let Some(device) = self.device.take() {
+            let backing = format!("/sys/block/{}/loop/backing_file", device.name);
+            drop(device);
             // If something still has it open (udev probing a new loop device does),
             // the kernel defers the detach to the last close: wait for that, or
             // the backing file keeps the tmpfs busy.
-            if let Err(e) = run("losetup", &["-d", &dev]) {
-                eprintln!("bench: {e:#}; detach it by hand: losetup -d {dev}");
-            }
-            let backing = sysfs(&dev).join("loop/backing_file");
-            wait_until(Duration::from_secs(10), || !backing.exists());
+            wait_until(Duration::from_secs(10), || !Path::new(&backing).exists());
         }
         if self.mounted {
             let dir = self.dir.to_string_lossy().into_owned();
@@ -137,10 +120,6 @@ pub fn loops_under(dir: &Path) -> Vec<String> {
         .filter(|l| l.contains(&*dir))
         .map(str::to_string)
         .collect()
-}
-
-fn sysfs(device: &str) -> PathBuf {
-    Path::new("/sys/block").join(device.trim_start_matches("/dev/"))
 }
 
 fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {

@@ -24,20 +24,30 @@ use anyhow::{Context, bail};
 
 use super::hostcpu::HostCpu;
 use super::netpair::{self, NetPair, Side};
+use super::peers::{self, Bpftrace, PeerProgram, StatsOn};
 use super::publish::{self, Host};
 use super::settings::Settings;
 use super::tracer::{self, StopRecord, Tracer};
 use super::{interrupt, quiet};
-use crate::util;
 use workload::{Run, Servers, WORKLOADS, Workload};
 
 /// The acceptance target: round-trip p50 and throughput within 2% of no tracer.
 pub const RATIO_TARGET: f64 = 0.02;
 
-/// 5 rounds x 3 workloads x 3 configurations x 8 s, plus a second or so per
-/// daemon to load, attach and detach: about 7 minutes (overridable, see [`Settings`]).
+/// 5 rounds x 3 workloads x 3 configurations (untraced, traced, the bpftrace
+/// peer) x 3 s, the two bpf_stats configurations in the first
+/// [`BPF_STATS_ROUNDS`] rounds only, plus a second or so per daemon or
+/// bpftrace to load, attach and detach: about 5 minutes (overridable, see [`Settings`]).
 const ROUNDS: u64 = 5;
-const RUNTIME_S: u64 = 8;
+const RUNTIME_S: u64 = 3;
+pub const BPF_STATS_ROUNDS: usize = 2;
+
+/// The bpftrace peer, one run: the workload's figures and its programs'
+/// accounting (zero unless bpf_stats were on).
+pub struct PeerRun {
+    pub run: Run,
+    pub programs: Vec<PeerProgram>,
+}
 
 /// Load generators of other people that would compete for the 2 CPUs.
 const LOAD_GENERATORS: &[&str] = &["fio", "iperf3", "sockperf"];
@@ -71,6 +81,8 @@ pub struct WorkloadRuns {
     pub untraced: Vec<Run>,
     pub traced: Vec<TracedRun>,
     pub traced_bpf_stats: Vec<TracedRun>,
+    pub peer: Vec<PeerRun>,
+    pub peer_bpf_stats: Vec<PeerRun>,
 }
 
 pub struct Measured {
@@ -81,13 +93,15 @@ pub struct Measured {
     pub congestion_control: String,
     /// Anything that may have disturbed the figures.
     pub warnings: Vec<String>,
+    /// The usual peers that cannot run here, and why.
+    pub unavailable: Vec<peers::Unavailable>,
 }
 
 pub fn run() -> anyhow::Result<()> {
     let settings = Settings::from_env(ROUNDS, RUNTIME_S)?;
     let began = Instant::now();
     let host = Host::this();
-    let bin = util::workspace_root().join("target/release/stalltrace");
+    let bin = super::stalltrace_bin();
     let mut warnings = Vec::new();
     let mut quiet_host = Quiet::new();
     if let Some(why) = quiet_host.wait(QUIET_BEFORE_SUITE)? {
@@ -152,13 +166,13 @@ struct Quiet {
     spent: Duration,
 }
 
-const QUIET_BEFORE_SUITE: Duration = Duration::from_secs(120);
-const QUIET_PER_RUN: Duration = Duration::from_secs(60);
-const QUIET_BUDGET: Duration = Duration::from_secs(180);
+const QUIET_BEFORE_SUITE: Duration = Duration::from_secs(10);
+const QUIET_PER_RUN: Duration = Duration::from_secs(10);
+const QUIET_BUDGET: Duration = Duration::from_secs(20);
 /// More user-space CPU than this from other processes, in % of one CPU, is a busy host.
 const BUSY_USER_CPU_PCT: f64 = 25.0;
 /// How long the host's CPU is watched before each run.
-const CPU_SAMPLE: Duration = Duration::from_millis(500);
+const CPU_SAMPLE: Duration = Duration::from_millis(200);
 
 impl Quiet {
     fn new() -> Self {
@@ -226,6 +240,8 @@ fn measure(
                 untraced: Vec::new(),
                 traced: Vec::new(),
                 traced_bpf_stats: Vec::new(),
+                peer: Vec::new(),
+                peer_bpf_stats: Vec::new(),
             })
             .collect(),
         hooks: Vec::new(),
@@ -237,7 +253,13 @@ fn measure(
             .trim()
             .to_string(),
         warnings,
+        unavailable: Vec::new(),
     };
+    eprintln!("bench: trying the usual peers (BCC, the bpftrace package's tools)");
+    m.unavailable = peers::unavailable(&["tcpretrans", "tcprtt"]);
+    for u in &m.unavailable {
+        eprintln!("bench: peer {}: {}", u.tool, u.verdict);
+    }
     pair.drop_random(
         Side::Server,
         workload::LOSS_PERCENT,
@@ -321,6 +343,9 @@ fn measure(
             runs.untraced.push(run);
 
             for bpf_stats in [false, true] {
+                if bpf_stats && round > BPF_STATS_ROUNDS {
+                    continue;
+                }
                 let config = if bpf_stats {
                     "traced+bpf-stats"
                 } else {
@@ -370,6 +395,42 @@ fn measure(
                     runs.traced_bpf_stats.push(run);
                 } else {
                     runs.traced.push(run);
+                }
+            }
+
+            for bpf_stats in [false, true] {
+                if bpf_stats && round > BPF_STATS_ROUNDS {
+                    continue;
+                }
+                let config = if bpf_stats {
+                    "bpftrace+bpf-stats"
+                } else {
+                    "bpftrace"
+                };
+                let label = format!("round {round}/{rounds} {} {config}", w.key);
+                let tag = format!("r{round}-{}-{config}", w.key);
+                let run = quiet::retry_failures(&label, &mut m.warnings, || {
+                    prepare(&mut servers, scratch, &mut restarted)?;
+                    if let Some(why) = quiet_host.before_run()? {
+                        eprintln!("bench: {label}: measuring anyway: {why}");
+                    }
+                    let before = disturbance(&[]);
+                    let peer = Bpftrace::start(&peers::TCP_RETRANSMIT, scratch, &tag)?;
+                    let stats = bpf_stats.then(StatsOn::enable).transpose()?;
+                    let run = workload::run(&mut servers, w, settings.runtime_s, None)?;
+                    let programs = peer.costs();
+                    drop(stats);
+                    peer.stop()?;
+                    Ok((
+                        PeerRun { run, programs },
+                        before.or_else(|| disturbance(&[])),
+                    ))
+                })?;
+                progress(&label, w, &run.run);
+                if bpf_stats {
+                    runs.peer_bpf_stats.push(run);
+                } else {
+                    runs.peer.push(run);
                 }
             }
         }
@@ -498,6 +559,7 @@ fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
     }
     out.extend(quiet::our_processes(LOAD_GENERATORS));
     out.extend(tracer::our_daemons_left());
+    out.extend(peers::ours_left());
     out
 }
 

@@ -110,12 +110,18 @@ impl Tracer {
         bpf_stats: bool,
         filters: &[&str],
     ) -> anyhow::Result<Self> {
+        let mut args: Vec<&str> = ARGS.to_vec();
+        args.extend(bpf_stats.then_some(BPF_STATS));
+        args.extend(filters);
+        Self::start_with(bin, dir, tag, &args)
+    }
+
+    /// Start `bin` with exactly `args` (then `--out FILE`), as [`Tracer::start`].
+    pub fn start_with(bin: &Path, dir: &Path, tag: &str, args: &[&str]) -> anyhow::Result<Self> {
         let out = dir.join(format!("{tag}.jsonl"));
         let stderr = dir.join(format!("{tag}.stderr"));
         let mut cmd = Command::new(bin);
-        cmd.args(ARGS)
-            .args(bpf_stats.then_some(BPF_STATS))
-            .args(filters)
+        cmd.args(args)
             .arg("--out")
             .arg(&out)
             .stdin(Stdio::null())
@@ -172,7 +178,14 @@ impl Tracer {
         Ok(Usage {
             cpu_s: (user + system) as f64 / clock_ticks(),
             user_s: user as f64 / clock_ticks(),
-            peak_rss_kib: vm_hwm_kib(&status).context("no VmHWM in /proc/PID/status")?,
+            peak_rss_kib: vm_hwm_kib(&status).with_context(|| {
+                // No memory left to report: it has exited (a zombie until reaped).
+                format!(
+                    "stalltrace (pid {}) has exited: {}",
+                    self.pid,
+                    self.stderr_tail()
+                )
+            })?,
         })
     }
 

@@ -31,9 +31,12 @@ pub fn markdown(r: &BlockResults) -> String {
          the IOPS target use it); the same with `--bpf-stats` (\"traced+bpf-stats\": \
          per-program ns/event and events/s come from it; its IOPS are shown but judge \
          nothing); hooks: {}\n\
+         - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with \
+         bpf_stats on, \"bpftrace+bpf-stats\")\n\
          - Order: each of {} rounds runs, at QD16 then at QD1: untraced, traced, \
-         traced+bpf-stats, so drift on the host hits all three alike; figures are medians \
-         over rounds, with min–max\n\
+         traced+bpf-stats, bpftrace, bpftrace+bpf-stats (the two bpf-stats configurations \
+         in the first {} rounds only), so drift on the host hits them alike; figures are \
+         medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
         h.date,
         h.kernel,
@@ -51,6 +54,7 @@ pub fn markdown(r: &BlockResults) -> String {
         st.tracer,
         r.hooks.join(", "),
         st.rounds,
+        r.peer.bpf_stats_rounds,
         r.load_average[0],
         r.load_average[1],
     );
@@ -59,26 +63,31 @@ pub fn markdown(r: &BlockResults) -> String {
     s += "### Targets\n\n";
     s += &table::markdown(
         &["target", "measured", "verdict", "detail"],
-        &[&t.iops_ratio_qd16, &t.ns_per_event_per_hook]
-            .iter()
-            .map(|v| {
-                vec![
-                    v.target.clone(),
-                    v.measured.clone(),
-                    yes_no(v).into(),
-                    v.detail.clone(),
-                ]
-            })
-            .collect::<Vec<_>>(),
+        &[
+            &t.iops_ratio_qd16,
+            &t.ns_per_event_per_hook,
+            &t.versus_peer_qd16,
+        ]
+        .iter()
+        .map(|v| {
+            vec![
+                v.target.clone(),
+                v.measured.clone(),
+                yes_no(v).into(),
+                v.detail.clone(),
+            ]
+        })
+        .collect::<Vec<_>>(),
     );
 
-    s += "\n### fio: untraced, traced, traced with --bpf-stats\n\n";
+    s += "\n### fio: untraced, traced, traced with --bpf-stats, the bpftrace peer\n\n";
     let mut rows = Vec::new();
     for d in &r.depths {
         for (name, side) in [
             ("untraced", &d.untraced),
             ("traced", &d.traced),
             ("traced+bpf-stats", &d.traced_bpf_stats),
+            ("bpftrace", &d.peer),
         ] {
             rows.push(vec![
                 format!("QD{} {name}", d.iodepth),
@@ -102,6 +111,7 @@ pub fn markdown(r: &BlockResults) -> String {
                 d.bpf_stats_iops_ratio,
                 d.bpf_stats_p99_ratio,
             ),
+            ("bpftrace", &d.peer, d.peer_iops_ratio, d.peer_p99_ratio),
         ] {
             rows.push(vec![
                 format!("QD{} {name}/untraced", d.iodepth),
@@ -134,15 +144,19 @@ pub fn markdown(r: &BlockResults) -> String {
         .map(|d| {
             let (i, p) = (&d.paired_iops_ratio, &d.paired_p99_ratio);
             let b = &d.paired_bpf_stats_iops_ratio;
+            let pe = &d.paired_peer_iops_ratio;
             format!(
-                "QD{} traced IOPS {:.3} ({}), p99 {:.3} ({}), traced+bpf-stats IOPS {:.3} ({})",
+                "QD{} traced IOPS {:.3} ({}), p99 {:.3} ({}), traced+bpf-stats IOPS {:.3} ({}), \
+                 bpftrace IOPS {:.3} ({})",
                 d.iodepth,
                 i.median,
                 range(i, 3),
                 p.median,
                 range(p, 3),
                 b.median,
-                range(b, 3)
+                range(b, 3),
+                pe.median,
+                range(pe, 3)
             )
         })
         .collect();
@@ -200,6 +214,20 @@ pub fn markdown(r: &BlockResults) -> String {
         per_io.join(", ")
     );
 
+    let per_unit: Vec<(String, String, f64, f64)> = r
+        .depths
+        .iter()
+        .map(|d| {
+            (
+                format!("fio QD{}", d.iodepth),
+                "I/O".to_string(),
+                d.bpf_ns_per_io,
+                d.peer_ns_per_io,
+            )
+        })
+        .collect();
+    s += &r.peer.markdown(&per_unit);
+
     s += "\n### The daemon itself (traced rounds, without --bpf-stats)\n\n";
     let rows: Vec<Vec<String>> = r
         .depths
@@ -247,7 +275,8 @@ pub fn markdown(r: &BlockResults) -> String {
 
     s += "\n### Notes\n\n";
     s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), from the \
-          traced+bpf-stats rounds only. With bpf_stats on, the kernel reads the clock \
+          traced+bpf-stats rounds only (run in the first rounds only: they are sums of \
+          kernel counters, steady from round to round). With bpf_stats on, the kernel reads the clock \
           before and after every run of every BPF program on the host and updates a \
           per-CPU counter; the traced+bpf-stats rounds pay that on every hook of every \
           I/O, so their IOPS are lower than the traced rounds' (the difference between \

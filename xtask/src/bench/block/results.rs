@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{IOPS_RATIO_TARGET, Measured, NS_PER_EVENT_TARGET, Settings, TracedRun};
+use super::{IOPS_RATIO_TARGET, Measured, NS_PER_EVENT_TARGET, PeerRun, Settings, TracedRun};
 use crate::bench::fio::{self, FioRun};
+use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo};
 use crate::bench::publish::Host;
 use crate::bench::stats::Summary;
 use crate::bench::tracer;
@@ -29,6 +30,8 @@ pub struct BlockResults {
     /// What any hook costs on this VM before it does anything: not measured by this suite.
     pub floor: Floor,
     pub targets: Targets,
+    /// The bpftrace peer doing the same job, and the usual peers that cannot run here.
+    pub peer: PeerInfo,
     /// /proc/loadavg before and after: a busy host shows here.
     pub load_average: [String; 2],
     pub warnings: Vec<String>,
@@ -107,6 +110,16 @@ pub struct DepthResult {
     pub bpf_ns_per_io: f64,
     /// From the traced runs (without --bpf-stats).
     pub daemon: Daemon,
+    /// The bpftrace peer as run (without bpf_stats), and its ratios to untraced.
+    pub peer: Side,
+    pub peer_iops_ratio: f64,
+    pub peer_p99_ratio: f64,
+    pub paired_peer_iops_ratio: Summary,
+    /// The peer's programs' run time per I/O fio completed, in its bpf_stats runs.
+    pub peer_ns_per_io: f64,
+    pub peer_cost: PeerCost,
+    /// stalltrace against the peer, per I/O.
+    pub versus_peer: Comparison,
 }
 
 #[derive(Serialize)]
@@ -144,6 +157,8 @@ pub struct ProgramAtDepth {
 pub struct Targets {
     pub iops_ratio_qd16: Verdict,
     pub ns_per_event_per_hook: Verdict,
+    /// At QD16: stalltrace's BPF time per I/O at most a third of the peer's.
+    pub versus_peer_qd16: Verdict,
 }
 
 #[derive(Serialize)]
@@ -182,12 +197,15 @@ fn daemon(traced: &[TracedRun]) -> Daemon {
     }
 }
 
-/// Counters of every program, summed over `runs`, keyed by (family, program).
+/// Counters of every block program, summed over `runs`, keyed by (family,
+/// program); the daemon's other families (run for the VM's own traffic) are
+/// the net suite's business.
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
 ) -> BTreeMap<(String, String), tracer::ProgramCost> {
     let mut out: BTreeMap<(String, String), tracer::ProgramCost> = BTreeMap::new();
-    for p in runs.into_iter().flat_map(|r| &r.stop.programs) {
+    let programs = runs.into_iter().flat_map(|r| &r.stop.programs);
+    for p in programs.filter(|p| p.family == "block") {
         let e = out
             .entry((p.family.clone(), p.program.clone()))
             .or_insert_with(|| tracer::ProgramCost {
@@ -209,6 +227,10 @@ fn ns_per_event(p: &tracer::ProgramCost) -> Option<f64> {
 
 fn fio_runs(traced: &[TracedRun]) -> Vec<FioRun> {
     traced.iter().map(|r| r.fio).collect()
+}
+
+fn peer_fio(runs: &[PeerRun]) -> Vec<FioRun> {
+    runs.iter().map(|r| r.fio).collect()
 }
 
 pub fn aggregate(
@@ -234,7 +256,47 @@ pub fn aggregate(
                 .values()
                 .map(|p| p.run_time_ns)
                 .sum();
+            let peer = side(&peer_fio(&d.peer));
+            let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
+            let peer_ios: u64 = d.peer_bpf_stats.iter().map(|r| r.fio.ios).sum();
+            let peer_ns_per_io = peer_cost.run_time_ns as f64 / peer_ios.max(1) as f64;
+            let bpf_ns_per_io = bpf_ns as f64 / ios.max(1) as f64;
+            let paired_peer_iops_ratio = summary(
+                d.untraced
+                    .iter()
+                    .zip(&d.peer)
+                    .map(|(u, p)| p.fio.iops / u.iops),
+            );
+            let st_programs: Vec<(String, u64, u64)> = program_totals(&d.traced_bpf_stats)
+                .into_values()
+                .map(|p| (p.program, p.run_count, p.run_time_ns))
+                .collect();
+            let versus_peer = Comparison {
+                same_hooks: peers::same_hooks(
+                    &["block_rq_issue", "block_rq_complete"],
+                    &st_programs,
+                    &peer_cost,
+                ),
+                unit: "I/O".into(),
+                stalltrace_ns_per_unit: bpf_ns_per_io,
+                peer_ns_per_unit: peer_ns_per_io,
+                factor: peer_ns_per_io / bpf_ns_per_io.max(f64::MIN_POSITIVE),
+                stalltrace_overhead: summary(pairs().map(|(u, t)| 1.0 - t.fio.iops / u.iops)),
+                peer_overhead: summary(
+                    d.untraced
+                        .iter()
+                        .zip(&d.peer)
+                        .map(|(u, p)| 1.0 - p.fio.iops / u.iops),
+                ),
+            };
             DepthResult {
+                peer_iops_ratio: peer.iops.median / u.iops.median,
+                peer_p99_ratio: peer.p99_us.median / u.p99_us.median,
+                paired_peer_iops_ratio,
+                peer_ns_per_io,
+                peer_cost,
+                versus_peer,
+                peer,
                 iodepth: d.iodepth,
                 iops_ratio: t.iops.median / u.iops.median,
                 p99_ratio: t.p99_us.median / u.p99_us.median,
@@ -245,7 +307,7 @@ pub fn aggregate(
                 paired_bpf_stats_iops_ratio: summary(
                     stats_pairs().map(|(u, t)| t.fio.iops / u.iops),
                 ),
-                bpf_ns_per_io: bpf_ns as f64 / ios.max(1) as f64,
+                bpf_ns_per_io,
                 untraced: u,
                 traced: t,
                 traced_bpf_stats: ts,
@@ -309,7 +371,30 @@ pub fn aggregate(
         targets: Targets {
             iops_ratio_qd16: iops_verdict(headline.iops_ratio),
             ns_per_event_per_hook: ns_verdict(&programs),
+            versus_peer_qd16: {
+                let (target, measured, met, detail) = peers::factor_verdict_text(
+                    &headline.versus_peer,
+                    &format!("QD{}", headline.iodepth),
+                );
+                Verdict {
+                    target,
+                    measured,
+                    met,
+                    detail,
+                }
+            },
         },
+        peer: PeerInfo::new(
+            &peers::BLOCK_LATENCY,
+            peers::sum_costs(
+                m.depths
+                    .iter()
+                    .flat_map(|d| &d.peer_bpf_stats)
+                    .map(|r| &r.programs),
+            ),
+            settings.rounds.min(super::BPF_STATS_ROUNDS),
+            m.unavailable.clone(),
+        ),
         host,
         command: "cargo xtask bench block",
         wall_time_s,
@@ -458,10 +543,25 @@ mod tests {
                 traced_bpf_stats: (0..3)
                     .map(|_| traced(80_000.0, 150.0, 800_000, 0.02))
                     .collect(),
+                peer: (0..3)
+                    .map(|_| PeerRun {
+                        fio: fio(90_000.0, 120.0),
+                        programs: Vec::new(),
+                    })
+                    .collect(),
+                peer_bpf_stats: vec![PeerRun {
+                    fio: fio(80_000.0, 150.0),
+                    programs: vec![crate::bench::peers::PeerProgram {
+                        tracepoint: "block_rq_issue".into(),
+                        run_count: 800_000,
+                        run_time_ns: 800_000 * 600,
+                    }],
+                }],
             }],
             direct_io: true,
             hooks: vec!["block_rq_issue (tp_btf)".into()],
             warnings: Vec::new(),
+            unavailable: Vec::new(),
         };
         let settings = Settings {
             rounds: 3,
@@ -488,6 +588,10 @@ mod tests {
         assert!((p.by_depth[0].events_per_s - 80_000.0).abs() < 1e-9);
         assert!((p.by_depth[0].events_per_io - 1.0).abs() < 1e-9);
         assert!((d.bpf_ns_per_io - 100.0).abs() < 1e-9);
+        assert!((d.peer_ns_per_io - 600.0).abs() < 1e-9);
+        assert!((d.versus_peer.factor - 6.0).abs() < 1e-9);
+        assert!(r.targets.versus_peer_qd16.met);
+        assert!((d.peer_iops_ratio - 0.9).abs() < 1e-9);
 
         let md = render::markdown(&r);
         for needle in [

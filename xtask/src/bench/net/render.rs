@@ -39,9 +39,12 @@ pub fn markdown(r: &NetResults) -> String {
          - Traced: `{}` (\"traced\", stalltrace as deployed: the ratios and the targets use it); \
          the same with `--bpf-stats` (\"traced+bpf-stats\": per-program ns/event and events/s \
          come from it; its figures are shown but judge nothing); network-path hooks: {}\n\
+         - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with bpf_stats \
+         on, \"bpftrace+bpf-stats\")\n\
          - Order: each of {} rounds runs sockperf, then iperf3 unpaced, then iperf3 with loss, \
-         each untraced, traced, traced+bpf-stats in turn, so drift on the host hits all three \
-         alike; {} s per run; figures are medians over rounds, with min–max\n\
+         each untraced, traced, traced+bpf-stats, bpftrace, bpftrace+bpf-stats in turn (the \
+         two bpf-stats configurations in the first {} rounds only), so drift on the host hits \
+         them alike; {} s per run; figures are medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
         h.date,
         h.kernel,
@@ -58,12 +61,14 @@ pub fn markdown(r: &NetResults) -> String {
         st.tracer,
         r.hooks.join("; "),
         st.rounds,
+        r.peer.bpf_stats_rounds,
         st.runtime_s,
         r.load_average[0],
         r.load_average[1],
     );
 
-    s += "### Targets (round-trip p50 and throughput within 2% of no tracer)\n\n";
+    s += "### Targets (round-trip p50 and throughput within 2% of no tracer; a third of the \
+          peer's cost)\n\n";
     s += &table::markdown(
         &["target", "measured", "verdict", "detail"],
         &r.targets
@@ -114,6 +119,20 @@ pub fn markdown(r: &NetResults) -> String {
     }
 
     programs(&mut s, r);
+    let per_unit: Vec<(String, String, f64, f64)> = r
+        .workloads
+        .iter()
+        .map(|wr| {
+            let c = &wr.versus_peer;
+            (
+                wr.key.to_string(),
+                c.unit.clone(),
+                c.stalltrace_ns_per_unit,
+                c.peer_ns_per_unit,
+            )
+        })
+        .collect();
+    s += &r.peer.markdown(&per_unit);
     daemon(&mut s, r);
     notes(&mut s, r);
     s
@@ -129,10 +148,11 @@ fn workload_table(s: &mut String, wr: &WorkloadResult) {
     }
     headers.extend(["others' CPU % (max)".into(), "steal % (max)".into()]);
     let mut rows = Vec::new();
-    let sides: [(&str, &Side); 3] = [
+    let sides: [(&str, &Side); 4] = [
         ("untraced", &wr.untraced),
         ("traced", &wr.traced),
         ("traced+bpf-stats", &wr.traced_bpf_stats),
+        ("bpftrace", &wr.peer),
     ];
     for (name, side) in sides {
         let mut row = vec![name.to_string()];
@@ -155,6 +175,7 @@ fn workload_table(s: &mut String, wr: &WorkloadResult) {
     for (name, ratios) in [
         ("traced/untraced", &wr.ratio),
         ("traced+bpf-stats/untraced", &wr.bpf_stats_ratio),
+        ("bpftrace/untraced", &wr.peer_ratio),
     ] {
         let mut row = vec![name.to_string()];
         for f in w.figures {
@@ -166,16 +187,22 @@ fn workload_table(s: &mut String, wr: &WorkloadResult) {
     }
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
     *s += &table::markdown(&refs, &rows);
-    let (p, b) = (&wr.paired_ratio, &wr.paired_bpf_stats_ratio);
+    let (p, b, pe) = (
+        &wr.paired_ratio,
+        &wr.paired_bpf_stats_ratio,
+        &wr.paired_peer_ratio,
+    );
     let _ = writeln!(
         s,
         "\nPer-round ratios of {} (each run over the untraced run of the same round), median \
-         (min–max): traced {:.3} ({}), traced+bpf-stats {:.3} ({}).",
+         (min–max): traced {:.3} ({}), traced+bpf-stats {:.3} ({}), bpftrace {:.3} ({}).",
         w.figures[0].header,
         p.median,
         range(p, 3),
         b.median,
-        range(b, 3)
+        range(b, 3),
+        pe.median,
+        range(pe, 3)
     );
 }
 
@@ -333,6 +360,14 @@ fn daemon(s: &mut String, r: &NetResults) {
 
 fn notes(s: &mut String, r: &NetResults) {
     *s += "\n### Notes\n\n";
+    *s += "- The peer does one job, retransmissions, on one hook; without loss that hook never \
+           fires, so it costs sockperf and unpaced iperf3 nothing, while stalltrace's \
+           per-packet hooks (transmit timing, RTT histograms, socket owners) run on every \
+           packet. The peer target is therefore judged on the loss case only, where both do \
+           the job; its detail also compares the one hook both attach to, per event. The \
+           peer prints every event through bpftrace's perf-event output (with a timestamp), \
+           which is most of its cost per event; stalltrace writes a fixed record to a ring \
+           buffer and formats it in user space.\n";
     *s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), from the \
            traced+bpf-stats rounds only; with bpf_stats on, the kernel reads the clock before \
            and after every run of every BPF program on the host, so those rounds are slower \

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, RATIO_TARGET, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::netpair::NFT_TABLE;
+use crate::bench::peers::{self, Comparison, PeerInfo};
 use crate::bench::publish::Host;
 use crate::bench::settings::Settings;
 use crate::bench::stats::Summary;
@@ -25,6 +26,8 @@ pub struct NetResults {
     pub hooks: Vec<String>,
     pub targets: Vec<Verdict>,
     pub workloads: Vec<WorkloadResult>,
+    /// The bpftrace peer doing the same job, and the usual peers that cannot run here.
+    pub peer: PeerInfo,
     /// Network-path programs (every family but block), summed over the `--bpf-stats` runs.
     pub programs: Vec<ProgramResult>,
     /// Records the daemon could not deliver, summed over both traced configurations.
@@ -97,6 +100,12 @@ pub struct WorkloadResult {
     /// transmits on the client's veth its hooks saw over those the kernel
     /// counted (netlink), over the daemon's whole life; 1 when none was missed.
     pub tx_seen_per_counted: Coverage,
+    /// The bpftrace peer as run (without bpf_stats), its ratios to untraced,
+    /// and its cost per transaction against stalltrace's.
+    pub peer: Side,
+    pub peer_ratio: BTreeMap<&'static str, f64>,
+    pub paired_peer_ratio: Summary,
+    pub versus_peer: Comparison,
 }
 
 #[derive(Serialize)]
@@ -332,7 +341,55 @@ pub fn aggregate(
                 side(&traced_runs(&runs.traced_bpf_stats)),
             );
             let key = w.figures[0].key;
+            let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
+            let peer = side(&peer_runs);
+            let bpf = bpf_load(runs, &u);
+            let peer_cost = peers::sum_costs(runs.peer_bpf_stats.iter().map(|r| &r.programs));
+            let peer_units: f64 = runs
+                .peer_bpf_stats
+                .iter()
+                .map(|r| r.run.figure(w.unit_figure))
+                .sum();
+            let peer_ns_per_unit = peer_cost.run_time_ns as f64 / peer_units.max(f64::MIN_POSITIVE);
+            // Overhead as a fraction, positive when the tool made things worse.
+            let overhead = |u: &Run, t: &Run| {
+                let r = t.figure(key) / u.figure(key);
+                if w.higher_is_better { 1.0 - r } else { r - 1.0 }
+            };
+            let st_programs: Vec<(String, u64, u64)> = program_totals(&runs.traced_bpf_stats)
+                .into_values()
+                .filter(|p| p.family == "tcp")
+                .map(|p| (p.program, p.run_count, p.run_time_ns))
+                .collect();
+            let versus_peer = Comparison {
+                same_hooks: peers::same_hooks(&["tcp_retransmit_skb"], &st_programs, &peer_cost),
+                unit: w.unit.to_string(),
+                stalltrace_ns_per_unit: bpf.ns_per_unit,
+                peer_ns_per_unit,
+                factor: peer_ns_per_unit / bpf.ns_per_unit.max(f64::MIN_POSITIVE),
+                stalltrace_overhead: summary(
+                    runs.untraced
+                        .iter()
+                        .zip(&runs.traced)
+                        .map(|(u, t)| overhead(u, &t.run)),
+                ),
+                peer_overhead: summary(
+                    runs.untraced
+                        .iter()
+                        .zip(&runs.peer)
+                        .map(|(u, p)| overhead(u, &p.run)),
+                ),
+            };
             WorkloadResult {
+                peer_ratio: ratios(&peer, &u),
+                paired_peer_ratio: summary(
+                    runs.untraced
+                        .iter()
+                        .zip(&runs.peer)
+                        .map(|(u, p)| p.run.figure(key) / u.figure(key)),
+                ),
+                versus_peer,
+                peer,
                 key: w.key,
                 title: w.title,
                 ratio: ratios(&t, &u),
@@ -340,7 +397,7 @@ pub fn aggregate(
                 paired_ratio: paired(&runs.untraced, &runs.traced, key),
                 paired_bpf_stats_ratio: paired(&runs.untraced, &runs.traced_bpf_stats, key),
                 daemon: daemon(&runs.traced),
-                bpf: bpf_load(runs, &u),
+                bpf,
                 xmit_runs_per_veth_packet: xmit_coverage(runs),
                 tx_seen_per_counted: Coverage {
                     traced: coverage(&runs.traced),
@@ -404,12 +461,23 @@ pub fn aggregate(
         }
     }
 
-    let targets = m
+    let mut targets: Vec<Verdict> = m
         .workloads
         .iter()
         .zip(&workloads)
         .map(|(runs, r)| verdict(runs.workload, r))
         .collect();
+    // Against the peer only where its job exists: retransmits, in the loss
+    // case (elsewhere its one hook never fires; the Peers table shows those).
+    for r in workloads.iter().filter(|r| r.key == "iperf3_loss") {
+        let (target, measured, met, detail) = peers::factor_verdict_text(&r.versus_peer, r.key);
+        targets.push(Verdict {
+            target,
+            measured,
+            met,
+            detail,
+        });
+    }
     let filters = ["--netns", "CLIENT_NS"];
     let cmd = |args: Vec<String>| {
         format!(
@@ -460,6 +528,17 @@ pub fn aggregate(
         hooks: m.hooks.clone(),
         targets,
         workloads,
+        peer: PeerInfo::new(
+            &peers::TCP_RETRANSMIT,
+            peers::sum_costs(
+                m.workloads
+                    .iter()
+                    .flat_map(|w| &w.peer_bpf_stats)
+                    .map(|r| &r.programs),
+            ),
+            settings.rounds.min(super::BPF_STATS_ROUNDS),
+            m.unavailable.clone(),
+        ),
         programs,
         lost,
         load_average,
@@ -606,6 +685,13 @@ mod tests {
                     untraced: vec![run(w, base); 3],
                     traced: (0..3).map(|_| traced(w, traced_fig, 0, 0.08)).collect(),
                     traced_bpf_stats: (0..3).map(|_| traced(w, stats_fig, 80_000, 0.16)).collect(),
+                    peer: (0..3)
+                        .map(|_| crate::bench::net::PeerRun {
+                            run: run(w, base),
+                            programs: Vec::new(),
+                        })
+                        .collect(),
+                    peer_bpf_stats: Vec::new(),
                 }
             })
             .collect();
@@ -614,6 +700,7 @@ mod tests {
             hooks: vec!["tcp_probe (tp_btf)".into()],
             congestion_control: "bbr".into(),
             warnings: Vec::new(),
+            unavailable: Vec::new(),
         };
         let settings = Settings {
             rounds: 3,
