@@ -103,6 +103,7 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
             .as_ref()
             .map(|s| s.pins().to_vec())
             .unwrap_or_default(),
+        netdev_watch: (plan.netns.clone(), plan.ifaces.clone()),
     };
     let mut tcp = TcpProbe::attach(&tcp_opts, &btf);
     if tcp.is_err() && !tcp_opts.netdev_rx.is_empty() {

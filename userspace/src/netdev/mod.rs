@@ -69,9 +69,11 @@ impl NetdevProbe {
         } else {
             &["tcp_probe"]
         };
+        let prepare = |ebpf: &mut aya::Ebpf| prepare_entries(ebpf, &opts.netns, &opts.ifaces);
         let setup = probes::Setup {
             pins: &opts.rx_in_tcp,
             skip,
+            before_attach: Some(&prepare),
             ..Default::default()
         };
         let mut family = probes::attach_family(probes::embedded("netdev"), opts.mode, &setup, btf)?;
@@ -107,33 +109,11 @@ impl NetdevProbe {
 
     /// The namespaces to read: the ones asked for, else this host's and every named one.
     fn namespaces(&self) -> Vec<(u32, PathBuf)> {
-        if !self.netns.is_empty() {
-            return self
-                .netns
-                .iter()
-                .filter_map(|n| n.path.clone().map(|p| (n.inode, p)))
-                .collect();
-        }
-        let mut out = Vec::new();
-        let host = PathBuf::from("/proc/self/ns/net");
-        if let Ok(meta) = std::fs::metadata(&host) {
-            out.push((meta.ino() as u32, host));
-        }
-        if let Ok(dir) = std::fs::read_dir(NAMED_NETNS_DIR) {
-            for entry in dir.flatten() {
-                if let Ok(meta) = std::fs::metadata(entry.path()) {
-                    let inode = meta.ino() as u32;
-                    if !out.iter().any(|(i, _)| *i == inode) {
-                        out.push((inode, entry.path()));
-                    }
-                }
-            }
-        }
-        out
+        namespaces_of(&self.netns)
     }
 
     fn wanted(&self, name: &str) -> bool {
-        self.ifaces.is_empty() || self.ifaces.iter().any(|i| i == name)
+        wanted(&self.ifaces, name)
     }
 
     /// Read every watched interface's link health now; returns (id, delta since the
@@ -162,23 +142,10 @@ impl NetdevProbe {
         out
     }
 
-    /// Create an interface's statistics entry before its first packet: the kernel
-    /// side would have to allocate it from the atomic per-CPU pool, which can be
-    /// empty for a moment (see the block family).
-    fn prepare(&mut self, (netns, ifindex): IfaceId) {
-        let key = netdev_key { netns, ifindex };
-        if self.stats.get(&key, 0).is_ok() {
-            return;
-        }
-        let Ok(ncpus) = aya::util::nr_cpus() else {
-            return;
-        };
-        if let Ok(zeroed) = PerCpuValues::try_from(vec![netdev_stats::default(); ncpus]) {
-            // BPF_NOEXIST: never reset an entry the kernel side created meanwhile.
-            let _ = self
-                .stats
-                .insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST));
-        }
+    /// Create an interface's statistics entry before its first packet (one
+    /// that appeared since the programs attached).
+    fn prepare(&mut self, id: IfaceId) {
+        prepare_entry(&mut self.stats, id);
     }
 }
 
@@ -274,4 +241,81 @@ impl Family for NetdevProbe {
     fn lost(&mut self) -> Vec<(String, u64)> {
         self.lost.deltas(&self.family.ebpf)
     }
+}
+
+/// `netns` as asked for, else this host's namespace and every named one.
+fn namespaces_of(netns: &[Netns]) -> Vec<(u32, PathBuf)> {
+    if !netns.is_empty() {
+        return netns
+            .iter()
+            .filter_map(|n| n.path.clone().map(|p| (n.inode, p)))
+            .collect();
+    }
+    let mut out = Vec::new();
+    let host = PathBuf::from("/proc/self/ns/net");
+    if let Ok(meta) = std::fs::metadata(&host) {
+        out.push((meta.ino() as u32, host));
+    }
+    if let Ok(dir) = std::fs::read_dir(NAMED_NETNS_DIR) {
+        for entry in dir.flatten() {
+            if let Ok(meta) = std::fs::metadata(entry.path()) {
+                let inode = meta.ino() as u32;
+                if !out.iter().any(|(i, _)| *i == inode) {
+                    out.push((inode, entry.path()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn wanted(ifaces: &[String], name: &str) -> bool {
+    ifaces.is_empty() || ifaces.iter().any(|i| i == name)
+}
+
+/// Create an interface's statistics entry ahead of its traffic: the kernel
+/// side would have to allocate it from the atomic per-CPU pool, which can be
+/// empty for a moment (the packet's measurement is then counted lost; see the
+/// block family).
+fn prepare_entry<T: std::borrow::BorrowMut<MapData>>(
+    stats: &mut PerCpuHashMap<T, netdev_key, netdev_stats>,
+    (netns, ifindex): IfaceId,
+) {
+    let key = netdev_key { netns, ifindex };
+    if stats.get(&key, 0).is_ok() {
+        return;
+    }
+    let Ok(ncpus) = aya::util::nr_cpus() else {
+        return;
+    };
+    if let Ok(zeroed) = PerCpuValues::try_from(vec![netdev_stats::default(); ncpus]) {
+        // BPF_NOEXIST: never reset an entry the kernel side created meanwhile.
+        let _ = stats.insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST));
+    }
+}
+
+/// Create the statistics entries of every interface netdev watches in
+/// `ebpf`'s `netdev_stats` before any program that creates them attaches:
+/// netdev's own object, or the tcp object that shares the map and attaches
+/// first (NETDEV_RX_MAPS). Interfaces that appear later get theirs each
+/// interval. Namespaces that cannot be read are skipped here (reported by
+/// the interval's link reading).
+pub fn prepare_entries(
+    ebpf: &mut aya::Ebpf,
+    netns: &[Netns],
+    ifaces: &[String],
+) -> Result<(), String> {
+    let map = ebpf
+        .map_mut("netdev_stats")
+        .ok_or("the object has no map netdev_stats")?;
+    let mut stats: PerCpuHashMap<&mut MapData, netdev_key, netdev_stats> =
+        PerCpuHashMap::try_from(map).map_err(|e| e.to_string())?;
+    for (inode, path) in namespaces_of(netns) {
+        for reading in link::read_all_in_netns(&path).unwrap_or_default() {
+            if wanted(ifaces, &reading.name) {
+                prepare_entry(&mut stats, (inode, reading.ifindex));
+            }
+        }
+    }
+    Ok(())
 }

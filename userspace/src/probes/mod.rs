@@ -422,6 +422,7 @@ impl SharedMaps {
         for (_, path) in &pins {
             let _ = std::fs::remove_file(path);
         }
+        remove_dead_daemons_pins(Path::new(BPF_FS));
         Some(Self { pins })
     }
 
@@ -434,6 +435,29 @@ impl Drop for SharedMaps {
     fn drop(&mut self) {
         for (_, path) in &self.pins {
             let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Pins a daemon killed while it loaded (SIGKILL, so no Drop) left behind:
+/// `stalltrace-<pid>-<map>` whose pid is gone. They would keep their maps
+/// alive in the kernel until the next boot.
+fn remove_dead_daemons_pins(bpffs: &Path) {
+    let Ok(dir) = std::fs::read_dir(bpffs) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("stalltrace-"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }

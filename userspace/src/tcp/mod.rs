@@ -36,6 +36,10 @@ pub struct TcpOptions {
     /// The netdev family's maps this object shares (`NETDEV_RX_MAPS`); when
     /// given, our tcp_probe also ends netdev's receive path (netdev_rx.bpf.h).
     pub netdev_rx: Vec<(&'static str, PathBuf)>,
+    /// The namespaces and interfaces netdev watches: with `netdev_rx`, this
+    /// object creates netdev's statistics entries before it attaches (its
+    /// tcp_probe would otherwise be first to need them).
+    pub netdev_watch: (Vec<crate::host::netns::Netns>, Vec<String>),
 }
 
 /// A peer: (netns, family, local port, remote port, remote address).
@@ -88,7 +92,13 @@ impl TcpProbe {
             ("filter_ports", u64::from(!opts.ports.is_empty())),
             ("netdev_rx_end_here", u64::from(!opts.netdev_rx.is_empty())),
         ];
-        let before_attach = |ebpf: &mut Ebpf| fill_filters(ebpf, opts);
+        let before_attach = |ebpf: &mut Ebpf| {
+            fill_filters(ebpf, opts)?;
+            if opts.netdev_rx.is_empty() {
+                return Ok(());
+            }
+            crate::netdev::prepare_entries(ebpf, &opts.netdev_watch.0, &opts.netdev_watch.1)
+        };
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&before_attach),
