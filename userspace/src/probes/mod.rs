@@ -541,6 +541,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_pins_of_daemons_that_are_gone_are_removed() {
+        let dir = std::env::temp_dir().join(format!("stalltrace-pins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // pid_max is at most 2^22: this pid cannot be running.
+        let names = [
+            "stalltrace-4999999-netdev_stats".to_string(),
+            format!("stalltrace-{}-netdev_stats", std::process::id()),
+            "stalltrace-notapid-x".to_string(),
+            "someone-else".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.join(n), b"").unwrap();
+        }
+        remove_dead_daemons_pins(&dir);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut expected = names[1..].to_vec();
+        expected.sort();
+        assert_eq!(left, expected, "only the dead daemon's pin goes");
+    }
+
+    #[test]
     fn block_hooks_come_from_the_object_sections() {
         let block = embedded("block");
         for (mode, bytes) in [
