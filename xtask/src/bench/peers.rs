@@ -27,6 +27,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use super::interrupt;
+use super::publish::Verdict;
 use super::stats::Summary;
 use crate::util;
 
@@ -517,7 +518,7 @@ pub fn same_hooks(
     })
 }
 
-pub fn factor_verdict_text(c: &Comparison, what: &str) -> (String, String, bool, String) {
+pub fn factor_verdict(c: &Comparison, what: &str) -> Verdict {
     let target = format!(
         "{what}: stalltrace's BPF time per {} <= 1/{PEER_FACTOR_TARGET:.0} of the cheapest \
          peer's doing the same job",
@@ -557,7 +558,12 @@ pub fn factor_verdict_text(c: &Comparison, what: &str) -> (String, String, bool,
         100.0 * c.peer_overhead.median,
         u = c.unit,
     );
-    (target, measured, met, detail)
+    Verdict {
+        target,
+        measured,
+        met,
+        detail,
+    }
 }
 
 /// The peer as published: what it is, what it cost, and the usual peers that

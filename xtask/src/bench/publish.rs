@@ -2,12 +2,14 @@
 //! by every suite. A suite rewrites only its own part (the text between its
 //! markers, its own key), so publishing one suite keeps the others' figures.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
 
+use super::table;
 use crate::util;
 
 /// The machine a run describes.
@@ -17,6 +19,51 @@ pub struct Host {
     pub kernel: String,
     pub cpu_model: String,
     pub cpus: usize,
+}
+
+/// The last notes of a suite's section: records the daemon lost over all
+/// traced rounds (when any), then one line per warning.
+pub fn lost_and_warnings(lost: &BTreeMap<String, u64>, warnings: &[String]) -> String {
+    let mut s = String::new();
+    if !lost.is_empty() {
+        let lost: Vec<String> = lost.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        s += &format!(
+            "- Lost, as reported by the daemon over all traced rounds (both configurations): {}.\n",
+            lost.join(", ")
+        );
+    }
+    for w in warnings {
+        s += &format!("- Warning: {w}.\n");
+    }
+    s
+}
+
+/// A target and how a run fared against it.
+#[derive(Serialize)]
+pub struct Verdict {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+    /// How far inside or outside the target, in words.
+    pub detail: String,
+}
+
+impl Verdict {
+    /// The targets table of a suite's Markdown section.
+    pub fn table<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> String {
+        let rows: Vec<Vec<String>> = verdicts
+            .into_iter()
+            .map(|v| {
+                vec![
+                    v.target.clone(),
+                    v.measured.clone(),
+                    if v.met { "**met**" } else { "**missed**" }.into(),
+                    v.detail.clone(),
+                ]
+            })
+            .collect();
+        table::markdown(&["target", "measured", "verdict", "detail"], &rows)
+    }
 }
 
 impl Host {
@@ -125,7 +172,7 @@ fn replace_section(doc: &str, suite: &str, body: &str) -> anyhow::Result<String>
 
 #[cfg(test)]
 mod tests {
-    use super::replace_section;
+    use super::*;
 
     #[test]
     fn rewrites_only_its_own_section() {
@@ -144,5 +191,28 @@ mod tests {
     fn broken_markers_are_an_error() {
         let doc = "<!-- bench:block:end -->\n<!-- bench:block:start -->\n";
         assert!(replace_section(doc, "block", "x").is_err());
+    }
+
+    #[test]
+    fn verdicts_table_and_closing_notes() {
+        let v = |met| Verdict {
+            target: "t".into(),
+            measured: "1.0".into(),
+            met,
+            detail: "d".into(),
+        };
+        let table = Verdict::table([&v(true), &v(false)]);
+        assert!(table.starts_with("| target "), "{table}");
+        assert!(
+            table.contains("**met**") && table.contains("**missed**"),
+            "{table}"
+        );
+        assert_eq!(lost_and_warnings(&BTreeMap::new(), &[]), "");
+        let lost = BTreeMap::from([("ring".to_string(), 2), ("tcp".to_string(), 1)]);
+        assert_eq!(
+            lost_and_warnings(&lost, &["busy host".to_string()]),
+            "- Lost, as reported by the daemon over all traced rounds (both configurations): \
+             ring 2, tcp 1.\n- Warning: busy host.\n"
+        );
     }
 }

@@ -32,6 +32,16 @@ impl Summary {
     }
 }
 
+/// The summary of one figure over the rounds, which are never none.
+pub fn summary(v: impl IntoIterator<Item = f64>) -> Summary {
+    Summary::of(&v.into_iter().collect::<Vec<_>>()).expect("at least one round")
+}
+
+/// "min–max" of `s`, with `digits` decimals.
+pub fn range(s: &Summary, digits: usize) -> String {
+    format!("{:.digits$}–{:.digits$}", s.min, s.max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +52,13 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (3.0, 1.0, 5.0));
         assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
         assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn summary_and_range_of_rounds() {
+        let s = summary([2.0, 0.5, 1.25]);
+        assert_eq!((s.median, s.min, s.max), (1.25, 0.5, 2.0));
+        assert_eq!(range(&s, 1), "0.5–2.0");
+        assert_eq!(range(&s, 0), "0–2");
     }
 }

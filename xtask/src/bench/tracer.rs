@@ -2,6 +2,8 @@
 //! happens (error, panic, Ctrl-C), `Drop` stops it, so no BPF program stays
 //! attached to skew the next untraced round or outlive the bench.
 
+pub mod programs;
+
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::process::CommandExt;

@@ -2,17 +2,11 @@
 
 use std::fmt::Write;
 
-use super::results::{BlockResults, Verdict};
-use crate::bench::stats::Summary;
+use super::results::BlockResults;
+use crate::bench::publish::{self, Verdict};
+use crate::bench::stats::range;
 use crate::bench::table;
-
-fn range(s: &Summary, digits: usize) -> String {
-    format!("{:.digits$}–{:.digits$}", s.min, s.max)
-}
-
-fn yes_no(v: &Verdict) -> &'static str {
-    if v.met { "**met**" } else { "**missed**" }
-}
+use crate::bench::tracer::programs;
 
 pub fn markdown(r: &BlockResults) -> String {
     let mut s = String::new();
@@ -61,24 +55,11 @@ pub fn markdown(r: &BlockResults) -> String {
 
     let t = &r.targets;
     s += "### Targets\n\n";
-    s += &table::markdown(
-        &["target", "measured", "verdict", "detail"],
-        &[
-            &t.iops_ratio_qd16,
-            &t.ns_per_event_per_hook,
-            &t.versus_peer_qd16,
-        ]
-        .iter()
-        .map(|v| {
-            vec![
-                v.target.clone(),
-                v.measured.clone(),
-                yes_no(v).into(),
-                v.detail.clone(),
-            ]
-        })
-        .collect::<Vec<_>>(),
-    );
+    s += &Verdict::table([
+        &t.iops_ratio_qd16,
+        &t.ns_per_event_per_hook,
+        &t.versus_peer_qd16,
+    ]);
 
     s += "\n### fio: untraced, traced, traced with --bpf-stats, the bpftrace peer\n\n";
     let mut rows = Vec::new();
@@ -178,21 +159,17 @@ pub fn markdown(r: &BlockResults) -> String {
         ]);
     }
     headers.extend(["recursion misses".into(), "≤ 150 ns".into()]);
-    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.0}"));
     let rows: Vec<Vec<String>> = r
         .programs
         .iter()
         .map(|p| {
-            let mut row = vec![format!("{}/{}", p.family, p.program), opt(p.ns_per_event)];
-            for b in &p.by_depth {
-                row.extend([
-                    opt(b.ns_per_event),
-                    format!("{:.0}", b.events_per_s),
-                    format!("{:.2}", b.events_per_io),
-                ]);
-            }
-            row.push(p.recursion_misses.to_string());
-            row.push(match p.ns_per_event {
+            let total = &p.total;
+            let parts = p
+                .by_depth
+                .iter()
+                .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));
+            let mut row = programs::table_row(total, parts);
+            row.push(match total.ns_per_event {
                 None => "never ran".into(),
                 Some(ns) if ns <= super::NS_PER_EVENT_TARGET => "yes".into(),
                 Some(ns) => format!("no (+{:.0})", ns - super::NS_PER_EVENT_TARGET),
@@ -304,16 +281,6 @@ pub fn markdown(r: &BlockResults) -> String {
     s += "- events/s and per I/O count every block I/O on the host while the daemon ran \
           (the VM's own disk included) in the traced+bpf-stats rounds, divided by fio's \
           run time and fio's I/Os in those rounds.\n";
-    if !r.lost.is_empty() {
-        let lost: Vec<String> = r.lost.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let _ = writeln!(
-            s,
-            "- Lost, as reported by the daemon over all traced rounds (both configurations): {}.",
-            lost.join(", ")
-        );
-    }
-    for w in &r.warnings {
-        let _ = writeln!(s, "- Warning: {w}.");
-    }
+    s += &publish::lost_and_warnings(&r.lost, &r.warnings);
     s
 }

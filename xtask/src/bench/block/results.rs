@@ -11,9 +11,10 @@ use serde::Serialize;
 use super::{IOPS_RATIO_TARGET, Measured, NS_PER_EVENT_TARGET, PeerRun, Settings, TracedRun};
 use crate::bench::fio::{self, FioRun};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo};
-use crate::bench::publish::Host;
-use crate::bench::stats::Summary;
-use crate::bench::tracer;
+use crate::bench::publish::{Host, Verdict};
+use crate::bench::stats::{Summary, summary};
+use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
+use crate::bench::tracer::{self, ProgramCost};
 
 #[derive(Serialize)]
 pub struct BlockResults {
@@ -133,13 +134,8 @@ pub struct Daemon {
 
 #[derive(Serialize)]
 pub struct ProgramResult {
-    pub family: String,
-    pub program: String,
-    pub run_count: u64,
-    pub run_time_ns: u64,
-    pub recursion_misses: u64,
-    /// None when it never ran.
-    pub ns_per_event: Option<f64>,
+    #[serde(flatten)]
+    pub total: ProgramTotal,
     pub by_depth: Vec<ProgramAtDepth>,
 }
 
@@ -159,19 +155,6 @@ pub struct Targets {
     pub ns_per_event_per_hook: Verdict,
     /// At QD16: stalltrace's BPF time per I/O at most a third of the peer's.
     pub versus_peer_qd16: Verdict,
-}
-
-#[derive(Serialize)]
-pub struct Verdict {
-    pub target: String,
-    pub measured: String,
-    pub met: bool,
-    /// How far inside or outside the target, in words.
-    pub detail: String,
-}
-
-fn summary(v: impl IntoIterator<Item = f64>) -> Summary {
-    Summary::of(&v.into_iter().collect::<Vec<_>>()).expect("at least one round")
 }
 
 fn side(runs: &[FioRun]) -> Side {
@@ -202,27 +185,8 @@ fn daemon(traced: &[TracedRun]) -> Daemon {
 /// the net suite's business.
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
-) -> BTreeMap<(String, String), tracer::ProgramCost> {
-    let mut out: BTreeMap<(String, String), tracer::ProgramCost> = BTreeMap::new();
-    let programs = runs.into_iter().flat_map(|r| &r.stop.programs);
-    for p in programs.filter(|p| p.family == "block") {
-        let e = out
-            .entry((p.family.clone(), p.program.clone()))
-            .or_insert_with(|| tracer::ProgramCost {
-                run_count: 0,
-                run_time_ns: 0,
-                recursion_misses: 0,
-                ..p.clone()
-            });
-        e.run_count += p.run_count;
-        e.run_time_ns += p.run_time_ns;
-        e.recursion_misses += p.recursion_misses;
-    }
-    out
-}
-
-fn ns_per_event(p: &tracer::ProgramCost) -> Option<f64> {
-    (p.run_count > 0).then(|| p.run_time_ns as f64 / p.run_count as f64)
+) -> BTreeMap<programs::Key, ProgramCost> {
+    programs::totals(runs.into_iter().map(|r| &r.stop), |f| f == "block")
 }
 
 fn fio_runs(traced: &[TracedRun]) -> Vec<FioRun> {
@@ -329,39 +293,29 @@ pub fn aggregate(
         program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats))
             .into_iter()
             .map(|(key, total)| ProgramResult {
-                ns_per_event: ns_per_event(&total),
                 by_depth: per_depth
                     .iter()
                     .map(|(iodepth, totals, seconds, ios)| {
-                        let p = totals.get(&key);
-                        let count = p.map_or(0, |p| p.run_count);
+                        let p = InPart::of(totals, &key, *seconds);
                         ProgramAtDepth {
                             iodepth: *iodepth,
-                            run_count: count,
-                            ns_per_event: p.and_then(ns_per_event),
-                            events_per_s: count as f64 / seconds.max(f64::MIN_POSITIVE),
-                            events_per_io: count as f64 / (*ios).max(1) as f64,
+                            run_count: p.run_count,
+                            ns_per_event: p.ns_per_event,
+                            events_per_s: p.events_per_s,
+                            events_per_io: p.run_count as f64 / (*ios).max(1) as f64,
                         }
                     })
                     .collect(),
-                family: total.family,
-                program: total.program,
-                run_count: total.run_count,
-                run_time_ns: total.run_time_ns,
-                recursion_misses: total.recursion_misses,
+                total: total.into(),
             })
             .collect();
 
-    let mut lost = BTreeMap::new();
-    let all_traced = m
-        .depths
-        .iter()
-        .flat_map(|d| d.traced.iter().chain(&d.traced_bpf_stats));
-    for run in all_traced {
-        for (source, n) in &run.stop.lost {
-            *lost.entry(source.clone()).or_insert(0) += n;
-        }
-    }
+    let lost = programs::lost(
+        m.depths
+            .iter()
+            .flat_map(|d| d.traced.iter().chain(&d.traced_bpf_stats))
+            .map(|r| &r.stop),
+    );
 
     let headline = depths
         .iter()
@@ -371,18 +325,10 @@ pub fn aggregate(
         targets: Targets {
             iops_ratio_qd16: iops_verdict(headline.iops_ratio),
             ns_per_event_per_hook: ns_verdict(&programs),
-            versus_peer_qd16: {
-                let (target, measured, met, detail) = peers::factor_verdict_text(
-                    &headline.versus_peer,
-                    &format!("QD{}", headline.iodepth),
-                );
-                Verdict {
-                    target,
-                    measured,
-                    met,
-                    detail,
-                }
-            },
+            versus_peer_qd16: peers::factor_verdict(
+                &headline.versus_peer,
+                &format!("QD{}", headline.iodepth),
+            ),
         },
         peer: PeerInfo::new(
             &peers::BLOCK_LATENCY,
@@ -448,7 +394,7 @@ fn ns_verdict(programs: &[ProgramResult]) -> Verdict {
     let target = format!("<= {NS_PER_EVENT_TARGET:.0} ns per event, every hook");
     let ran: Vec<(&str, f64)> = programs
         .iter()
-        .filter_map(|p| Some((p.program.as_str(), p.ns_per_event?)))
+        .filter_map(|p| Some((p.total.program.as_str(), p.total.ns_per_event?)))
         .collect();
     let Some(&(worst, worst_ns)) = ran.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
         return Verdict {
@@ -464,8 +410,8 @@ fn ns_verdict(programs: &[ProgramResult]) -> Verdict {
         .count();
     let idle: Vec<&str> = programs
         .iter()
-        .filter(|p| p.ns_per_event.is_none())
-        .map(|p| p.program.as_str())
+        .filter(|p| p.total.ns_per_event.is_none())
+        .map(|p| p.total.program.as_str())
         .collect();
     let mut detail = if over == 0 {
         format!(
@@ -583,8 +529,8 @@ mod tests {
         assert!((d.daemon.cpu_pct_of_one_cpu.median - 0.1).abs() < 1e-9);
 
         let p = &r.programs[0];
-        assert_eq!(p.run_count, 2_400_000);
-        assert_eq!(p.ns_per_event, Some(100.0));
+        assert_eq!(p.total.run_count, 2_400_000);
+        assert_eq!(p.total.ns_per_event, Some(100.0));
         assert!((p.by_depth[0].events_per_s - 80_000.0).abs() < 1e-9);
         assert!((p.by_depth[0].events_per_io - 1.0).abs() < 1e-9);
         assert!((d.bpf_ns_per_io - 100.0).abs() < 1e-9);

@@ -2,18 +2,12 @@
 
 use std::fmt::Write;
 
-use super::results::{NetResults, Side, Verdict, WorkloadResult};
+use super::results::{NetResults, Side, WorkloadResult};
 use super::workload::{Bound, WORKLOADS, Workload};
-use crate::bench::stats::Summary;
+use crate::bench::publish::{self, Verdict};
+use crate::bench::stats::{Summary, range};
 use crate::bench::table;
-
-fn range(s: &Summary, digits: usize) -> String {
-    format!("{:.digits$}–{:.digits$}", s.min, s.max)
-}
-
-fn yes_no(v: &Verdict) -> &'static str {
-    if v.met { "**met**" } else { "**missed**" }
-}
+use crate::bench::tracer::programs;
 
 fn workload(key: &str) -> &'static Workload {
     WORKLOADS
@@ -69,20 +63,7 @@ pub fn markdown(r: &NetResults) -> String {
 
     s += "### Targets (round-trip p50 and throughput within 2% of no tracer; a third of the \
           peer's cost)\n\n";
-    s += &table::markdown(
-        &["target", "measured", "verdict", "detail"],
-        &r.targets
-            .iter()
-            .map(|v| {
-                vec![
-                    v.target.clone(),
-                    v.measured.clone(),
-                    yes_no(v).into(),
-                    v.detail.clone(),
-                ]
-            })
-            .collect::<Vec<_>>(),
-    );
+    s += &Verdict::table(&r.targets);
 
     let shares: Vec<String> = r
         .workloads
@@ -218,21 +199,15 @@ fn programs(s: &mut String, r: &NetResults) {
         ]);
     }
     headers.push("recursion misses".into());
-    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.0}"));
     let rows: Vec<Vec<String>> = r
         .programs
         .iter()
         .map(|p| {
-            let mut row = vec![format!("{}/{}", p.family, p.program), opt(p.ns_per_event)];
-            for b in &p.by_workload {
-                row.extend([
-                    opt(b.ns_per_event),
-                    format!("{:.0}", b.events_per_s),
-                    format!("{:.2}", b.events_per_unit),
-                ]);
-            }
-            row.push(p.recursion_misses.to_string());
-            row
+            let parts = p
+                .by_workload
+                .iter()
+                .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_unit));
+            programs::table_row(&p.total, parts)
         })
         .collect();
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
@@ -417,15 +392,5 @@ fn notes(s: &mut String, r: &NetResults) {
     *s += &cross_check(r);
     *s += "- \"CPU s over its life\" includes loading and verifying the programs, attaching and \
            detaching; the percentage is the steady state while the client ran.\n";
-    if !r.lost.is_empty() {
-        let lost: Vec<String> = r.lost.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let _ = writeln!(
-            s,
-            "- Lost, as reported by the daemon over all traced rounds (both configurations): {}.",
-            lost.join(", ")
-        );
-    }
-    for w in &r.warnings {
-        let _ = writeln!(s, "- Warning: {w}.");
-    }
+    *s += &publish::lost_and_warnings(&r.lost, &r.warnings);
 }

@@ -11,9 +11,10 @@ use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, RATIO_TARGET, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::netpair::NFT_TABLE;
 use crate::bench::peers::{self, Comparison, PeerInfo};
-use crate::bench::publish::Host;
+use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
-use crate::bench::stats::Summary;
+use crate::bench::stats::{Summary, summary};
+use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
 use crate::bench::tracer::{self, ProgramCost};
 
 #[derive(Serialize)]
@@ -151,13 +152,8 @@ pub struct BpfLoad {
 
 #[derive(Serialize)]
 pub struct ProgramResult {
-    pub family: String,
-    pub program: String,
-    pub run_count: u64,
-    pub run_time_ns: u64,
-    pub recursion_misses: u64,
-    /// None when it never ran.
-    pub ns_per_event: Option<f64>,
+    #[serde(flatten)]
+    pub total: ProgramTotal,
     pub by_workload: Vec<ProgramInWorkload>,
 }
 
@@ -170,19 +166,6 @@ pub struct ProgramInWorkload {
     pub events_per_s: f64,
     /// Per transaction (a round trip; a MB received).
     pub events_per_unit: f64,
-}
-
-#[derive(Serialize)]
-pub struct Verdict {
-    pub target: String,
-    pub measured: String,
-    pub met: bool,
-    /// How far inside or outside the target, in words.
-    pub detail: String,
-}
-
-fn summary(v: impl IntoIterator<Item = f64>) -> Summary {
-    Summary::of(&v.into_iter().collect::<Vec<_>>()).expect("at least one round")
 }
 
 fn side(runs: &[Run]) -> Side {
@@ -245,30 +228,8 @@ fn daemon(traced: &[TracedRun]) -> Daemon {
 /// Counters of the network-path programs, summed over `runs`, keyed by (family, program).
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
-) -> BTreeMap<(String, String), ProgramCost> {
-    let mut out: BTreeMap<(String, String), ProgramCost> = BTreeMap::new();
-    let ours = runs
-        .into_iter()
-        .flat_map(|r| &r.stop.programs)
-        .filter(|p| on_net_path(&p.family));
-    for p in ours {
-        let e = out
-            .entry((p.family.clone(), p.program.clone()))
-            .or_insert_with(|| ProgramCost {
-                run_count: 0,
-                run_time_ns: 0,
-                recursion_misses: 0,
-                ..p.clone()
-            });
-        e.run_count += p.run_count;
-        e.run_time_ns += p.run_time_ns;
-        e.recursion_misses += p.recursion_misses;
-    }
-    out
-}
-
-fn ns_per_event(p: &ProgramCost) -> Option<f64> {
-    (p.run_count > 0).then(|| p.run_time_ns as f64 / p.run_count as f64)
+) -> BTreeMap<programs::Key, ProgramCost> {
+    programs::totals(runs.into_iter().map(|r| &r.stop), on_net_path)
 }
 
 /// Client seconds and transactions of the --bpf-stats runs of one workload.
@@ -427,39 +388,29 @@ pub fn aggregate(
         program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats))
             .into_iter()
             .map(|(key, total)| ProgramResult {
-                ns_per_event: ns_per_event(&total),
                 by_workload: per_workload
                     .iter()
                     .map(|(workload, totals, seconds, units)| {
-                        let p = totals.get(&key);
-                        let count = p.map_or(0, |p| p.run_count);
+                        let p = InPart::of(totals, &key, *seconds);
                         ProgramInWorkload {
                             workload,
-                            run_count: count,
-                            ns_per_event: p.and_then(ns_per_event),
-                            events_per_s: count as f64 / seconds.max(f64::MIN_POSITIVE),
-                            events_per_unit: count as f64 / units.max(f64::MIN_POSITIVE),
+                            run_count: p.run_count,
+                            ns_per_event: p.ns_per_event,
+                            events_per_s: p.events_per_s,
+                            events_per_unit: p.run_count as f64 / units.max(f64::MIN_POSITIVE),
                         }
                     })
                     .collect(),
-                family: total.family,
-                program: total.program,
-                run_count: total.run_count,
-                run_time_ns: total.run_time_ns,
-                recursion_misses: total.recursion_misses,
+                total: total.into(),
             })
             .collect();
 
-    let mut lost = BTreeMap::new();
-    let all_traced = m
-        .workloads
-        .iter()
-        .flat_map(|w| w.traced.iter().chain(&w.traced_bpf_stats));
-    for run in all_traced {
-        for (source, n) in &run.stop.lost {
-            *lost.entry(source.clone()).or_insert(0) += n;
-        }
-    }
+    let lost = programs::lost(
+        m.workloads
+            .iter()
+            .flat_map(|w| w.traced.iter().chain(&w.traced_bpf_stats))
+            .map(|r| &r.stop),
+    );
 
     let mut targets: Vec<Verdict> = m
         .workloads
@@ -470,13 +421,7 @@ pub fn aggregate(
     // Against the peer only where its job exists: retransmits, in the loss
     // case (elsewhere its one hook never fires; the Peers table shows those).
     for r in workloads.iter().filter(|r| r.key == "iperf3_loss") {
-        let (target, measured, met, detail) = peers::factor_verdict_text(&r.versus_peer, r.key);
-        targets.push(Verdict {
-            target,
-            measured,
-            met,
-            detail,
-        });
+        targets.push(peers::factor_verdict(&r.versus_peer, r.key));
     }
     let filters = ["--netns", "CLIENT_NS"];
     let cmd = |args: Vec<String>| {
@@ -734,9 +679,9 @@ mod tests {
         assert_eq!(s.daemon.records.median, 10.0);
 
         assert_eq!(r.programs.len(), 2, "block programs are left out");
-        let p = r.programs.iter().find(|p| p.family == "tcp").unwrap();
-        assert_eq!(p.run_count, 3 * 80_000 * 3);
-        assert_eq!(p.ns_per_event, Some(200.0));
+        let p = r.programs.iter().find(|p| p.total.family == "tcp").unwrap();
+        assert_eq!(p.total.run_count, 3 * 80_000 * 3);
+        assert_eq!(p.total.ns_per_event, Some(200.0));
         let b = &p.by_workload[0];
         assert!((b.events_per_s - 10_000.0).abs() < 1e-9);
         assert!((b.events_per_unit - 80.0).abs() < 1e-9);
