@@ -189,8 +189,25 @@ static __always_inline void current_comm(char *comm)
 #endif
 }
 
-HOOK(block_bio_queue, struct bio *bio)
+/*
+ * 5.11 dropped the request_queue argument of block_bio_queue (q, bio) and
+ * block_getrq (q, bio, rw), and moved both tracepoints to the block_bio event
+ * class in the same change, so their own event structs exist only on kernels
+ * with the old prototypes (5.10 and older).
+ */
+struct trace_event_raw_block_bio_queue___pre_5_11 {
+	dev_t dev;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_block_get_rq___pre_5_11 {
+	dev_t dev;
+} __attribute__((preserve_access_index));
+
+HOOK(block_bio_queue)
 {
+	struct bio *bio = bpf_core_type_exists(struct trace_event_raw_block_bio_queue___pre_5_11)
+				  ? (struct bio *)TP_ARG(1)
+				  : (struct bio *)TP_ARG(0);
 	struct gendisk *disk = bio_disk(bio);
 	struct bio_slot *slot;
 	bool stale = false;
@@ -227,10 +244,15 @@ HOOK(block_bio_queue, struct bio *bio)
 }
 
 /* Only stamps the allocation: the histograms are fed at issue, where the stats are looked up anyway. */
-HOOK(block_getrq, struct bio *bio)
+HOOK(block_getrq)
 {
+	struct bio *bio = bpf_core_type_exists(struct trace_event_raw_block_get_rq___pre_5_11)
+				  ? (struct bio *)TP_ARG(1)
+				  : (struct bio *)TP_ARG(0);
+	struct bio_slot *slot;
 	__u32 index;
-	struct bio_slot *slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_GETRQ), &index);
+
+	slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_GETRQ), &index);
 
 	if (slot)
 		slot->alloc_ns = bpf_ktime_get_ns();
@@ -302,7 +324,13 @@ HOOK(block_rq_issue, struct request *rq)
 		slot->depth = 0;
 		return 0;
 	}
-	depth = __sync_fetch_and_add(&disk->inflight, 1) + 1;
+	/*
+	 * A fetch-and-add would need 5.12 (slots.bpf.h): add, then read. Another
+	 * CPU's issue between the two is counted too, which it is: both are in
+	 * flight at the read.
+	 */
+	__sync_fetch_and_add(&disk->inflight, 1);
+	depth = *(volatile __s64 *)&disk->inflight;
 	slot->depth = depth > 0 ? depth : 0;
 	slot->disk_index = disk_index;
 	return 0;
@@ -423,7 +451,12 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 	bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
 }
 
-HOOK(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+/*
+ * `error` was the errno up to 5.15 (int, e.g. -5 for EIO) and is a
+ * blk_status_t (u8) by 6.1: the low 32 bits of the argument are either, and
+ * slow_io carries them as they are (docs/records.md).
+ */
+HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
 	struct gendisk *gd = request_disk(rq);
 	__u32 data_len = KREAD(rq, __data_len);

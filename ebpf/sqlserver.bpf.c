@@ -8,7 +8,8 @@
  *                        the send starts at the beginning of the caller's
  *                        buffer, its first 8 bytes are read; if they are a
  *                        server TDS packet header (tabular result, pre-login),
- *                        bytes 4-5 are the session's SPID.
+ *                        bytes 4-5 are the session's SPID. The tracepoint is
+ *                        6.16+; before, fentry or kprobe on the function.
  *
  * Only those 8 header bytes are ever read, and only from the server's side:
  * never a byte of SQL text or result data. Once a socket's SPID is known, its
@@ -54,26 +55,56 @@ struct {
 	__type(value, struct tds_session);
 } tds_sessions SEC(".maps");
 
+/*
+ * The iov_iter a send copies from changed shape twice in the kernels
+ * stalltrace supports: before 5.14 its kind was a bit in `type` (bit 0 the
+ * direction), and before 6.4 the iovec pointer was `iov` (now `__iov`).
+ * ITER_UBUF (a single user buffer) exists since 6.0, and the enum's values
+ * moved between versions: every one is read from the kernel with CO-RE.
+ */
+struct iov_iter___pre_5_14 {
+	unsigned int type;
+} __attribute__((preserve_access_index));
+
+struct msghdr___pre_5_14 {
+	struct iov_iter___pre_5_14 msg_iter;
+} __attribute__((preserve_access_index));
+
+struct iov_iter___pre_6_4 {
+	const struct iovec *iov;
+} __attribute__((preserve_access_index));
+
+struct msghdr___pre_6_4 {
+	struct iov_iter___pre_6_4 msg_iter;
+} __attribute__((preserve_access_index));
+
+#define ITER_DIRECTION_BIT 1U
+
 /* The user buffer a sendmsg copies from, when it is at its start; NULL otherwise. */
 static __always_inline const void *send_buffer_start(const struct msghdr *msg)
 {
 	const struct iovec *iov;
+	unsigned int type;
 
 	if (KREAD(msg, msg_iter.iov_offset) != 0)
 		return NULL; /* a later pass of the send loop: mid-buffer */
-	switch (KREAD(msg, msg_iter.iter_type)) {
-	case ITER_UBUF:
+	if (bpf_core_field_exists(msg->msg_iter.iter_type))
+		type = KREAD(msg, msg_iter.iter_type);
+	else
+		type = KREAD((const struct msghdr___pre_5_14 *)msg, msg_iter.type) & ~ITER_DIRECTION_BIT;
+	if (bpf_core_enum_value_exists(enum iter_type, ITER_UBUF) &&
+	    type == bpf_core_enum_value(enum iter_type, ITER_UBUF))
 		return KREAD(msg, msg_iter.ubuf);
-	case ITER_IOVEC:
-		iov = KREAD(msg, msg_iter.__iov);
-		return iov ? BPF_CORE_READ(iov, iov_base) : NULL;
-	default:
+	if (type != bpf_core_enum_value(enum iter_type, ITER_IOVEC))
 		return NULL; /* kernel buffers, pipes: not a TDS send */
-	}
+	if (bpf_core_field_exists(msg->msg_iter.__iov))
+		iov = KREAD(msg, msg_iter.__iov);
+	else
+		iov = KREAD((const struct msghdr___pre_6_4 *)msg, msg_iter.iov);
+	return iov ? BPF_CORE_READ(iov, iov_base) : NULL;
 }
 
-HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg, const struct sk_buff *skb,
-     int size_goal)
+static __always_inline int read_tds_header(const struct sock *sk, const struct msghdr *msg)
 {
 	struct tds_session fresh = {}, *session;
 	__u32 tgid, zero = 0, *known;
@@ -118,4 +149,20 @@ HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg, const 
 	if (session->spid)
 		session->flags |= TDS_F_SPID; /* pre-login responses carry SPID 0 */
 	return 0;
+}
+
+/* The tracepoint (6.16+): the cheapest way in. */
+HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg)
+{
+	return read_tds_header(sk, msg);
+}
+
+/*
+ * Older kernels: the function the tracepoint sits in, tcp_sendmsg_locked(sk,
+ * msg, size), which every TCP send of a process goes through (an exported
+ * symbol, so never inlined away).
+ */
+FUNC_HOOK(tcp_sendmsg_locked, tcp_sendmsg_locked, struct sock *sk, struct msghdr *msg)
+{
+	return read_tds_header(sk, msg);
 }

@@ -10,7 +10,17 @@
  *                          smoothed RTT, sampled when the segment acknowledges new data
  *   sock_send_length,      the socket's owner (the process making the syscall), kept
  *   sock_recv_length,      in a map so retransmits, which run in softirq, can name it
+ *                          (6.3+; before: tcp_sendmsg / tcp_recvmsg by fentry or kprobe)
  *   inet_sock_set_state    connect() and listen() owners; forget a socket at close
+ *
+ * Kernels differ (every difference is found with CO-RE at load, never from
+ * the version number):
+ *   - tcp_retransmit_skb gained `err` in 6.17 and fires for every attempt
+ *     since; before, it fired only once a retransmission had gone out, so
+ *     `err` is 0 there by construction and failed attempts (TCPRetransFail)
+ *     are not seen;
+ *   - the owner lives in the socket's local storage where tracing programs
+ *     may use it (5.11+, tp_btf and fentry), else in an LRU hash by address.
  *
  * Classification (the order matters; verified against the kernel's own
  * counters in /proc/net/netstat, see docs/records.md):
@@ -50,6 +60,11 @@ const volatile __u64 netdev_rx_end_here = 0;
 /* ptr_key() scratch words (slots.bpf.h) */
 enum tcp_program {
 	PROG_TCP_PROBE,
+	PROG_RETRANSMIT,
+	PROG_SYNACK,
+	PROG_SEND,
+	PROG_RECV,
+	PROG_SET_STATE,
 };
 
 struct {
@@ -75,41 +90,50 @@ struct tcp_owner {
 	__u32 seen_retrans;       /* last_total_retrans is valid */
 };
 
-#ifdef STALLTRACE_RAW_TP
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64); /* struct sock * */
-	__type(value, struct tcp_owner);
-} sock_owners SEC(".maps");
-#else
 /*
- * tp_btf: in the socket's own local storage. sock_send_length and
- * sock_recv_length run on every send and receive, and a lookup here is a
- * pointer walk from the (already hot) socket instead of a hash of its address
- * in a shared LRU table (docs/BENCHMARKS.md, "Driving the cost down"). It is
- * freed with the socket, so nothing is deleted at close. raw_tp arguments
- * are plain numbers, which the sk_storage helpers do not take: the LRU hash
- * above.
+ * Where tracing programs may use socket local storage (5.11+: the kernel has
+ * the tracing flavour of bpf_sk_storage_get) and the socket is a typed
+ * pointer (tp_btf, fentry), the owner lives in the socket itself:
+ * sock_send_length and sock_recv_length run on every send and receive, and
+ * a lookup there is a pointer walk from the (already hot) socket instead of a
+ * hash of its address in a shared table (docs/BENCHMARKS.md, "Driving the
+ * cost down"); it is freed with the socket, so nothing is deleted at close.
+ * Elsewhere (raw_tp and kprobe arguments are plain numbers, which the
+ * sk_storage helpers do not take; 5.10's verifier refuses them to tracing
+ * programs) it lives in an LRU hash keyed by the socket's address.
  */
+static __always_inline bool owner_in_sk_storage(void)
+{
+#ifdef STALLTRACE_RAW_TP
+	return false;
+#else
+	return bpf_core_type_exists(btf_bpf_sk_storage_get_tracing);
+#endif
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct tcp_owner);
 } sock_owners SEC(".maps");
-#endif
 
-/* The socket's owner as last recorded, or NULL. */
-static __always_inline struct tcp_owner *owner_of(const struct sock *sk)
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct tcp_owner);
+} sock_owners_by_addr SEC(".maps");
+
+/* The socket's owner as last recorded, or NULL; `program` is the caller's ptr_key() word. */
+static __always_inline struct tcp_owner *owner_of(const struct sock *sk, __u32 program)
 {
-#ifdef STALLTRACE_RAW_TP
-	__u64 key = (__u64)sk;
+	__u64 key;
 
-	return bpf_map_lookup_elem(&sock_owners, &key);
-#else
-	return bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, 0);
-#endif
+	if (owner_in_sk_storage())
+		return bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, 0);
+	key = ptr_key(sk, program);
+	return bpf_map_lookup_elem(&sock_owners_by_addr, &key);
 }
 
 /*
@@ -226,18 +250,25 @@ static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
 }
 
 /* Record the caller as the socket's owner when it is new or changed (one lookup otherwise). */
-static __always_inline void note_owner(const struct sock *sk)
+static __always_inline void note_owner(const struct sock *sk, __u32 program)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct tcp_owner *owner = owner_of(sk);
-#ifdef STALLTRACE_RAW_TP
-	__u64 key = (__u64)sk;
+	__u64 id = bpf_get_current_pid_tgid(), key;
+	struct tcp_owner *owner = owner_of(sk, program);
 	struct tcp_owner fresh = {};
-#endif
 
 	if (owner && owner->tgid == id >> 32)
 		return;
-#ifdef STALLTRACE_RAW_TP
+	if (owner_in_sk_storage()) {
+		/* created zeroed; updated in place (a retransmit racing a change of owner may see a mix) */
+		if (!owner)
+			owner = bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!owner)
+			return;
+		owner->tgid = id >> 32;
+		owner->pid = (__u32)id;
+		bpf_get_current_comm(owner->comm, sizeof(owner->comm));
+		return;
+	}
 	fresh.tgid = id >> 32;
 	fresh.pid = (__u32)id;
 	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
@@ -245,17 +276,8 @@ static __always_inline void note_owner(const struct sock *sk)
 		fresh.last_total_retrans = owner->last_total_retrans;
 		fresh.seen_retrans = owner->seen_retrans;
 	}
-	bpf_map_update_elem(&sock_owners, &key, &fresh, BPF_ANY);
-#else
-	/* created zeroed; updated in place (a retransmit racing a change of owner may see a mix) */
-	if (!owner)
-		owner = bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!owner)
-		return;
-	owner->tgid = id >> 32;
-	owner->pid = (__u32)id;
-	bpf_get_current_comm(owner->comm, sizeof(owner->comm));
-#endif
+	key = ptr_key(sk, program);
+	bpf_map_update_elem(&sock_owners_by_addr, &key, &fresh, BPF_ANY);
 }
 
 static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)
@@ -268,11 +290,23 @@ static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tc
 	__builtin_memcpy(e->comm, owner->comm, sizeof(e->comm));
 }
 
-HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int err)
+/* 6.17's tcp_retransmit_skb(sk, skb, err) has an event struct of its own, with `err`. */
+struct trace_event_raw_tcp_retransmit_skb___6_17 {
+	int err;
+} __attribute__((preserve_access_index));
+
+/*
+ * The event is built on the stack and copied into the ring buffer: with
+ * bpf_ringbuf_reserve the verifiers before 6.8 lost track of the
+ * reservation across this function's branches ("Unreleased reference").
+ */
+HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 {
 	const struct tcp_skb_cb *cb = (const struct tcp_skb_cb *)&skb->cb[0];
+	int err = bpf_core_field_exists(struct trace_event_raw_tcp_retransmit_skb___6_17, err) ? (int)TP_ARG(2)
+												 : 0;
 	struct tcp_sock *tp = TCP_SK(sk);
-	struct tcp_retransmit_event *e;
+	struct tcp_retransmit_event e = {};
 	struct tcp_peer_stats *peer;
 	struct tcp_owner *owner;
 	__u32 total_retrans, stamp, now_ms, segs, flags;
@@ -298,7 +332,7 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 	 * the socket's previous retransmit; the first time, fall back to err
 	 * (early exits, -EBUSY and friends, are not counted; send failures are).
 	 */
-	owner = owner_of(sk);
+	owner = owner_of(sk, PROG_RETRANSMIT);
 	if (owner && owner->seen_retrans)
 		counted = total_retrans - owner->last_total_retrans == segs && segs;
 	else
@@ -307,10 +341,6 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 		owner->last_total_retrans = total_retrans;
 		owner->seen_retrans = 1;
 	}
-
-	e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
-	if (!e)
-		count_lost(LOST_TCP_RINGBUF);
 
 	peer = peer_for(&t);
 	if (peer) {
@@ -347,8 +377,6 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 		else if (kind == TCP_RETX_SYN)
 			__sync_fetch_and_add(&peer->syn, 1);
 	}
-	if (!e)
-		return 0;
 
 	/* retrans_stamp: ms, or us with tcp_usec_ts (6.7+); same clock as bpf_ktime_get_ns */
 	stamp = KREAD(tp, retrans_stamp);
@@ -357,46 +385,40 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb, int e
 			now_ms = (__u32)(now / 1000);
 		else
 			now_ms = (__u32)(now / 1000000);
-		e->stalled_ms = tcp_usec_ts(tp) ? (now_ms - stamp) / 1000 : now_ms - stamp;
+		e.stalled_ms = tcp_usec_ts(tp) ? (now_ms - stamp) / 1000 : now_ms - stamp;
 		flags |= TCP_RETX_F_EPISODE;
-	} else {
-		e->stalled_ms = 0;
 	}
-	e->kind = EVENT_TCP_RETRANSMIT;
-	e->flags = flags;
-	e->ts_ns = now;
-	e->sock_ino = sock_inode(sk);
-	e->netns = t.netns;
-	e->family = t.family;
-	e->sport = t.sport;
-	e->dport = t.dport;
-	e->state = KREAD(sk, __sk_common.skc_state);
-	e->ca_state = ca_state;
-	e->retx_kind = kind;
-	e->backoff = KREAD(tp, inet_conn.icsk_backoff);
-	e->retransmits = KREAD(tp, inet_conn.icsk_retransmits);
-	e->pad0 = 0;
-	__builtin_memcpy(e->saddr, t.saddr, 16);
-	__builtin_memcpy(e->daddr, t.daddr, 16);
-	e->err = err;
-	e->segs = segs;
-	e->bytes = KREAD(skb, len);
-	e->seq = KREAD(cb, seq);
-	e->rto_jiffies = KREAD(tp, inet_conn.icsk_rto);
-	e->srtt_us = KREAD(tp, srtt_us) >> 3;
-	e->tgid = 0;
-	e->pid = 0;
-	e->pad1 = 0;
-	__builtin_memset(e->comm, 0, sizeof(e->comm));
-	fill_owner(e, owner);
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	e.kind = EVENT_TCP_RETRANSMIT;
+	e.flags = flags;
+	e.ts_ns = now;
+	e.sock_ino = sock_inode(sk);
+	e.netns = t.netns;
+	e.family = t.family;
+	e.sport = t.sport;
+	e.dport = t.dport;
+	e.state = KREAD(sk, __sk_common.skc_state);
+	e.ca_state = ca_state;
+	e.retx_kind = kind;
+	e.backoff = KREAD(tp, inet_conn.icsk_backoff);
+	e.retransmits = KREAD(tp, inet_conn.icsk_retransmits);
+	__builtin_memcpy(e.saddr, t.saddr, 16);
+	__builtin_memcpy(e.daddr, t.daddr, 16);
+	e.err = err;
+	e.segs = segs;
+	e.bytes = KREAD(skb, len);
+	e.seq = KREAD(cb, seq);
+	e.rto_jiffies = KREAD(tp, inet_conn.icsk_rto);
+	e.srtt_us = KREAD(tp, srtt_us) >> 3;
+	fill_owner(&e, owner);
+	if (bpf_ringbuf_output(&tcp_events, &e, sizeof(e), BPF_RB_NO_WAKEUP))
+		count_lost(LOST_TCP_RINGBUF);
 	return 0;
 }
 
 /* A SYN-ACK sent again: `sk` is the listener, the connection is the request sock. */
 HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *req)
 {
-	struct tcp_retransmit_event *e;
+	struct tcp_retransmit_event e = {};
 	struct tcp_peer_stats *peer;
 	struct tuple t;
 
@@ -409,27 +431,22 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 		__sync_fetch_and_add(&peer->retrans_segs, 1);
 		__sync_fetch_and_add(&peer->syn, 1);
 	}
-	e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
-	if (!e) {
+	e.kind = EVENT_TCP_RETRANSMIT;
+	e.flags = TCP_RETX_F_COUNTED | TCP_RETX_F_SYNACK;
+	e.ts_ns = bpf_ktime_get_ns();
+	e.netns = t.netns;
+	e.family = t.family;
+	e.sport = t.sport;
+	e.dport = t.dport;
+	e.state = 3; /* TCP_SYN_RECV: the connection's state, not the listener's */
+	e.retx_kind = TCP_RETX_SYN;
+	e.retransmits = KREAD(req, num_retrans);
+	__builtin_memcpy(e.saddr, t.saddr, 16);
+	__builtin_memcpy(e.daddr, t.daddr, 16);
+	e.segs = 1;
+	fill_owner(&e, owner_of(sk, PROG_SYNACK));
+	if (bpf_ringbuf_output(&tcp_events, &e, sizeof(e), BPF_RB_NO_WAKEUP))
 		count_lost(LOST_TCP_RINGBUF);
-		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->kind = EVENT_TCP_RETRANSMIT;
-	e->flags = TCP_RETX_F_COUNTED | TCP_RETX_F_SYNACK;
-	e->ts_ns = bpf_ktime_get_ns();
-	e->netns = t.netns;
-	e->family = t.family;
-	e->sport = t.sport;
-	e->dport = t.dport;
-	e->state = 3; /* TCP_SYN_RECV: the connection's state, not the listener's */
-	e->retx_kind = TCP_RETX_SYN;
-	e->retransmits = KREAD(req, num_retrans);
-	__builtin_memcpy(e->saddr, t.saddr, 16);
-	__builtin_memcpy(e->daddr, t.daddr, 16);
-	e->segs = 1;
-	fill_owner(e, owner_of(sk));
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -469,14 +486,27 @@ HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 OPTIONAL_HOOK(sock_send_length, struct sock *sk, int ret, int flags)
 {
 	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
-		note_owner(sk);
+		note_owner(sk, PROG_SEND);
 	return 0;
 }
 
 OPTIONAL_HOOK(sock_recv_length, struct sock *sk, int ret, int flags)
 {
 	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
-		note_owner(sk);
+		note_owner(sk, PROG_RECV);
+	return 0;
+}
+
+/* Before 6.3 (no sock_*_length tracepoints): the TCP send and receive calls themselves. */
+OPTIONAL_FUNC_HOOK(sock_send_length, tcp_sendmsg, struct sock *sk)
+{
+	note_owner(sk, PROG_SEND);
+	return 0;
+}
+
+OPTIONAL_FUNC_HOOK(sock_recv_length, tcp_recvmsg, struct sock *sk)
+{
+	note_owner(sk, PROG_RECV);
 	return 0;
 }
 
@@ -484,21 +514,20 @@ OPTIONAL_HOOK(sock_recv_length, struct sock *sk, int ret, int flags)
  * connect() (-> SYN_SENT) and listen() (-> LISTEN) run in the owner's context:
  * that names the owner of SYN and SYN-ACK retransmits. Passive opens reach
  * ESTABLISHED in softirq, where the current task is unrelated: not used. A
- * closed socket is forgotten (its address will be reused).
+ * closed socket is forgotten (its address will be reused); socket storage
+ * goes with the socket by itself.
  */
 HOOK(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
 {
-#ifdef STALLTRACE_RAW_TP
-	__u64 key = (__u64)sk;
-#endif
+	__u64 key;
 
 	if (KREAD(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
-	if (newstate == TCP_SYN_SENT_STATE || newstate == TCP_LISTEN_STATE)
-		note_owner(sk);
-#ifdef STALLTRACE_RAW_TP
-	else if (newstate == TCP_CLOSE_STATE)
-		bpf_map_delete_elem(&sock_owners, &key); /* tp_btf: sk_storage goes with the socket */
-#endif
+	if (newstate == TCP_SYN_SENT_STATE || newstate == TCP_LISTEN_STATE) {
+		note_owner(sk, PROG_SET_STATE);
+	} else if (newstate == TCP_CLOSE_STATE && !owner_in_sk_storage()) {
+		key = ptr_key(sk, PROG_SET_STATE);
+		bpf_map_delete_elem(&sock_owners_by_addr, &key);
+	}
 	return 0;
 }

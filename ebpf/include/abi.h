@@ -83,8 +83,9 @@ struct block_stats {
 struct block_disk {
 	__u64 id;         /* major << 32 | first minor; 0 = free slot */
 	__u64 claimed_ns; /* when the disk was first seen */
-	__s64 inflight;   /* requests issued and not yet completed or requeued */
-	__u64 pad;
+	__u32 claims;     /* slots.bpf.h's claim count (the disk table is a slot table) */
+	__u32 pad;
+	__s64 inflight; /* requests issued and not yet completed or requeued */
 };
 
 /*
@@ -93,6 +94,8 @@ struct block_disk {
 struct slot_head {
 	__u64 owner;    /* the object's address; 0 = free */
 	__u64 stamp_ns; /* when it was claimed */
+	__u32 claims;   /* claimers holding or trying for the slot (slots.bpf.h) */
+	__u32 pad;
 };
 
 /*

@@ -23,14 +23,28 @@
  * HOOK: a program the family cannot work without. OPTIONAL_HOOK: one on a
  * tracepoint only some kernels have; the daemon attaches it when it can and
  * reports it when it cannot (the name prefix tells it which, see probes/mod.rs).
+ *
+ * FUNC_HOOK / OPTIONAL_FUNC_HOOK(hook, func, ...): the same hook on a kernel
+ * function, for kernels whose tracepoint is missing or lacks what the hook
+ * needs: fentry in the tp_btf object (typed arguments, direct loads like
+ * tp_btf), kprobe in the raw_tp one (plain numbers, probe reads like raw_tp).
+ * The daemon tries a hook's tracepoint program first and its function
+ * program only when that cannot load or attach; the program name
+ * (<prefix>_<hook>__<func>) ties the two together.
  */
 #ifdef STALLTRACE_RAW_TP
 #define HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(on_##tp, ##args)
 #define OPTIONAL_HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(maybe_##tp, ##args)
+#define FUNC_HOOK(hook, func, args...) SEC("kprobe/" #func) int BPF_KPROBE(on_##hook##__##func, ##args)
+#define OPTIONAL_FUNC_HOOK(hook, func, args...)                                                        \
+	SEC("kprobe/" #func) int BPF_KPROBE(maybe_##hook##__##func, ##args)
 #define KREAD(src, ...) BPF_CORE_READ(src, __VA_ARGS__)
 #else
 #define HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(on_##tp, ##args)
 #define OPTIONAL_HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(maybe_##tp, ##args)
+#define FUNC_HOOK(hook, func, args...) SEC("fentry/" #func) int BPF_PROG(on_##hook##__##func, ##args)
+#define OPTIONAL_FUNC_HOOK(hook, func, args...)                                                        \
+	SEC("fentry/" #func) int BPF_PROG(maybe_##hook##__##func, ##args)
 /* Direct loads; vmlinux.h marks every struct preserve_access_index, so each is CO-RE relocated. */
 #define KREAD_1(s, a) ((s)->a)
 #define KREAD_2(s, a, b) ((s)->a->b)
@@ -38,6 +52,23 @@
 #define KREAD_PICK(_1, _2, _3, name, ...) name
 #define KREAD(src, ...) KREAD_PICK(__VA_ARGS__, KREAD_3, KREAD_2, KREAD_1)(src, __VA_ARGS__)
 #endif
+
+/*
+ * Argument `n` of a tracepoint hook declared without arguments, for
+ * tracepoints whose prototype changed between kernels. Each kernel checks a
+ * program's reads against its own prototype (tp_btf: when the read is
+ * verified; raw_tp: at attach, against the highest argument any reachable
+ * read touches), so a read of an argument only some kernels pass must stay
+ * on the branch a CO-RE check keeps, which the verifier then never walks on
+ * the others. An asm load cannot be hoisted out of that branch by the
+ * compiler, as a plain one could.
+ */
+#define TP_ARG(n)                                                                                      \
+	({                                                                                             \
+		__u64 __arg;                                                                           \
+		asm volatile("%0 = *(u64 *)(%1 + %2)" : "=r"(__arg) : "r"(ctx), "i"((n) * 8));        \
+		__arg;                                                                                 \
+	})
 
 /*
  * Bitfields: their offsets are relocated too, and loaded with the right width.

@@ -9,11 +9,19 @@
  *
  * A table is a BPF_MAP_TYPE_ARRAY whose value type starts with struct
  * slot_head. An object hashes to a home slot and may use the next
- * SLOT_PROBES slots; a slot is claimed with a compare-and-swap of its owner
- * from 0 to the object's address, so CPUs never race for one. The object's
+ * SLOT_PROBES slots. Claiming a slot is an atomic add to its claim count
+ * followed by a read of the count: whoever reads exactly one more than the
+ * count it found free owns the slot, and gives the add back otherwise.
+ * Of two claimers, the one whose add is later in the count's modification
+ * order reads a value that includes both adds (a read after one's own write
+ * to a location sees that write or a later one), so at most one wins.
+ * A compare-and-swap would do it in one step, but BPF's cmpxchg, like every
+ * atomic that returns a value, needs 5.12; a plain atomic add works on every
+ * kernel stalltrace runs on (5.10's verifier rejects the whole object if it
+ * holds one such instruction, even where it is never reached). The object's
  * hook runs before the object can complete (a bio's submit hook, a request's
- * issue hook), so the fields written after the claim are in place by the time
- * the completion reads them.
+ * issue hook), so the fields written after the claim are in place by the
+ * time the completion reads them.
  */
 #ifndef STALLTRACE_SLOTS_BPF_H
 #define STALLTRACE_SLOTS_BPF_H
@@ -74,19 +82,32 @@ static __always_inline __u32 slot_home(__u64 key, __u32 bits)
 }
 
 /*
+ * Take `slot` if its claim count is `held` (0: free; 1: held by an owner being
+ * displaced) and nobody else takes it at the same time (see the top). The
+ * count is left at held + 1; the caller gives one back after displacing.
+ */
+static __always_inline bool slot_take(struct slot_head *slot, __u32 held)
+{
+	__sync_fetch_and_add(&slot->claims, 1);
+	if (*(volatile __u32 *)&slot->claims == held + 1)
+		return true;
+	__sync_fetch_and_add(&slot->claims, -1);
+	return false;
+}
+
+/*
  * Claim a slot for `key` (non-zero) in `table` (2^bits entries); `*index` is
  * set to its index. Returns NULL when all SLOT_PROBES candidates are held by
- * other owners. A slot still
- * owned by the same key (its last completion was missed) is reused. With
- * `stale_ns` non-zero, an owner claimed longer ago than that is displaced,
- * and `*took_stale` is set.
+ * other owners. A slot still owned by the same key (its last completion was
+ * missed) is reused. With `stale_ns` non-zero, an owner claimed longer ago
+ * than that is displaced, and `*took_stale` is set.
  */
 static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u64 now, __u64 stale_ns,
 					bool *took_stale, __u32 *index)
 {
 	__u32 home = slot_home(key, bits), idx, i;
 	struct slot_head *slot;
-	__u64 prev;
+	__u64 owner;
 
 	if (!key)
 		return NULL;
@@ -95,17 +116,21 @@ static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u6
 		slot = bpf_map_lookup_elem(table, &idx);
 		if (!slot)
 			return NULL;
-		prev = __sync_val_compare_and_swap(&slot->owner, 0, key);
-		if (prev == 0 || prev == key)
+		owner = slot->owner;
+		if (owner == key)
 			goto claimed;
-		if (stale_ns && now - slot->stamp_ns > stale_ns &&
-		    __sync_val_compare_and_swap(&slot->owner, prev, key) == prev) {
+		if (!owner && !slot->claims && slot_take(slot, 0))
+			goto claimed;
+		if (owner && stale_ns && now - slot->stamp_ns > stale_ns && slot_take(slot, 1)) {
+			/* the count stays at one: ours now */
+			__sync_fetch_and_add(&slot->claims, -1);
 			*took_stale = true;
 			goto claimed;
 		}
 	}
 	return NULL;
 claimed:
+	slot->owner = key;
 	slot->stamp_ns = now;
 	*index = idx;
 	return slot;
@@ -132,7 +157,10 @@ static __always_inline void *slot_find(void *table, __u32 bits, __u64 key, __u32
 
 static __always_inline void slot_release(void *slot)
 {
-	((struct slot_head *)slot)->owner = 0;
+	struct slot_head *head = slot;
+
+	head->owner = 0;
+	__sync_fetch_and_add(&head->claims, -1);
 }
 
 #endif /* STALLTRACE_SLOTS_BPF_H */

@@ -3,7 +3,7 @@
 
 use crate::cli::CheckArgs;
 use crate::host;
-use crate::probes::{self, ModeChoice};
+use crate::probes::{self, HookStatus, ModeChoice};
 
 /// Prints the report; returns whether everything needed for `run` attached.
 pub fn check(args: &CheckArgs) -> bool {
@@ -53,14 +53,14 @@ pub fn check(args: &CheckArgs) -> bool {
                     println!(
                         "{:<11} {label} {mode:?}: {} hooks attached in {}",
                         family.name,
-                        attached.hooks.len(),
+                        attached.hooks.iter().filter(|h| h.attached).count(),
                         attached.mode.name()
                     );
                     if let Some(why) = &attached.fallback_reason {
                         println!("            tp_btf not usable: {why}");
                     }
                     for h in &attached.hooks {
-                        println!("              {:<24} ok", h.hook);
+                        println!("              {:<24} {}", h.hook, hook_state(h));
                     }
                 }
                 Err(failure) => {
@@ -70,16 +70,32 @@ pub fn check(args: &CheckArgs) -> bool {
                         family.name, failure.error
                     );
                     for h in &failure.hooks {
-                        let state = match (&h.error, h.attached) {
-                            (Some(e), _) => format!("FAILED ({}): {e}", h.mode.name()),
-                            (None, true) => "ok".into(),
-                            (None, false) => "not tried".into(),
-                        };
-                        println!("              {:<24} {state}", h.hook);
+                        println!("              {:<24} {}", h.hook, hook_state(h));
                     }
                 }
             }
         }
     }
     ok
+}
+
+/// One hook's line: what served it and what it cannot tell, or why nothing could.
+fn hook_state(h: &HookStatus) -> String {
+    let mut state = match (h.attached, &h.error) {
+        (true, _) => format!(
+            "ok: {} {}",
+            h.via.map_or("?", |v| v.name()),
+            h.target.as_deref().unwrap_or("?")
+        ),
+        (false, Some(e)) if h.optional => format!("not available (optional): {e}"),
+        (false, Some(e)) => format!("FAILED ({}): {e}", h.mode.name()),
+        (false, None) => "not tried".into(),
+    };
+    if let Some(why) = &h.fallback_reason {
+        state.push_str(&format!(" (instead of the tracepoint: {why})"));
+    }
+    if let Some(note) = &h.note {
+        state.push_str(&format!("; note: {note}"));
+    }
+    state
 }

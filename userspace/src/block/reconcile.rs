@@ -25,7 +25,7 @@ pub fn kernel_says_idle(sysfs: &Sysfs, disk: &str) -> bool {
     sysfs.io_accounting(disk) == Some(true) && sysfs.kernel_inflight(disk) == Some((0, 0))
 }
 
-/// Clear `disk_id`'s in-flight request slots and zero its gauge (entry `index`
+/// End the life of `disk_id`'s in-flight request slots and zero its gauge (entry `index`
 /// of the disk table). Returns what was settled, by op.
 pub fn settle(
     rq_slots: &mut Array<MapData, block_rq_slot>,
@@ -41,7 +41,14 @@ pub fn settle(
         .filter(|(_, s)| s.head.owner != 0 && s.in_flight != 0 && s.disk_id == disk_id)
         .collect();
     for (i, slot) in stale {
-        if rq_slots.set(i, block_rq_slot::default(), 0).is_ok() {
+        // The slot stays its request's (the kernel side counts claims on it, see
+        // slots.bpf.h): only its life ends, as after a requeue. The request's next
+        // issue, or a claim after SLOT_STALE_NS, takes it up again.
+        let settled_slot = block_rq_slot {
+            in_flight: 0,
+            ..slot
+        };
+        if rq_slots.set(i, settled_slot, 0).is_ok() {
             *settled.entry(slot.op).or_default() += 1;
         }
     }

@@ -18,7 +18,7 @@ use crate::host::link::{Exposed, LinkCounters, LinkHealth, PauseCounters, QdiscS
 use crate::netdev::record::NetdevRecord;
 use crate::probes::lost::source_name;
 use crate::probes::stats::ProgramStats;
-use crate::probes::{HookMode, HookStatus};
+use crate::probes::{AttachKind, HookMode, HookStatus};
 use crate::sqlserver::dmv::DmvSession;
 use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
 use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord, SqlTag};
@@ -180,49 +180,45 @@ fn emitted_lines() -> Vec<String> {
     ];
     let probes = [
         HookStatus {
-            family: "netdev",
-            hook: "dql_stall_detected".into(),
-            mode: HookMode::TpBtf,
-            attached: false,
-            optional: true,
-            program_id: None,
             error: Some("unknown BTF type `btf_trace_dql_stall_detected`".into()),
+            optional: true,
+            ..hook("netdev", "dql_stall_detected", HookMode::TpBtf)
         },
         HookStatus {
-            family: "block",
-            hook: "block_bio_complete".into(),
-            mode: HookMode::TpBtf,
             attached: true,
-            optional: false,
+            via: Some(AttachKind::TpBtf),
+            target: Some("block_bio_complete".into()),
             program_id: Some(4711),
-            error: None,
+            ..hook("block", "block_bio_complete", HookMode::TpBtf)
         },
         HookStatus {
-            family: "block",
-            hook: "block_getrq".into(),
-            mode: HookMode::TpBtf,
-            attached: false,
-            optional: false,
-            program_id: None,
             error: Some("Invalid argument (os error 22)".into()),
+            ..hook("block", "block_getrq", HookMode::TpBtf)
+        },
+        hook("block", "block_rq_issue", HookMode::TpBtf),
+        HookStatus {
+            attached: true, // id not reported
+            via: Some(AttachKind::RawTp),
+            target: Some("block_getrq".into()),
+            ..hook("block", "block_getrq", HookMode::RawTp)
         },
         HookStatus {
-            family: "block",
-            hook: "block_rq_issue".into(),
-            mode: HookMode::TpBtf,
-            attached: false,
-            optional: false,
-            program_id: None,
-            error: None,
-        },
-        HookStatus {
-            family: "block",
-            hook: "block_getrq".into(),
-            mode: HookMode::RawTp,
             attached: true,
-            optional: false,
-            program_id: None, // attached, id not reported
-            error: None,
+            via: Some(AttachKind::Fentry),
+            target: Some("tcp_sendmsg_locked".into()),
+            fallback_reason: Some("tp_btf tcp_sendmsg_locked: unknown BTF type".into()),
+            program_id: Some(4712),
+            ..hook("sqlserver", "tcp_sendmsg_locked", HookMode::TpBtf)
+        },
+        HookStatus {
+            attached: true,
+            via: Some(AttachKind::TpBtf),
+            target: Some("tcp_retransmit_skb".into()),
+            note: Some(
+                "this kernel's tracepoint fires only for retransmissions that went out".into(),
+            ),
+            program_id: Some(4713),
+            ..hook("tcp", "tcp_retransmit_skb", HookMode::TpBtf)
         },
     ];
     let netns = [crate::host::netns::Netns {
@@ -994,4 +990,21 @@ fn wrong_values_fail() {
             .remove("ns_per_run");
     });
     bad("stop", &|r| r["programs"][1]["ns_per_run"] = json!(0.0));
+}
+
+/// A hook status that was not tried; the fixtures above fill in what differs.
+fn hook(family: &'static str, name: &str, mode: HookMode) -> HookStatus {
+    HookStatus {
+        family,
+        hook: name.into(),
+        mode,
+        attached: false,
+        via: None,
+        target: None,
+        fallback_reason: None,
+        note: None,
+        optional: false,
+        program_id: None,
+        error: None,
+    }
 }

@@ -2,23 +2,23 @@
 //!
 //! Every family is embedded twice (build.rs): a tp_btf object and a raw_tp one.
 //! `auto` tries tp_btf (cheapest: direct loads, no helper calls) and falls back
-//! to raw_tp, for the whole family at once, when any required tp_btf hook
-//! cannot be loaded or attached. The hooks are read from the object itself: a
-//! program in section `tp_btf/<tracepoint>` is attached to `<tracepoint>`, so
-//! the C file is the only list of hooks. A program named `on_<tracepoint>`
-//! (the HOOK macro) is required; one named `maybe_<tracepoint>` (OPTIONAL_HOOK:
-//! a tracepoint only newer kernels have) is attached when it can be, and its
-//! failure is reported, not fatal.
+//! to raw_tp, for the whole family at once, when any required hook cannot be
+//! served in tp_btf. The hooks are read from the object itself (hooks.rs), so
+//! the C file is the only list of them. A hook may have several programs, tried
+//! in order until one loads and attaches: its tracepoint first, then a kernel
+//! function standing in for it where the tracepoint is missing (fentry in the
+//! tp_btf object, kprobe in the raw_tp one). A hook whose programs are named
+//! `on_*` (the HOOK macros) is required; `maybe_*` (OPTIONAL_HOOK) is attached
+//! when it can be, and its failure is reported, not fatal.
 
+mod hooks;
 pub mod lost;
 pub mod stats;
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
-use aya::programs::{BtfTracePoint, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 use serde::Serialize;
 
 use crate::error::UserError;
@@ -83,6 +83,19 @@ pub struct HookStatus {
     pub hook: String,
     pub mode: HookMode,
     pub attached: bool,
+    /// What served the hook once attached: its tracepoint (`tp_btf`, `raw_tp`) or
+    /// a kernel function standing in for it (`fentry`, `kprobe`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<AttachKind>,
+    /// The tracepoint or kernel function it attached to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Why the hook's earlier programs (its tracepoint) could not be used, when a later one serves it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+    /// What this kernel's hook cannot tell (docs/records.md says per field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// The family works without it (a tracepoint only newer kernels have); serialized only when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
@@ -110,42 +123,7 @@ pub struct FamilyFailure {
     pub error: UserError,
 }
 
-/// One program of an object and where it attaches.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Hook {
-    pub tracepoint: String,
-    pub program: String,
-    pub optional: bool,
-}
-
-/// Every hook of `mode` in an object, by tracepoint.
-pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<Hook> {
-    let file = object::File::parse(bytes).expect("embedded eBPF object is valid ELF");
-    let mut hooks = Vec::new();
-    for sym in file.symbols() {
-        if sym.kind() != SymbolKind::Text {
-            continue;
-        }
-        let Some(section) = sym
-            .section_index()
-            .and_then(|i| file.section_by_index(i).ok())
-        else {
-            continue;
-        };
-        let (Ok(section), Ok(name)) = (section.name(), sym.name()) else {
-            continue;
-        };
-        if let Some(tp) = section.strip_prefix(mode.section_prefix()) {
-            hooks.push(Hook {
-                tracepoint: tp.to_string(),
-                program: name.to_string(),
-                optional: name.starts_with("maybe_"),
-            });
-        }
-    }
-    hooks.sort();
-    hooks
-}
+pub use hooks::{AttachKind, Hook, hooks_in_object};
 
 /// What a family sets before its programs run.
 #[derive(Default)]
@@ -235,16 +213,20 @@ fn attach_mode(
         HookMode::TpBtf => family.tp_btf,
         HookMode::RawTp => family.raw_tp,
     };
-    let mut hooks = hooks_in_object(bytes, mode);
-    hooks.retain(|h| !setup.skip.contains(&h.tracepoint.as_str()));
-    let mut statuses: Vec<HookStatus> = hooks
+    let mut candidates = hooks::candidates(bytes, mode);
+    candidates.retain(|(name, _)| !setup.skip.contains(&name.as_str()));
+    let mut statuses: Vec<HookStatus> = candidates
         .iter()
-        .map(|hook| HookStatus {
+        .map(|(name, programs)| HookStatus {
             family: family.name,
-            hook: hook.tracepoint.clone(),
+            hook: name.clone(),
             mode,
             attached: false,
-            optional: hook.optional,
+            via: None,
+            target: None,
+            fallback_reason: None,
+            note: None,
+            optional: programs.iter().all(|p| p.optional),
             program_id: None,
             error: None,
         })
@@ -269,96 +251,107 @@ fn attach_mode(
         })?;
     }
 
-    for (i, hook) in hooks.iter().enumerate() {
-        let tp = &hook.tracepoint;
-        match attach_one(&mut ebpf, &hook.program, &hook_target(tp), mode, btf) {
-            Ok(id) => {
-                statuses[i].attached = true;
-                statuses[i].program_id = id;
+    for (i, (name, programs)) in candidates.iter().enumerate() {
+        let mut failures: Vec<String> = Vec::new();
+        for program in programs {
+            let target = hook_target(&program.target);
+            match hooks::attach_one(&mut ebpf, program, &target, btf) {
+                Ok(id) => {
+                    let status = &mut statuses[i];
+                    status.attached = true;
+                    status.program_id = id;
+                    status.via = Some(program.kind);
+                    status.target = Some(program.target.clone());
+                    status.fallback_reason = (!failures.is_empty()).then(|| failures.join("; "));
+                    status.note = hooks::limits(family.name, name, program.kind, btf);
+                    break;
+                }
+                Err(why) => {
+                    failures.push(format!("{} {}: {why}", program.kind.name(), program.target))
+                }
             }
-            Err(why) if hook.optional => statuses[i].error = Some(why),
-            Err(why) => {
-                statuses[i].error = Some(why.clone());
-                // Returning drops `ebpf`: whatever attached so far is detached with it.
-                return Err(FamilyFailure {
-                    hooks: statuses,
-                    error: UserError::probe_failed(
-                        family.name,
-                        &format!("{tp} ({})", mode.name()),
-                        &why,
-                    ),
-                });
-            }
+        }
+        if statuses[i].attached {
+            continue;
+        }
+        let why = failures.join("; ");
+        statuses[i].error = Some(why.clone());
+        if !statuses[i].optional {
+            // Returning drops `ebpf`: whatever attached so far is detached with it.
+            return Err(FamilyFailure {
+                hooks: statuses,
+                error: UserError::probe_failed(
+                    family.name,
+                    &format!("{name} ({})", mode.name()),
+                    &why,
+                ),
+            });
         }
     }
     Ok((ebpf, statuses))
 }
 
 /// Fault injection for the tests of attach failures: `STALLTRACE_FAULT_MISSING_HOOK=<tracepoint>`
-/// makes that hook point at a tracepoint that does not exist, as on a kernel
-/// without it. Never set in production.
-fn hook_target(tp: &str) -> String {
+/// makes that tracepoint (and a kernel function of that name) look missing, as on
+/// a kernel without it. Never set in production.
+fn hook_target(target: &str) -> String {
     match std::env::var("STALLTRACE_FAULT_MISSING_HOOK") {
-        Ok(missing) if missing == tp => format!("{tp}_missing_by_fault_injection"),
-        _ => tp.to_string(),
+        Ok(missing) if missing == target => format!("{target}_missing_by_fault_injection"),
+        _ => target.to_string(),
     }
 }
 
-/// Load and attach one program; returns its kernel program id.
-fn attach_one(
-    ebpf: &mut Ebpf,
-    program: &str,
-    tp: &str,
-    mode: HookMode,
-    btf: &Btf,
-) -> Result<Option<u32>, String> {
-    let prog = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing from the object"))?;
-    match mode {
-        HookMode::TpBtf => {
-            let p: &mut BtfTracePoint = prog.try_into().map_err(|e| describe(&e))?;
-            p.load(tp, btf).map_err(|e| describe(&e))?;
-            p.attach().map_err(|e| describe(&e))?;
-            Ok(p.info().ok().map(|i| i.id()))
-        }
-        HookMode::RawTp => {
-            let p: &mut RawTracePoint = prog.try_into().map_err(|e| describe(&e))?;
-            p.load().map_err(|e| describe(&e))?;
-            p.attach(tp).map_err(|e| describe(&e))?;
-            Ok(p.info().ok().map(|i| i.id()))
-        }
-    }
-}
+/// Lines of a verifier log kept in an error: the reason and the instructions just before it.
+const VERIFIER_LINES_KEPT: usize = 3;
 
 /// An error and its causes on one line. A verifier rejection keeps only the
 /// log's last lines (the reason), not the whole program listing.
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
+    let mut parts: Vec<String> = vec![e.to_string()];
     let mut source = e.source();
     while let Some(s) = source {
-        parts.push(s.to_string());
+        // aya's load error already names its io::Error: do not say it twice.
+        let text = s.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
         source = s.source();
     }
-    let mut text = parts.join(": ");
-    if let Some(pos) = text.find("Verifier output:") {
-        // The log ends with statistics; the reason is the last line before them.
-        let reason = text[pos..]
-            .lines()
-            .rev()
-            .map(str::trim)
-            .find(|l| {
-                !l.is_empty()
-                    && !l.starts_with("processed ")
-                    && !l.starts_with("verification time")
-                    && !l.starts_with("stack depth")
-                    && l.chars().any(char::is_alphabetic)
-            })
-            .unwrap_or("rejected")
-            .to_string();
-        text = format!("{} verifier: {reason}", &text[..pos]);
+    for part in &mut parts {
+        if let Some(pos) = part.find("Verifier output:") {
+            let reason = verifier_reason(&part[pos + "Verifier output:".len()..]);
+            *part = format!("{} verifier: {reason}", part[..pos].trim_end());
+        }
     }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    parts
+        .join(": ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The last lines of a verifier log before its statistics: the reason, and the
+/// instructions that led to it.
+fn verifier_reason(log: &str) -> String {
+    let mut reason: Vec<&str> = log
+        .lines()
+        .rev()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with("processed ")
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
+                && l.chars().any(char::is_alphabetic)
+        })
+        .take(VERIFIER_LINES_KEPT)
+        .collect();
+    reason.reverse();
+    if reason.is_empty() {
+        "(the kernel wrote no log)".to_string()
+    } else {
+        reason.join(" | ")
+    }
 }
 
 /// What every family's records may need from the rest of the run.
@@ -576,8 +569,9 @@ mod tests {
             let hooks: Vec<String> = hooks_in_object(bytes, mode)
                 .into_iter()
                 .map(|h| {
-                    assert!(!h.optional, "{} should be required", h.tracepoint);
-                    h.tracepoint
+                    assert!(!h.optional, "{} should be required", h.name);
+                    assert_eq!(h.name, h.target, "block hooks are tracepoints");
+                    h.name
                 })
                 .collect();
             assert_eq!(
@@ -593,5 +587,52 @@ mod tests {
                 "{mode:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_hook_tries_its_tracepoint_before_the_function_standing_in_for_it() {
+        let sql = embedded("sqlserver");
+        for (mode, bytes, tracepoint, function) in [
+            (
+                HookMode::TpBtf,
+                sql.tp_btf,
+                AttachKind::TpBtf,
+                AttachKind::Fentry,
+            ),
+            (
+                HookMode::RawTp,
+                sql.raw_tp,
+                AttachKind::RawTp,
+                AttachKind::Kprobe,
+            ),
+        ] {
+            let candidates = hooks::candidates(bytes, mode);
+            assert_eq!(candidates.len(), 1, "{mode:?}: {candidates:?}");
+            let (name, programs) = &candidates[0];
+            assert_eq!(name, "tcp_sendmsg_locked");
+            let kinds: Vec<AttachKind> = programs.iter().map(|p| p.kind).collect();
+            assert_eq!(kinds, [tracepoint, function], "{mode:?}");
+            assert!(
+                programs
+                    .iter()
+                    .all(|p| !p.optional && p.target == "tcp_sendmsg_locked")
+            );
+        }
+        let tcp = embedded("tcp");
+        let send: Vec<(AttachKind, String, bool)> = hooks::candidates(tcp.tp_btf, HookMode::TpBtf)
+            .into_iter()
+            .find(|(name, _)| name == "sock_send_length")
+            .expect("tcp has sock_send_length")
+            .1
+            .into_iter()
+            .map(|p| (p.kind, p.target, p.optional))
+            .collect();
+        assert_eq!(
+            send,
+            [
+                (AttachKind::TpBtf, "sock_send_length".to_string(), true),
+                (AttachKind::Fentry, "tcp_sendmsg".to_string(), true)
+            ]
+        );
     }
 }
