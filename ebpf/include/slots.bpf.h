@@ -122,16 +122,20 @@ static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u6
 		if (!owner && !slot->claims && slot_take(slot, 0))
 			goto claimed;
 		if (owner && stale_ns && now - slot->stamp_ns > stale_ns && slot_take(slot, 1)) {
-			/* the count stays at one: ours now */
+			/* taken: look again, the owner may have been a claimer between its take and its stamp */
+			if (now - *(volatile __u64 *)&slot->stamp_ns > stale_ns) {
+				__sync_fetch_and_add(&slot->claims, -1); /* the count stays at one: ours now */
+				*took_stale = true;
+				goto claimed;
+			}
 			__sync_fetch_and_add(&slot->claims, -1);
-			*took_stale = true;
-			goto claimed;
 		}
 	}
 	return NULL;
 claimed:
-	slot->owner = key;
-	slot->stamp_ns = now;
+	/* the stamp before the owner: a slot whose owner shows carries that owner's stamp */
+	*(volatile __u64 *)&slot->stamp_ns = now;
+	*(volatile __u64 *)&slot->owner = key;
 	*index = idx;
 	return slot;
 }

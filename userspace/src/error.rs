@@ -27,7 +27,21 @@ impl UserError {
     pub fn no_btf() -> Self {
         Self::new(
             "this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing)",
-            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on current Debian, Ubuntu, RHEL and SLES kernels)",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y: the default on Debian 11+, RHEL 8.2+, SLES 15 SP2+ and Ubuntu 20.10+; on Ubuntu 20.04 install the HWE kernel (linux-generic-hwe-20.04, 5.15)",
+        )
+    }
+
+    pub fn lockdown_confidentiality() -> Self {
+        Self::new(
+            "kernel lockdown is in confidentiality mode, which forbids eBPF programs to read kernel memory (every stalltrace probe does)",
+            "boot without lockdown=confidentiality: integrity mode, the Secure Boot default of Debian, Ubuntu, RHEL and SLES, allows tracing",
+        )
+    }
+
+    pub fn no_ring_buffer(kernel: &str) -> Self {
+        Self::new(
+            format!("kernel {kernel} has no BPF ring buffer (Linux 5.8 and later have it)"),
+            "use a 5.10 or later kernel (RHEL 8.6+ and 9, SLES 15 SP3+, Ubuntu 20.04's HWE kernel 5.15, Debian 11+)",
         )
     }
 

@@ -14,6 +14,23 @@ pub fn has_btf() -> bool {
     Path::new(VMLINUX_BTF).exists()
 }
 
+/// The kernel lockdown mode in force (`none`, `integrity`, `confidentiality`),
+/// from securityfs or, where that is not mounted, the kernel command line.
+pub fn lockdown() -> Option<String> {
+    if let Ok(text) = std::fs::read_to_string("/sys/kernel/security/lockdown") {
+        // "none integrity [confidentiality]": the bracketed one is in force.
+        return text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+            .map(str::to_string);
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").ok()?;
+    cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("lockdown="))
+        .map(str::to_string)
+}
+
 /// Whether the kernel keeps per-program run time (sysctl kernel.bpf_stats_enabled).
 pub fn bpf_stats_enabled() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")

@@ -13,10 +13,11 @@
 
 mod hooks;
 pub mod lost;
+mod shared;
 pub mod stats;
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use aya::{Btf, Ebpf, EbpfLoader};
 use serde::Serialize;
@@ -124,6 +125,7 @@ pub struct FamilyFailure {
 }
 
 pub use hooks::{AttachKind, Hook, hooks_in_object};
+pub use shared::SharedMaps;
 
 /// What a family sets before its programs run.
 #[derive(Default)]
@@ -383,89 +385,6 @@ pub trait Family {
     fn lost(&mut self) -> Vec<(String, u64)>;
 }
 
-/// Maps two families' objects share, pinned in bpffs only while they load.
-///
-/// aya creates a map at its pin path the first time and opens the pinned one
-/// after that, so the second object gets the first one's map. The pins are
-/// removed when this is dropped (the maps live on with the programs using
-/// them), and any left by an earlier daemon with the same pid are removed
-/// first. Nothing is shared when /sys/fs/bpf is not a bpffs.
-pub struct SharedMaps {
-    pins: Vec<(&'static str, PathBuf)>,
-}
-
-const BPF_FS: &str = "/sys/fs/bpf";
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-
-impl SharedMaps {
-    pub fn new(names: &[&'static str]) -> Option<Self> {
-        if !is_bpffs(Path::new(BPF_FS)) {
-            return None;
-        }
-        let pid = std::process::id();
-        let pins: Vec<_> = names
-            .iter()
-            .map(|name| {
-                (
-                    *name,
-                    Path::new(BPF_FS).join(format!("stalltrace-{pid}-{name}")),
-                )
-            })
-            .collect();
-        for (_, path) in &pins {
-            let _ = std::fs::remove_file(path);
-        }
-        remove_dead_daemons_pins(Path::new(BPF_FS));
-        Some(Self { pins })
-    }
-
-    pub fn pins(&self) -> &[(&'static str, PathBuf)] {
-        &self.pins
-    }
-}
-
-impl Drop for SharedMaps {
-    fn drop(&mut self) {
-        for (_, path) in &self.pins {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// Pins a daemon killed while it loaded (SIGKILL, so no Drop) left behind:
-/// `stalltrace-<pid>-<map>` whose pid is gone. They would keep their maps
-/// alive in the kernel until the next boot.
-fn remove_dead_daemons_pins(bpffs: &Path) {
-    let Ok(dir) = std::fs::read_dir(bpffs) else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("stalltrace-"))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new("/proc").join(pid.to_string()).exists() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-fn is_bpffs(path: &Path) -> bool {
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs writes into `fs`, which is valid for writes and all-zero is a valid statfs.
-    unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        libc::statfs(c_path.as_ptr(), &mut fs) == 0 && fs.f_type as i64 == BPF_FS_MAGIC
-    }
-}
-
 thread_local! {
     /// Loaders made by `preflight` before it parses the kernel's BTF.
     static BLANK_LOADERS: RefCell<Vec<EbpfLoader<'static>>> = const { RefCell::new(Vec::new()) };
@@ -499,6 +418,9 @@ pub fn preflight() -> Result<Btf, UserError> {
     if !crate::host::kernel::has_btf() {
         return Err(UserError::no_btf());
     }
+    if crate::host::kernel::lockdown().as_deref() == Some("confidentiality") {
+        return Err(UserError::lockdown_confidentiality());
+    }
     raise_memlock_limit();
     BLANK_LOADERS.with(|pool| {
         let mut pool = pool.borrow_mut();
@@ -506,7 +428,7 @@ pub fn preflight() -> Result<Btf, UserError> {
             pool.push(blank_loader());
         }
     });
-    Btf::from_sys_fs().map_err(|e| {
+    let btf = Btf::from_sys_fs().map_err(|e| {
         UserError::new(
             format!(
                 "cannot parse the kernel's BTF ({}): {}",
@@ -515,7 +437,15 @@ pub fn preflight() -> Result<Btf, UserError> {
             ),
             "report this with `stalltrace check` output and the kernel version",
         )
-    })
+    })?;
+    // Every family sends events through a BPF ring buffer (5.8+); its struct is in BTF where it exists.
+    if btf
+        .id_by_type_name_kind("bpf_ringbuf", aya_obj::btf::BtfKind::Struct)
+        .is_err()
+    {
+        return Err(UserError::no_ring_buffer(&crate::host::kernel::release()));
+    }
+    Ok(btf)
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memory
@@ -532,32 +462,6 @@ fn raise_memlock_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_pins_of_daemons_that_are_gone_are_removed() {
-        let dir = std::env::temp_dir().join(format!("stalltrace-pins-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // pid_max is at most 2^22: this pid cannot be running.
-        let names = [
-            "stalltrace-4999999-netdev_stats".to_string(),
-            format!("stalltrace-{}-netdev_stats", std::process::id()),
-            "stalltrace-notapid-x".to_string(),
-            "someone-else".to_string(),
-        ];
-        for n in &names {
-            std::fs::write(dir.join(n), b"").unwrap();
-        }
-        remove_dead_daemons_pins(&dir);
-        let mut left: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
-        std::fs::remove_dir_all(&dir).unwrap();
-        let mut expected = names[1..].to_vec();
-        expected.sort();
-        assert_eq!(left, expected, "only the dead daemon's pin goes");
-    }
 
     #[test]
     fn block_hooks_come_from_the_object_sections() {

@@ -1,0 +1,150 @@
+//! Maps that two families' objects share (netdev's receive-path maps, used by
+//! the tcp object's tcp_probe), and the bpffs they are shared through.
+
+use std::path::{Path, PathBuf};
+
+/// Maps two families' objects share, pinned in bpffs only while they load.
+///
+/// aya creates a map at its pin path the first time and opens the pinned one
+/// after that, so the second object gets the first one's map. The pins are
+/// removed when this is dropped (the maps live on with the programs using
+/// them), and any left by an earlier daemon with the same pid are removed
+/// first. Where /sys/fs/bpf is not a bpffs (a fresh host: only systemd mounts
+/// it), the daemon mounts one there in a mount namespace of its own, which
+/// nobody else sees and which goes away with the daemon; without the
+/// privilege for that (CAP_SYS_ADMIN), nothing is shared.
+pub struct SharedMaps {
+    pins: Vec<(&'static str, PathBuf)>,
+}
+
+const BPF_FS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+impl SharedMaps {
+    pub fn new(names: &[&'static str]) -> Option<Self> {
+        if !is_bpffs(Path::new(BPF_FS)) && !mount_private_bpffs() {
+            return None;
+        }
+        let pid = std::process::id();
+        let pins: Vec<_> = names
+            .iter()
+            .map(|name| {
+                (
+                    *name,
+                    Path::new(BPF_FS).join(format!("stalltrace-{pid}-{name}")),
+                )
+            })
+            .collect();
+        for (_, path) in &pins {
+            let _ = std::fs::remove_file(path);
+        }
+        remove_dead_daemons_pins(Path::new(BPF_FS));
+        Some(Self { pins })
+    }
+
+    pub fn pins(&self) -> &[(&'static str, PathBuf)] {
+        &self.pins
+    }
+}
+
+impl Drop for SharedMaps {
+    fn drop(&mut self) {
+        for (_, path) in &self.pins {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Pins a daemon killed while it loaded (SIGKILL, so no Drop) left behind:
+/// `stalltrace-<pid>-<map>` whose pid is gone. They would keep their maps
+/// alive in the kernel until the next boot.
+fn remove_dead_daemons_pins(bpffs: &Path) {
+    let Ok(dir) = std::fs::read_dir(bpffs) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("stalltrace-"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into `fs`, which is valid for writes and all-zero is a valid statfs.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut fs) == 0 && fs.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+/// Mount a bpffs at /sys/fs/bpf that only this process sees: a mount
+/// namespace of its own (for the calling thread and the threads it starts
+/// after; the loading thread is the one that needs it), slave to the host's
+/// so namespaces and disks mounted later still show, and the bpffs in it.
+/// False, and nothing mounted, when any step is not allowed.
+fn mount_private_bpffs() -> bool {
+    let none = c"none";
+    let bpf = c"bpf";
+    let fs = c"/sys/fs/bpf";
+    // SAFETY: plain syscalls on constant, NUL-terminated strings; failure is returned.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return false;
+        }
+        // Without this our mount would propagate to the host's namespace: stop there.
+        if libc::mount(
+            none.as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return false;
+        }
+        libc::mount(bpf.as_ptr(), fs.as_ptr(), bpf.as_ptr(), 0, std::ptr::null()) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pins_of_daemons_that_are_gone_are_removed() {
+        let dir = std::env::temp_dir().join(format!("stalltrace-pins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // pid_max is at most 2^22: this pid cannot be running.
+        let names = [
+            "stalltrace-4999999-netdev_stats".to_string(),
+            format!("stalltrace-{}-netdev_stats", std::process::id()),
+            "stalltrace-notapid-x".to_string(),
+            "someone-else".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.join(n), b"").unwrap();
+        }
+        remove_dead_daemons_pins(&dir);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut expected = names[1..].to_vec();
+        expected.sort();
+        assert_eq!(left, expected, "only the dead daemon's pin goes");
+    }
+}
