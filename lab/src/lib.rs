@@ -10,6 +10,8 @@
 //!   loop devices, a blkio cgroup that makes a device slow.
 //! - tracer.rs, records.rs: `stalltrace run` as a child process, and reading
 //!   what it wrote.
+//! - kernel_checks/: `stalltrace-kernel-checks`, the checks run inside a guest
+//!   booted with another kernel (`cargo xtask kernels`).
 //! - scenario/: the field cases (`loss`, `queue-depth`, `throttle`, `rtt`,
 //!   `backup`), each with a fault and a clean variant.
 //!
@@ -20,6 +22,7 @@
 
 pub mod disk;
 pub mod fio;
+pub mod kernel_checks;
 pub mod net;
 pub mod records;
 pub mod scenario;

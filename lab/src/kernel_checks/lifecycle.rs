@@ -1,0 +1,135 @@
+//! Checks of the tracer's own life on a kernel rather than of a measurement:
+//!
+//! - `cli/attach-loop`: attach and detach every family again and again while
+//!   the disk is busy. A 6.1 guest twice soft-locked right after attaching
+//!   under I/O (at `block_bio_queue`'s patched jump) under multi-threaded TCG;
+//!   a real lockup in the kernel would show here as a guest that stops
+//!   answering (the host's wall-clock limit and console scan catch it) or as a
+//!   run that does not end.
+//! - `cli/lockdown`: with `lockdown=confidentiality` on the kernel command
+//!   line (the host boots one guest so), `stalltrace run` refuses with one
+//!   line naming the lockdown and the fix, exits 1, and leaves nothing loaded.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Judge, Opts, Run};
+
+/// Attach/detach cycles under I/O.
+const CYCLES: u32 = 4;
+
+pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
+    let mut fio = match Command::new("fio")
+        .args([
+            "--name=attach-loop",
+            &format!("--filename={}", opts.disk),
+            "--rw=randread",
+            "--bs=4k",
+            "--direct=1",
+            "--ioengine=psync",
+            "--numjobs=2",
+            "--time_based",
+            "--runtime=600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => return judge.fail(format!("cannot run fio: {e}")),
+    };
+    let mut cycle_secs = Vec::new();
+    for cycle in 0..CYCLES {
+        let t0 = Instant::now();
+        let run = match Run::start(opts, &[]) {
+            Ok(run) => run,
+            Err(e) => {
+                judge.fail(format!("cycle {cycle}: {e}"));
+                break;
+            }
+        };
+        if !judge.families_attached(&run.start, super::cli::FAMILIES) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if let Err(e) = run.stop() {
+            judge.fail(format!("cycle {cycle}: {e}"));
+            break;
+        }
+        cycle_secs.push(format!("{:.1}", t0.elapsed().as_secs_f64()));
+    }
+    let _ = fio.kill();
+    let _ = fio.wait();
+    judge.note(format!(
+        "{} of {CYCLES} attach/detach cycles under fio (s each: {})",
+        cycle_secs.len(),
+        cycle_secs.join(" ")
+    ));
+    judge.expect(programs_loaded() == Some(0), || {
+        format!(
+            "{:?} stalltrace programs still loaded after the last detach",
+            programs_loaded()
+        )
+    });
+}
+
+pub fn lockdown(opts: &Opts, judge: &mut Judge) {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if !judge.expect(cmdline.contains("lockdown=confidentiality"), || {
+        format!(
+            "the guest was not booted with lockdown=confidentiality: `{}`",
+            cmdline.trim()
+        )
+    }) {
+        return;
+    }
+    let out = Command::new(&opts.bins.stalltrace)
+        .args(["run", "--duration", "1s"])
+        .args(opts.mode.flags())
+        .stdin(Stdio::null())
+        .output();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return judge.fail(format!("cannot run stalltrace: {e}")),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    judge.note(format!(
+        "exit {:?}; stderr: {}",
+        out.status.code(),
+        lines.join(" / ")
+    ));
+    judge.expect(out.status.code() == Some(1), || "exit code is not 1".into());
+    judge.expect(lines.len() == 1, || {
+        format!("{} stderr lines, not one", lines.len())
+    });
+    judge.expect(
+        stderr.contains("lockdown") && stderr.contains("confidentiality"),
+        || "the line does not name the lockdown".into(),
+    );
+    judge.expect(out.stdout.is_empty(), || "records were written".into());
+    judge.expect(programs_loaded() == Some(0), || {
+        format!(
+            "{:?} stalltrace programs loaded after the refusal",
+            programs_loaded()
+        )
+    });
+}
+
+/// Programs of stalltrace's (names `on_*`/`maybe_*`, cut to 15 characters by
+/// the kernel) that the kernel holds, from bpftool; None without bpftool.
+fn programs_loaded() -> Option<usize> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(" name on_") || l.contains(" name maybe_"))
+            .count(),
+    )
+}
