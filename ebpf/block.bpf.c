@@ -145,11 +145,11 @@ static __always_inline struct block_stats *stats_for(__u32 major, __u32 minor, _
 	if (!init)
 		return NULL;
 	err = bpf_map_update_elem(&block_stats, &key, init, BPF_NOEXIST);
-	if (err && err != -EEXIST /* another CPU created it first */) {
+	stats = bpf_map_lookup_elem(&block_stats, &key);
+	/* another CPU, or a program this one interrupted (-EBUSY), may have created it */
+	if (!stats && err && err != -EEXIST)
 		count_lost(LOST_BLOCK_STATS_FULL);
-		return NULL;
-	}
-	return bpf_map_lookup_elem(&block_stats, &key);
+	return stats;
 }
 
 /* The disk's entry in the disk table, claimed on first sight (never displaced); `*index` is its index. */

@@ -100,14 +100,20 @@ struct sk_buff___pre_6_11 {
 	__u8 mono_delivery_time : 1;
 } __attribute__((preserve_access_index));
 
-/* Whether skb->tstamp is a CLOCK_MONOTONIC departure time (TCP sets one on every packet). */
+/*
+ * Whether skb->tstamp is a CLOCK_MONOTONIC departure time (TCP sets one on
+ * every packet since 4.20). Before 5.18 the skb does not say which clock its
+ * stamp is on: then it is taken as one, and the caller's check that it lies
+ * within seconds before the monotonic now keeps out the others (a
+ * CLOCK_REALTIME stamp is decades away from it).
+ */
 static __always_inline bool skb_tstamp_is_mono(const struct sk_buff *skb)
 {
 	if (bpf_core_field_exists(skb->tstamp_type))
 		return KREAD_BF(skb, tstamp_type) == 1 /* SKB_CLOCK_MONOTONIC */;
 	if (bpf_core_field_exists(((struct sk_buff___pre_6_11 *)skb)->mono_delivery_time))
 		return KREAD_BF((struct sk_buff___pre_6_11 *)skb, mono_delivery_time);
-	return false;
+	return true;
 }
 
 /* REQ_OP_BITS is a macro (not in BTF); the op has been the low 8 bits of cmd_flags since 4.10. */

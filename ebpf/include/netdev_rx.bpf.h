@@ -78,11 +78,16 @@ static __always_inline struct netdev_stats *netdev_stats_for(struct netdev_key *
 	if (!init)
 		return NULL;
 	err = bpf_map_update_elem(&netdev_stats, key, init, BPF_NOEXIST);
-	if (err && err != -EEXIST) {
+	stats = bpf_map_lookup_elem(&netdev_stats, key);
+	/*
+	 * Besides a full map, an insert fails with -EBUSY where this program
+	 * interrupted another one holding the same bucket (a softirq receive
+	 * inside a transmit, 5.10 to 5.x); the entry that one was adding may be
+	 * there by now.
+	 */
+	if (!stats && err && err != -EEXIST)
 		count_lost(LOST_NETDEV_STATS_FULL);
-		return NULL;
-	}
-	return bpf_map_lookup_elem(&netdev_stats, key);
+	return stats;
 }
 
 /*

@@ -28,6 +28,7 @@ pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
             "--direct=1",
             "--ioengine=psync",
             "--numjobs=2",
+            "--thread", // jobs as threads: killing fio ends them all
             "--time_based",
             "--runtime=600",
         ])
