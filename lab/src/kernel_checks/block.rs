@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::run::lost_summary;
+use super::run::lost_by_family;
 use super::{Judge, Opts, Run};
 use crate::{Buckets, DiskStats, block_records, sum_field};
 
@@ -109,9 +109,12 @@ pub fn diskstats(opts: &Opts, judge: &mut Judge) {
     judge.expect(kernel_inflight.split_whitespace().all(|n| n == "0"), || {
         format!("the kernel's inflight is `{}`", kernel_inflight.trim())
     });
-    let lost = lost_summary(&records);
+    let (lost, other) = lost_by_family(&records, "block");
+    if !other.is_empty() {
+        judge.note(format!("other families lost: {}", other.join(", ")));
+    }
     judge.expect(lost.is_empty(), || {
-        format!("lost records: {}", lost.join(" "))
+        format!("block lost: {}", lost.join(", "))
     });
 }
 

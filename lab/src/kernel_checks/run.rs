@@ -171,19 +171,31 @@ impl Drop for Run {
     }
 }
 
-/// `lost` records, one line each, for a check's detail (empty: nothing lost).
-pub fn lost_summary(records: &[Value]) -> Vec<String> {
-    records
-        .iter()
-        .filter(|r| r["type"] == "lost")
-        .map(|r| {
-            let mut r = r.clone();
-            if let Some(o) = r.as_object_mut() {
-                o.remove("ts");
-                o.remove("host");
-                o.remove("type");
+/// Losses by source (`family.what`) summed over the `lost` records, split into
+/// those of `family` (which fail its check: that family's figures are short)
+/// and the others (reported in the detail: another family's loss does not
+/// make this one's figures wrong).
+pub fn lost_by_family(records: &[Value], family: &str) -> (Vec<String>, Vec<String>) {
+    let mut sums: std::collections::BTreeMap<String, u64> = Default::default();
+    for r in records.iter().filter(|r| r["type"] == "lost") {
+        if let Some(by) = r["by_source"].as_object() {
+            for (source, n) in by {
+                *sums.entry(source.clone()).or_default() += n.as_u64().unwrap_or(0);
             }
-            r.to_string()
-        })
-        .collect()
+        }
+    }
+    let prefix = format!("{family}.");
+    sums.into_iter()
+        .map(|(source, n)| (source.starts_with(&prefix), format!("{source} {n}")))
+        .fold(
+            (Vec::new(), Vec::new()),
+            |(mut own, mut other), (is_own, line)| {
+                if is_own {
+                    own.push(line)
+                } else {
+                    other.push(line)
+                }
+                (own, other)
+            },
+        )
 }
