@@ -3,6 +3,7 @@
 //! all the set-up: `cargo xtask run` and `cargo xtask test`.
 
 mod bench;
+mod kernels;
 mod lab;
 mod setup;
 mod util;
@@ -47,6 +48,9 @@ enum Task {
         #[arg(long)]
         clean: bool,
     },
+    /// Boot Debian cloud kernels under QEMU and run the end-to-end checks in
+    /// each: a kernel x check x mode matrix (target/kernels/results.json).
+    Kernels(kernels::Opts),
     /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
     Vmlinux,
 }
@@ -76,13 +80,18 @@ fn main() -> anyhow::Result<()> {
             ])?;
             let mut nextest = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
             nextest.extend(args.iter().map(String::as_str));
-            util::cargo(&nextest)
+            util::cargo(&nextest)?;
+            kernels::after_tests()
         }
         Task::Bench { suite } => {
             setup::setup()?;
             bench::bench(&suite)
         }
         Task::Lab { name, clean } => lab::lab(name.as_deref(), clean),
+        Task::Kernels(opts) => {
+            setup::setup()?;
+            kernels::kernels(&opts)
+        }
         Task::Vmlinux => vmlinux::regenerate(),
     }
 }

@@ -6,7 +6,8 @@ use crate::util;
 
 /// Debian packages: build (clang, llvm, libbpf headers, libclang for bindgen),
 /// the lab (fio, iproute2, nftables, iperf3, sockperf, tshark, bpftool, bpftrace),
-/// and chromium, which loads the HTML report headless in tests/report.rs.
+/// chromium, which loads the HTML report headless in tests/report.rs, and what
+/// `cargo xtask kernels` boots its guests with.
 const APT_PACKAGES: &[&str] = &[
     "clang",
     "llvm",
@@ -27,6 +28,16 @@ const APT_PACKAGES: &[&str] = &[
     "e2fsprogs",
     "procps",
     "chromium",
+    // `cargo xtask kernels`: QEMU, the guest's busybox, kmod's depmod/modprobe,
+    // and the initramfs compressor; lz4/xz for module and package formats.
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
+    "zstd",
+    "lz4",
+    "xz-utils",
+    "binutils",
+    "debian-archive-keyring",
 ];
 
 fn installed(package: &str) -> bool {

@@ -1,0 +1,42 @@
+# Default guest command (run by /init with busybox sh). Always times a plain
+# `stalltrace check`; then runs the lab's stalltrace-kernel-checks in auto and
+# raw_tp modes when it is in the image (it prints its own STALLTRACE-MATRIX
+# JSON lines), or else a short `stalltrace run` as a smoke test.
+M() { echo "STALLTRACE-MATRIX $*"; }
+up() { cut -d' ' -f1 /proc/uptime; }
+B=/usr/local/bin
+DISK=${STALLTRACE_TEST_DISK:-/dev/nvme0n1}
+
+t0=$(up)
+$B/stalltrace check > /tmp/check.out 2>&1
+rc=$?
+while IFS= read -r l; do M out check "$l"; done < /tmp/check.out
+M time check "$t0" "$(up)" "$rc"
+
+if [ -x $B/stalltrace-kernel-checks ]; then
+    for mode in auto raw_tp; do
+        t0=$(up)
+        $B/stalltrace-kernel-checks --stalltrace $B/stalltrace --sqlservr $B/sqlservr \
+            --sqlclient $B/sqlclient --disk "$DISK" --mode $mode
+        M time "checks-$mode" "$t0" "$(up)" "$?"
+    done
+    exit 0
+fi
+
+# Fallback smoke test: the verdicts are exit codes and record counts only.
+[ "$rc" = 0 ] && v=pass || v=fail
+M "{\"check\":\"stalltrace-check\",\"family\":\"all\",\"mode\":\"auto\",\"verdict\":\"$v\",\"detail\":\"exit $rc\"}"
+for mode in auto raw_tp; do
+    # Some disk reads while it records, so the block family has something to see.
+    (sleep 1; dd if="$DISK" of=/dev/null bs=64k count=2000 iflag=direct 2>/dev/null) &
+    t0=$(up)
+    $B/stalltrace run --duration 3s --probe-mode $mode > /tmp/run.jsonl 2> /tmp/run.err
+    rc=$?
+    wait
+    n=$(wc -l < /tmp/run.jsonl)
+    kinds=$(sed -n 's/.*"type":"\([a-z_]*\)".*/\1/p' /tmp/run.jsonl | sort | uniq -c | tr -s ' ' | tr '\n' ',')
+    tail -n 5 /tmp/run.err
+    [ "$rc" = 0 ] && [ "$n" -gt 0 ] && v=pass || v=fail
+    M "{\"check\":\"stalltrace-run-3s\",\"family\":\"all\",\"mode\":\"$mode\",\"verdict\":\"$v\",\"detail\":\"exit $rc, $n records:$kinds\"}"
+    M time "run-$mode" "$t0" "$(up)" "$rc"
+done
