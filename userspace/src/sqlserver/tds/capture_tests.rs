@@ -1,5 +1,5 @@
 //! [`TdsStream`] against tshark's TDS dissector on the real SQL Server capture in
-//! ../shared/captures (see its README): every TDS packet's type, status, length and
+//! tests/data/mssql_tds.pcap (a copy of ../shared/captures; see its README there): every TDS packet's type, status, length and
 //! SPID, at the frame where tshark reports it.
 //!
 //! The pcap reader is ours rather than the `pcap-file` crate: classic pcap is a 24-byte
@@ -16,7 +16,7 @@ use super::{PacketType, TdsEvent, TdsStream};
 const TDS_PORT: u16 = 1433;
 
 fn capture_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/captures/mssql_tds.pcap")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/mssql_tds.pcap")
 }
 
 /// One TDS packet as tshark reports it: the columns of the oracle command.
