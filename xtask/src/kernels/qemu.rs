@@ -77,6 +77,12 @@ pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
         "panic=-1".into(),
         "quiet".into(),
         "rdinit=/init".into(),
+        // QEMU 10's NVMe controller says it may share its namespaces, so the
+        // kernel makes a multipath head (nvme0n1, bio-based) over a hidden
+        // path device (nvme0c0n1) where the requests are: the checks compare
+        // one disk's requests with its diskstats, so the guest gets the plain
+        // single-path disk a host without NVMe multipath has.
+        "nvme_core.multipath=N".into(),
     ];
     cmdline.extend(b.append.iter().cloned());
     let mut child = Command::new(b.qemu)
