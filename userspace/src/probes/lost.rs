@@ -57,10 +57,14 @@ impl LostCounters {
             let total: u64 = per_cpu.iter().sum();
             let prev = &mut self.previous[source as usize];
             if total > *prev {
-                out.push((
-                    format!("{}.{}", self.family, source_name(source)),
-                    total - *prev,
-                ));
+                // netdev's statistics entries are also created by the tcp object's
+                // tcp_probe (it ends netdev's receive path): a loss of one is netdev's.
+                let family = if source == abi::LOST_NETDEV_STATS_FULL {
+                    "netdev"
+                } else {
+                    self.family
+                };
+                out.push((format!("{family}.{}", source_name(source)), total - *prev));
             }
             *prev = total;
         }
