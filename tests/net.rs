@@ -30,21 +30,6 @@ fn tracer_in(pair: &NetPair, extra: &[&str]) -> Tracer {
     Tracer::start(&args)
 }
 
-fn retransmits_in<'a>(records: &'a [Value], pair: &NetPair) -> Vec<&'a Value> {
-    of_type(records, "tcp_retransmit")
-        .into_iter()
-        .filter(|r| r["netns"].as_u64() == Some(pair.netns_inode(Side::A)))
-        .collect()
-}
-
-fn sum_segs(events: &[&Value], keep: impl Fn(&Value) -> bool) -> u64 {
-    events
-        .iter()
-        .filter(|r| keep(r))
-        .map(|r| r["segs"].as_u64().unwrap())
-        .sum()
-}
-
 /// Random loss on the receiver: every retransmitted segment the kernel counts
 /// in the sender's namespace is in a `tcp_retransmit` record, and the kinds
 /// agree with the kernel's own per-cause counters.
@@ -64,7 +49,7 @@ fn loss_matches_the_kernel_counters(family: Family) {
     let after = pair.counters(Side::A);
     let records = tracer.stop();
     let k = delta(&before, &after);
-    let events = retransmits_in(&records, &pair);
+    let events = retransmits_in(&records, pair.netns_inode(Side::A));
 
     let counted = sum_segs(&events, |r| r["counted"] == true);
     let retrans_segs = k.get("Tcp.RetransSegs");
@@ -183,7 +168,7 @@ fn a_blackhole_gives_timer_retransmits_with_backoff() {
     });
     std::thread::sleep(Duration::from_millis(600));
     let records = tracer.stop();
-    let timers: Vec<&Value> = retransmits_in(&records, &pair)
+    let timers: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
         .into_iter()
         .filter(|r| r["kind"] == "rto" && r["timer"] == true && r["dport"] == server.port)
         .collect();
@@ -234,7 +219,7 @@ fn syns_to_a_dropping_port_are_syn_retransmits() {
     );
     std::thread::sleep(Duration::from_millis(600));
     let records = tracer.stop();
-    let syns: Vec<&Value> = retransmits_in(&records, &pair)
+    let syns: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
         .into_iter()
         .filter(|r| r["dport"] == port)
         .collect();

@@ -16,7 +16,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::netlab::{NetPair, Side, delta};
 use common::sqllab::{Cgroup, Mounted, Placement, SlowDisk, SqlClientRun, SqlServerSim};
@@ -41,24 +41,6 @@ impl Drop for ScratchDir {
 }
 
 const SMALL_FILES: &[&str] = &["--data-size-mb", "16", "--log-size-mb", "4"];
-
-/// Wait until the server side has `n` established connections on `port`.
-fn wait_for_sessions(pair: &NetPair, client: &mut SqlClientRun, port: u16, n: usize) {
-    let filter = format!("( sport = :{port} )");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = pair.exec(Side::B, &["ss", "-Htn", "state", "established", &filter]);
-        if out.lines().count() >= n {
-            return;
-        }
-        assert!(client.is_running(), "sqlclient ended early");
-        assert!(
-            Instant::now() < deadline,
-            "{n} sessions did not connect within 20 s:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn instance_of(records: &[Value], worker: u32) -> &Value {
     of_type(records, "sql_instance")
@@ -103,7 +85,7 @@ fn retransmits_name_the_session_they_hit() {
     let before = pair.counters(Side::B);
     let mut client = SqlClientRun::start(&bins(), client_side, &server, 4, 400, 8);
     // Loss once the sessions exist: a lost SYN-ACK belongs to no session yet.
-    wait_for_sessions(&pair, &mut client, sim.port, 4);
+    client.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
     pair.drop_random(Side::A, 3, Some(sim.port));
     let report = client.finish();
     pair.clear_drops(Side::A);

@@ -34,7 +34,9 @@ use std::path::PathBuf;
 
 pub use disk::{Backing, DiskStats, LoopDevice};
 pub use fio::{Fio, fio, randread_4k};
-pub use records::{Buckets, HIST_BUCKET_ERROR, block_records, of_type, sum_field};
+pub use records::{
+    Buckets, HIST_BUCKET_ERROR, block_records, of_type, retransmits_in, sum_field, sum_segs,
+};
 pub use tracer::{Tracer, parse_lines};
 pub use util::{require_root, sh, sh_stdin, unique};
 

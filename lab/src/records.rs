@@ -15,6 +15,23 @@ pub fn block_records<'a>(records: &'a [Value], disk: &str, op: &str) -> Vec<&'a 
         .collect()
 }
 
+/// The `tcp_retransmit` records of `netns` (a namespace inode).
+pub fn retransmits_in(records: &[Value], netns: u64) -> Vec<&Value> {
+    of_type(records, "tcp_retransmit")
+        .into_iter()
+        .filter(|r| r["netns"].as_u64() == Some(netns))
+        .collect()
+}
+
+/// Segments of the retransmit records `keep` selects (a record without `segs` panics).
+pub fn sum_segs(events: &[&Value], keep: impl Fn(&Value) -> bool) -> u64 {
+    events
+        .iter()
+        .filter(|r| keep(r))
+        .map(|r| r["segs"].as_u64().expect("tcp_retransmit without segs"))
+        .sum()
+}
+
 pub fn sum_field(records: &[&Value], field: &str) -> u64 {
     records.iter().map(|r| r[field].as_u64().unwrap()).sum()
 }

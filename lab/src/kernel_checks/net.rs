@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::run::lost_by_family;
 use super::{Judge, Opts, Run};
 use crate::net::{Family, NetPair, Side, delta};
-use crate::of_type;
+use crate::{of_type, retransmits_in, sum_segs};
 
 /// `stalltrace run` watching side A's namespace, plus `extra`.
 pub(super) fn tracer_in(
@@ -39,21 +39,6 @@ pub(super) fn stop(judge: &mut Judge, run: Run) -> Option<Vec<Value>> {
     run.stop().map_err(|e| judge.fail(e)).ok()
 }
 
-fn retransmits_in<'a>(records: &'a [Value], pair: &NetPair) -> Vec<&'a Value> {
-    of_type(records, "tcp_retransmit")
-        .into_iter()
-        .filter(|r| r["netns"].as_u64() == Some(pair.netns_inode(Side::A)))
-        .collect()
-}
-
-fn sum_segs(events: &[&Value], keep: impl Fn(&Value) -> bool) -> u64 {
-    events
-        .iter()
-        .filter(|r| keep(r))
-        .map(|r| r["segs"].as_u64().unwrap_or(0))
-        .sum()
-}
-
 /// `tcp/loss`: 3% random loss on the receiver; every segment the sender's
 /// namespace counts in RetransSegs is in a counted `tcp_retransmit`, and the
 /// kinds agree with TcpExt's per-cause counters.
@@ -76,7 +61,7 @@ pub fn loss(opts: &Opts, judge: &mut Judge) {
         return;
     };
     let k = delta(&before, &after);
-    let events = retransmits_in(&records, &pair);
+    let events = retransmits_in(&records, pair.netns_inode(Side::A));
 
     let counted = sum_segs(&events, |r| r["counted"] == true);
     let retrans_segs = k.get("Tcp.RetransSegs");
@@ -211,7 +196,7 @@ pub fn rto(opts: &Opts, judge: &mut Judge) {
     let Some(records) = stop(judge, run) else {
         return;
     };
-    let timers: Vec<&Value> = retransmits_in(&records, &pair)
+    let timers: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
         .into_iter()
         .filter(|r| r["kind"] == "rto" && r["timer"] == true && r["dport"] == server.port)
         .collect();
@@ -282,7 +267,7 @@ pub fn syn(opts: &Opts, judge: &mut Judge) {
     let Some(records) = stop(judge, run) else {
         return;
     };
-    let syns: Vec<&Value> = retransmits_in(&records, &pair)
+    let syns: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
         .into_iter()
         .filter(|r| r["dport"] == port)
         .collect();

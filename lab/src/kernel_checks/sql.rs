@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -60,24 +60,6 @@ fn scratch() -> Result<Scratch, String> {
     ))
 }
 
-/// Wait until the server side has `n` established connections on `port`.
-fn wait_for_sessions(pair: &NetPair, client: &mut SqlClientRun, port: u16, n: usize) {
-    let filter = format!("( sport = :{port} )");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = pair.exec(Side::B, &["ss", "-Htn", "state", "established", &filter]);
-        if out.lines().count() >= n {
-            return;
-        }
-        assert!(client.is_running(), "sqlclient ended early");
-        assert!(
-            Instant::now() < deadline,
-            "{n} sessions did not connect within 60 s:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 pub fn spid(opts: &Opts, judge: &mut Judge) {
     opts.bins.check();
     let files = match scratch() {
@@ -121,7 +103,7 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
     let before = pair.counters(Side::B);
     let mut client = SqlClientRun::start(&opts.bins, client_side, &server, SESSIONS as u32, 200, 8);
     // Loss once the sessions exist: a lost SYN-ACK belongs to no session yet.
-    wait_for_sessions(&pair, &mut client, sim.port, SESSIONS);
+    client.wait_for_sessions(&pair, sim.port, SESSIONS, Duration::from_secs(60));
     pair.drop_random(Side::A, 3, Some(sim.port));
     let report = client.finish();
     pair.clear_drops(Side::A);

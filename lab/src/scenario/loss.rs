@@ -5,7 +5,7 @@
 //! the wire). Each lost response is a retransmission timeout the transaction
 //! waits out: the 200 ms tails.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Expected, Fault, INTERVAL, Outcome, ScratchDir, Session};
 use crate::Bins;
@@ -65,7 +65,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         RATE,
         SECS,
     );
-    wait_for_sessions(&pair, &mut client, sim.port, SESSIONS as usize);
+    client.wait_for_sessions(&pair, sim.port, SESSIONS as usize, Duration::from_secs(20));
     if fault == Fault::Injected {
         // Once the sessions exist: a lost SYN-ACK belongs to no session yet.
         pair.drop_random(Side::A, LOSS_PERCENT, Some(sim.port));
@@ -129,22 +129,4 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     }
     o.sessions = sessions;
     o
-}
-
-/// Wait until the server side has `n` established connections on `port`.
-fn wait_for_sessions(pair: &NetPair, client: &mut SqlClientRun, port: u16, n: usize) {
-    let filter = format!("( sport = :{port} )");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = pair.exec(Side::B, &["ss", "-Htn", "state", "established", &filter]);
-        if out.lines().count() >= n {
-            return;
-        }
-        assert!(client.is_running(), "sqlclient ended early");
-        assert!(
-            Instant::now() < deadline,
-            "{n} sessions did not connect within 20 s:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

@@ -152,6 +152,34 @@ pub struct SqlClientRun {
 }
 
 impl SqlClientRun {
+    /// Wait until the server side of `pair` has `n` established connections on
+    /// `port`; panics when this client ends first or after `within`.
+    pub fn wait_for_sessions(
+        &mut self,
+        pair: &crate::net::NetPair,
+        port: u16,
+        n: usize,
+        within: Duration,
+    ) {
+        let filter = format!("( sport = :{port} )");
+        let deadline = Instant::now() + within;
+        loop {
+            let out = pair.exec(
+                crate::net::Side::B,
+                &["ss", "-Htn", "state", "established", &filter],
+            );
+            if out.lines().count() >= n {
+                return;
+            }
+            assert!(self.is_running(), "sqlclient ended early");
+            assert!(
+                Instant::now() < deadline,
+                "{n} sessions did not connect within {within:?}:\n{out}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn start(
         bins: &Bins,
         place: Placement,

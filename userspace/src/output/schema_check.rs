@@ -182,25 +182,25 @@ fn emitted_lines() -> Vec<String> {
         HookStatus {
             error: Some("unknown BTF type `btf_trace_dql_stall_detected`".into()),
             optional: true,
-            ..hook("netdev", "dql_stall_detected", HookMode::TpBtf)
+            ..HookStatus::untried("netdev", "dql_stall_detected", HookMode::TpBtf)
         },
         HookStatus {
             attached: true,
             via: Some(AttachKind::TpBtf),
             target: Some("block_bio_complete".into()),
             program_id: Some(4711),
-            ..hook("block", "block_bio_complete", HookMode::TpBtf)
+            ..HookStatus::untried("block", "block_bio_complete", HookMode::TpBtf)
         },
         HookStatus {
             error: Some("Invalid argument (os error 22)".into()),
-            ..hook("block", "block_getrq", HookMode::TpBtf)
+            ..HookStatus::untried("block", "block_getrq", HookMode::TpBtf)
         },
-        hook("block", "block_rq_issue", HookMode::TpBtf),
+        HookStatus::untried("block", "block_rq_issue", HookMode::TpBtf),
         HookStatus {
             attached: true, // id not reported
             via: Some(AttachKind::RawTp),
             target: Some("block_getrq".into()),
-            ..hook("block", "block_getrq", HookMode::RawTp)
+            ..HookStatus::untried("block", "block_getrq", HookMode::RawTp)
         },
         HookStatus {
             attached: true,
@@ -208,7 +208,7 @@ fn emitted_lines() -> Vec<String> {
             target: Some("tcp_sendmsg_locked".into()),
             fallback_reason: Some("tp_btf tcp_sendmsg_locked: unknown BTF type".into()),
             program_id: Some(4712),
-            ..hook("sqlserver", "tcp_sendmsg_locked", HookMode::TpBtf)
+            ..HookStatus::untried("sqlserver", "tcp_sendmsg_locked", HookMode::TpBtf)
         },
         HookStatus {
             attached: true,
@@ -218,7 +218,7 @@ fn emitted_lines() -> Vec<String> {
                 "this kernel's tracepoint fires only for retransmissions that went out".into(),
             ),
             program_id: Some(4713),
-            ..hook("tcp", "tcp_retransmit_skb", HookMode::TpBtf)
+            ..HookStatus::untried("tcp", "tcp_retransmit_skb", HookMode::TpBtf)
         },
     ];
     let netns = [crate::host::netns::Netns {
@@ -990,21 +990,4 @@ fn wrong_values_fail() {
             .remove("ns_per_run");
     });
     bad("stop", &|r| r["programs"][1]["ns_per_run"] = json!(0.0));
-}
-
-/// A hook status that was not tried; the fixtures above fill in what differs.
-fn hook(family: &'static str, name: &str, mode: HookMode) -> HookStatus {
-    HookStatus {
-        family,
-        hook: name.into(),
-        mode,
-        attached: false,
-        via: None,
-        target: None,
-        fallback_reason: None,
-        note: None,
-        optional: false,
-        program_id: None,
-        error: None,
-    }
 }

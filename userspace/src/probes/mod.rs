@@ -107,6 +107,25 @@ pub struct HookStatus {
     pub error: Option<String>,
 }
 
+impl HookStatus {
+    /// A required hook of `family` not tried yet in `mode`.
+    pub fn untried(family: &'static str, hook: &str, mode: HookMode) -> Self {
+        Self {
+            family,
+            hook: hook.to_string(),
+            mode,
+            attached: false,
+            via: None,
+            target: None,
+            fallback_reason: None,
+            note: None,
+            optional: false,
+            program_id: None,
+            error: None,
+        }
+    }
+}
+
 /// A family whose programs are all attached. Dropping it detaches them (links
 /// are file descriptors; nothing is pinned).
 pub struct AttachedFamily {
@@ -220,17 +239,8 @@ fn attach_mode(
     let mut statuses: Vec<HookStatus> = candidates
         .iter()
         .map(|(name, programs)| HookStatus {
-            family: family.name,
-            hook: name.clone(),
-            mode,
-            attached: false,
-            via: None,
-            target: None,
-            fallback_reason: None,
-            note: None,
             optional: programs.iter().all(|p| p.optional),
-            program_id: None,
-            error: None,
+            ..HookStatus::untried(family.name, name, mode)
         })
         .collect();
 

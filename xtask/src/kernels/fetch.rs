@@ -256,19 +256,7 @@ fn fetch_pkg(apt: &Apt, cache: &Path, name: &str) -> anyhow::Result<(PathBuf, St
     let version = stem.split('_').nth(1).unwrap_or("?").to_string();
     let root = cache.join("x").join(&stem);
     if !root.exists() {
-        // Extract next to it and rename, so an interrupted run leaves no half tree.
-        let tmp = cache.join("x").join(format!(".{stem}.tmp"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp)?;
-        let status = Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(&deb)
-            .arg(&tmp)
-            .status()?;
-        if !status.success() {
-            bail!("dpkg-deb -x {} failed", deb.display());
-        }
-        std::fs::rename(&tmp, &root)?;
+        extract_into(&[deb], &cache.join("x").join(format!(".{stem}.tmp")), &root)?;
     }
     // The deb's version uses %3a for an epoch's colon; kernels have none.
     Ok((root, format!("{name}={}", version.replace("%3a", ":"))))
@@ -333,22 +321,30 @@ pub fn qemu() -> anyhow::Result<PathBuf> {
     if !status.success() {
         bail!("apt-get download {pkgs:?} failed ({status})");
     }
-    let tmp = root.with_extension("tmp");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
-    for e in std::fs::read_dir(&debs)? {
-        let deb = e?.path();
+    let debs: Vec<PathBuf> = std::fs::read_dir(&debs)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    extract_into(&debs, &root.with_extension("tmp"), &root)?;
+    Ok(binary)
+}
+
+/// Extract `debs` into `tmp`, then rename it to `root`, so an interrupted run
+/// leaves no half tree where a later one would take it for whole.
+fn extract_into(debs: &[PathBuf], tmp: &Path, root: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(tmp);
+    std::fs::create_dir_all(tmp)?;
+    for deb in debs {
         let status = Command::new("dpkg-deb")
             .arg("-x")
-            .arg(&deb)
-            .arg(&tmp)
+            .arg(deb)
+            .arg(tmp)
             .status()?;
         if !status.success() {
             bail!("dpkg-deb -x {} failed ({status})", deb.display());
         }
     }
-    std::fs::rename(&tmp, &root)?;
-    Ok(binary)
+    std::fs::rename(tmp, root)?;
+    Ok(())
 }
 
 /// Resolve, download and extract every requested kernel.
