@@ -19,7 +19,7 @@ use super::{Judge, Opts, Run};
 const CYCLES: u32 = 4;
 
 pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
-    let mut fio = match Command::new("fio")
+    let fio = match Command::new("fio")
         .args([
             "--name=attach-loop",
             &format!("--filename={}", opts.disk),
@@ -36,7 +36,7 @@ pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
         .stderr(Stdio::null())
         .spawn()
     {
-        Ok(child) => child,
+        Ok(child) => KillOnDrop(child),
         Err(e) => return judge.fail(format!("cannot run fio: {e}")),
     };
     let mut cycle_secs = Vec::new();
@@ -59,8 +59,7 @@ pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
         }
         cycle_secs.push(format!("{:.1}", t0.elapsed().as_secs_f64()));
     }
-    let _ = fio.kill();
-    let _ = fio.wait();
+    drop(fio);
     judge.note(format!(
         "{} of {CYCLES} attach/detach cycles under fio (s each: {})",
         cycle_secs.len(),
@@ -133,4 +132,14 @@ fn programs_loaded() -> Option<usize> {
             .filter(|l| l.contains(" name on_") || l.contains(" name maybe_"))
             .count(),
     )
+}
+
+/// A background load that ends with its check, also when the check panics.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
