@@ -81,6 +81,11 @@ pub struct RunArgs {
     /// Write records to FILE (created or truncated) instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// Most memory (KiB) the records waiting for the output may take. A reader
+    /// that falls this far behind loses records, counted in `lost` (source
+    /// `output.queue_full`) and seen as gaps in `seqno`; the tracer itself never waits.
+    #[arg(long, value_name = "KIB", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(64..=4_194_304))]
+    pub out_buffer_kib: u32,
     /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
     #[arg(long, default_value_t = 50.0, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
     pub slow_io_ms: f64,

@@ -1,10 +1,9 @@
 //! `stalltrace investigate`: record for a while with a progress line, then
 //! print the report of what was recorded (or the records themselves).
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::cli::InvestigateArgs;
@@ -21,7 +20,7 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
     // The report is built as the records are written (or, with --json, they
     // go straight to stdout): a long investigation holds the report's
     // aggregates, never the recording itself.
-    let building = Rc::new(RefCell::new(Building::default()));
+    let building = Arc::new(Mutex::new(Building::default()));
     let mut sink = Tee {
         building: (!args.json).then(|| building.clone()),
         stdout: args.json.then(io::stdout),
@@ -63,9 +62,10 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
     if args.json {
         return Ok(());
     }
-    let building = Rc::try_unwrap(building)
+    let building = Arc::try_unwrap(building)
         .map_err(|_| anyhow::anyhow!("the recording is still being written"))?
-        .into_inner();
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(e) = building.error {
         return Err(e.to_user_error("the recording").into());
     }
@@ -93,7 +93,8 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
 /// Where the records go: the report being built (or stdout, with --json)
 /// and, with --out, a file.
 struct Tee {
-    building: Option<Rc<RefCell<Building>>>,
+    // Shared with the run's output thread, which feeds it.
+    building: Option<Arc<Mutex<Building>>>,
     stdout: Option<io::Stdout>,
     file: Option<File>,
 }
@@ -132,7 +133,7 @@ impl Write for Tee {
             out.write_all(b)?;
         }
         if let Some(building) = &self.building {
-            building.borrow_mut().feed(b);
+            building.lock().unwrap_or_else(|e| e.into_inner()).feed(b);
         }
         Ok(b.len())
     }

@@ -1,8 +1,7 @@
 //! `stalltrace run`: attach, stream records every interval, stop cleanly.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use crate::host::{self, clock::Clock};
 use crate::netdev::{NETDEV_RX_MAPS, NetdevOptions, NetdevProbe};
 pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
-use crate::output::{JsonWriter, SCHEMA_VERSION};
+use crate::output::{JsonWriter, OutputQueue, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
 use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus, SharedMaps};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
@@ -29,6 +28,10 @@ use crate::stall::Detector;
 use crate::stall::record::Phase;
 use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
+
+mod sink;
+
+use sink::{STOP_WITHIN, finish_output, open_output, output_failed};
 
 /// Per-event records (retransmits, slow I/Os) the stall detector reads per
 /// interval at most; past it, they are counted as lost (`stall.records`)
@@ -40,6 +43,9 @@ const TAP_EVENT_CAP: usize = 10_000;
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
 /// timer is what bounds their delay.
 const POLL: Duration = Duration::from_millis(100);
+
+/// The `lost` source of records the output queue had no room for.
+const OUTPUT_LOST: &str = "output.queue_full";
 
 /// Every family this build knows, attached or failed.
 pub struct Attached {
@@ -213,25 +219,13 @@ fn enable_bpf_stats() -> Result<OwnedFd, UserError> {
     })
 }
 
-fn open_output(args: &RunArgs) -> Result<Box<dyn Write>, UserError> {
-    match &args.out {
-        None => Ok(Box::new(BufWriter::new(io::stdout()))),
-        Some(path) => File::create(path)
-            .map(|f| Box::new(BufWriter::new(f)) as Box<dyn Write>)
-            .map_err(|e| {
-                UserError::new(
-                    format!("cannot write {}: {e}", path.display()),
-                    "pass --out a path in a writable directory, or leave it out to write to stdout",
-                )
-            }),
-    }
-}
-
 /// Why the loop ended.
 enum Stop {
-    Signal,
+    /// SIGINT or SIGTERM, noticed at this instant.
+    Signal(Instant),
     Duration,
-    OutputClosed,
+    /// The output failed (disk full, EPIPE, EIO): its error.
+    Output(io::Error),
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -249,7 +243,7 @@ pub struct Progress {
 /// `run`, writing the records to `output`, calling `progress` after each interval.
 pub fn run_into(
     args: &RunArgs,
-    output: Box<dyn Write>,
+    output: Box<dyn Write + Send>,
     progress: &mut dyn FnMut(&Progress),
 ) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -309,7 +303,9 @@ pub fn run_into(
     }
 
     let clock = Clock::new();
-    let mut out = JsonWriter::new(output, host::hostname());
+    let queue = OutputQueue::start(output, args.out_buffer_kib as usize * 1024)
+        .context("starting the output thread")?;
+    let mut out = JsonWriter::queued(queue, host::hostname());
     let started = Instant::now();
     let thresholds = args.stalls.thresholds();
     let start = StartRecord {
@@ -337,7 +333,7 @@ pub fn run_into(
         probes: &hooks,
     };
     let mut lost_total = BTreeMap::new();
-    let reason = match stream(
+    let reason = stream(
         args,
         &clock,
         &mut families,
@@ -348,14 +344,8 @@ pub fn run_into(
         &stop,
         &mut lost_total,
         progress,
-    ) {
-        Ok(reason) => reason,
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Stop::OutputClosed,
-        Err(e) => return Err(e).context("writing records"),
-    };
-    if matches!(reason, Stop::OutputClosed) {
-        return Ok(());
-    }
+    )
+    .unwrap_or_else(Stop::Output);
     let programs = families
         .iter()
         .map(|f| f.as_ref())
@@ -371,19 +361,34 @@ pub fn run_into(
                 })
         })
         .collect();
+    if out.dropped() > 0 {
+        lost_total.insert(OUTPUT_LOST.into(), out.dropped());
+    }
     let stop_record = StopRecord {
         reason: match reason {
-            Stop::Signal => "signal",
-            _ => "duration",
+            Stop::Signal(_) => "signal",
+            Stop::Duration => "duration",
+            Stop::Output(_) => "output_error",
         },
         elapsed_ms: started.elapsed().as_millis() as u64,
         records: &out.emitted().clone(),
         lost: &lost_total,
         programs,
     };
-    out.emit("stop", &Clock::now_rfc3339(), &stop_record)?;
-    out.flush()?;
-    Ok(())
+    let ts = Clock::now_rfc3339();
+    match reason {
+        Stop::Output(e) => {
+            // One last try: a disk that was full may have room again.
+            if out.direct_after_failure() {
+                let _ = out
+                    .emit("stop", &ts, &stop_record)
+                    .and_then(|_| out.flush());
+            }
+            Err(output_failed(args, &e).into())
+        }
+        Stop::Signal(noticed) => finish_output(out, &ts, &stop_record, noticed + STOP_WITHIN),
+        Stop::Duration => finish_output(out, &ts, &stop_record, Instant::now() + Duration::MAX / 4),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -420,7 +425,7 @@ fn stream(
         std::thread::sleep(wake.saturating_duration_since(now).min(POLL));
 
         let finished = if stop.load(Ordering::Relaxed) {
-            Some(Stop::Signal)
+            Some(Stop::Signal(Instant::now()))
         } else if deadline.is_some_and(|d| Instant::now() >= d) {
             Some(Stop::Duration)
         } else {
@@ -480,15 +485,20 @@ fn stream(
                     }
                 }
             }
+            // Records the output queue dropped: said once there is room again
+            // (a dropped `lost` record leaves them to the next one).
+            let dropped = out.dropped_unreported();
+            if dropped > 0 {
+                lost.insert(OUTPUT_LOST.into(), dropped);
+            }
             if !lost.is_empty() {
-                out.emit(
-                    "lost",
-                    &ts,
-                    &LostRecord {
-                        interval_ms: interval.as_millis() as u64,
-                        by_source: &lost,
-                    },
-                )?;
+                let record = LostRecord {
+                    interval_ms: interval.as_millis() as u64,
+                    by_source: &lost,
+                };
+                if out.emit("lost", &ts, &record)? {
+                    out.reported_dropped(dropped);
+                }
             }
             out.flush()?;
             progress(&Progress {

@@ -27,6 +27,8 @@ const APT_PACKAGES: &[&str] = &[
     "util-linux",
     "e2fsprogs",
     "procps",
+    // Loads both CPUs beside the suite: a tracer must hold on a busy host.
+    "stress-ng",
     "chromium",
     // `cargo xtask kernels`: QEMU, the guest's busybox, kmod's depmod/modprobe,
     // and the initramfs compressor; lz4/xz for module and package formats.

@@ -1,20 +1,36 @@
-//! JSON lines: one record per line, each with `ts`, `host` and `type`.
+//! JSON lines: one record per line, each with `ts`, `host`, `type` and `seqno`.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use serde::Serialize;
 
+use super::queue::OutputQueue;
+
 /// Bumped when a field is removed or changes meaning; additions keep it.
 pub const SCHEMA_VERSION: u32 = 1;
 
 pub struct JsonWriter {
-    out: Box<dyn Write>,
+    sink: Sink,
     host: String,
+    /// The next record's `seqno`: every record made takes one, written or not,
+    /// so a reader sees a gap wherever records were dropped.
+    seq: u64,
     emitted: BTreeMap<&'static str, u64>,
+    /// Records the output queue had no room for, over the run and since the
+    /// last `lost` record that said so.
+    dropped: u64,
+    dropped_unreported: u64,
     tap: Option<Tap>,
 }
 
+/// Where the lines go.
+enum Sink {
+    /// Written in place (tests, in-memory sinks).
+    Direct(Box<dyn Write>),
+    /// Through the bounded queue and its writer thread (`stalltrace run`).
+    Queued(OutputQueue),
+}
 /// A copy of what was written, for the stall detector: it reads the records
 /// exactly as a reader of the stream would.
 struct Tap {
@@ -46,16 +62,30 @@ struct Envelope<'a, T: Serialize> {
     host: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
+    seqno: u64,
     #[serde(flatten)]
     body: &'a T,
 }
 
 impl JsonWriter {
+    /// Writes each record to `out` as it is emitted.
     pub fn new(out: Box<dyn Write>, host: String) -> Self {
+        Self::with_sink(Sink::Direct(out), host)
+    }
+
+    /// Hands each record to `queue` (see output/queue.rs).
+    pub fn queued(queue: OutputQueue, host: String) -> Self {
+        Self::with_sink(Sink::Queued(queue), host)
+    }
+
+    fn with_sink(sink: Sink, host: String) -> Self {
         Self {
-            out,
+            sink,
             host,
+            seq: 0,
             emitted: BTreeMap::new(),
+            dropped: 0,
+            dropped_unreported: 0,
             tap: None,
         }
     }
@@ -86,16 +116,25 @@ impl JsonWriter {
         }
     }
 
-    /// Write one record of type `kind` whose fields are `body`'s.
-    pub fn emit<T: Serialize>(&mut self, kind: &'static str, ts: &str, body: &T) -> io::Result<()> {
+    /// Write one record of type `kind` whose fields are `body`'s. `Ok(false)`:
+    /// the output queue was full and the record was dropped (and counted).
+    /// An error is the output's own: nothing more can be written.
+    pub fn emit<T: Serialize>(
+        &mut self,
+        kind: &'static str,
+        ts: &str,
+        body: &T,
+    ) -> io::Result<bool> {
         let envelope = Envelope {
             ts,
             host: &self.host,
             kind,
+            seqno: self.seq,
             body,
         };
-        serde_json::to_writer(&mut self.out, &envelope)?;
-        self.out.write_all(b"\n")?;
+        self.seq += 1;
+        let mut line = serde_json::to_vec(&envelope)?;
+        line.push(b'\n');
         if let Some(tap) = &mut self.tap {
             match (tap.wants)(kind) {
                 Tapped::No => {}
@@ -106,12 +145,79 @@ impl JsonWriter {
                 }
             }
         }
-        *self.emitted.entry(kind).or_default() += 1;
-        Ok(())
+        let written = match &mut self.sink {
+            Sink::Direct(out) => out.write_all(&line).map(|()| true)?,
+            Sink::Queued(queue) => queue.push(line)?,
+        };
+        if written {
+            *self.emitted.entry(kind).or_default() += 1;
+        } else {
+            self.dropped += 1;
+            self.dropped_unreported += 1;
+        }
+        Ok(written)
     }
 
+    /// Make what was written visible to the reader (direct), or say whether
+    /// the output has failed (queued: its writer flushes whenever it has
+    /// caught up).
     pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+        match &mut self.sink {
+            Sink::Direct(out) => out.flush(),
+            Sink::Queued(queue) => queue.failed().map_or(Ok(()), Err),
+        }
+    }
+
+    /// Records dropped for want of room since a `lost` record last said so.
+    pub fn dropped_unreported(&self) -> u64 {
+        self.dropped_unreported
+    }
+
+    /// A `lost` record now carries `n` of the unreported drops.
+    pub fn reported_dropped(&mut self, n: u64) {
+        self.dropped_unreported -= n.min(self.dropped_unreported);
+    }
+
+    /// Records dropped for want of room over the whole run.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The output queue, to close at the end of the run (None when direct).
+    pub fn into_queue(self) -> Option<OutputQueue> {
+        match self.sink {
+            Sink::Queued(queue) => Some(queue),
+            Sink::Direct(_) => None,
+        }
+    }
+
+    /// After the queued output failed: write in place to the sink its writer
+    /// thread held, for one last try at the `stop` record. False when there
+    /// is no such sink (the writer is still blocked, or the output was direct).
+    pub fn direct_after_failure(&mut self) -> bool {
+        let Sink::Queued(_) = self.sink else {
+            return false;
+        };
+        let Sink::Queued(queue) =
+            std::mem::replace(&mut self.sink, Sink::Direct(Box::new(io::sink())))
+        else {
+            unreachable!()
+        };
+        match queue.close(std::time::Duration::ZERO, std::time::Instant::now()) {
+            Ok(out) => {
+                self.sink = Sink::Direct(out);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The queue, to wait for room in before the last record.
+    pub fn queue(&self) -> Option<&OutputQueue> {
+        match &self.sink {
+            Sink::Queued(queue) => Some(queue),
+            Sink::Direct(_) => None,
+        }
     }
 
     /// Records written so far, by type.
@@ -182,7 +288,11 @@ mod tests {
         // The cap is per take: the next interval starts afresh.
         w.emit("tcp_retransmit", "t", &serde_json::json!({}))
             .unwrap();
-        assert_eq!(w.take_tapped(), (vec![records[0].clone()], 0));
+        let (again, dropped) = w.take_tapped();
+        assert_eq!(
+            (again.len(), again[0]["type"].as_str(), dropped),
+            (1, Some("tcp_retransmit"), 0)
+        );
     }
 
     #[test]
@@ -217,8 +327,9 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(
             lines[0],
-            r#"{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","dev":"loop3","count":7}"#
+            r#"{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","seqno":0,"dev":"loop3","count":7}"#
         );
+        assert!(lines[1].contains(r#""seqno":1,"#), "{}", lines[1]);
         assert_eq!(w.emitted().get("block"), Some(&2));
     }
 }

@@ -1,6 +1,7 @@
 //! Record output. `json` is the stream contract (schema v1, docs/schema.json).
 
 mod json;
+mod queue;
 pub mod records;
 #[cfg(test)]
 mod schema_check;
@@ -8,3 +9,4 @@ mod schema_check;
 #[cfg(test)]
 pub(crate) use json::SharedBuffer;
 pub use json::{JsonWriter, SCHEMA_VERSION, Tapped};
+pub use queue::{OutputQueue, Unwritten};
