@@ -12,8 +12,9 @@
  *
  * The phases are timed by these hooks alone, so tag_wait + queue + device
  * adds up to total for the bio that allocated the request. The kernel's own
- * rq->start_time_ns is not used: depending on the version it is stamped at
- * allocation or when the plug is flushed, so it cannot split the phases.
+ * rq->start_time_ns times none of them: depending on the version it is
+ * stamped at allocation or when the plug is flushed (and a plug caches one
+ * time for all it allocates), so it cannot split the phases.
  *
  * Everything is aggregated here into per-CPU histograms; only I/Os slower
  * than slow_io_ns cross to userspace one by one. Per-bio and per-request
@@ -22,159 +23,18 @@
  */
 #include "common.bpf.h"
 #include "slots.bpf.h"
+#include "block_state.bpf.h" /* the statistics, tables and lookups the hooks below keep */
 
 /* Set by the daemon at load time (--slow-io-ms); 0 sends no slow_io events. */
 const volatile __u64 slow_io_ns = 0;
 
 /*
- * Per-CPU aggregates per (disk, op). Not preallocated: a value is ~20 KiB
- * per CPU, and only the (disk, op) pairs that see I/O should cost memory
- * (the daemon creates the common ones ahead of the first I/O).
+ * The daemon's own process, set at load time: its I/O (the stream it writes
+ * with --out on a traced disk) sends no slow_io events, which would be noise
+ * about the tracer itself. It stays in the histograms: it is real I/O on the
+ * disk. 0: nothing is left out.
  */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 320); /* 64 disks x BLOCK_OP_COUNT */
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct block_key);
-	__type(value, struct block_stats);
-} block_stats SEC(".maps");
-
-/* One all-zero block_stats: the initial value of a new block_stats entry (too big for the stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct block_stats);
-} block_stats_zero SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1 << BLOCK_DISK_TABLE_BITS);
-	__type(key, __u32);
-	__type(value, struct block_disk);
-} block_disks SEC(".maps");
-
-/*
- * A bio from submission to completion. The kernel keeps no submission time
- * on a bio that is always there (bio->issue_time_ns only with blk-iolatency),
- * and the submitter is unknown by completion, so both are kept here.
- */
-struct bio_slot {
-	struct slot_head head; /* owner: the bio; stamp_ns: submitted */
-	__u64 alloc_ns;        /* request allocated for it (getrq); 0 until then */
-	__u32 major;
-	__u32 minor;
-	__u32 op;
-	__u32 tgid;
-	__u32 pid;
-	__u32 pad;
-	char comm[STALLTRACE_COMM_LEN];
-};
-
-#define BIO_SLOT_BITS 15 /* 32768 bios in flight; 2 MiB */
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1 << BIO_SLOT_BITS);
-	__type(key, __u32);
-	__type(value, struct bio_slot);
-} bio_slots SEC(".maps");
-
-/*
- * Requests from issue to completion (struct block_rq_slot, abi.h: the daemon
- * reads it too). rq->io_start_time_ns is only set when block stats are on;
- * and keeping our own record makes the in-flight gauge exact: only requests
- * whose issue was seen are ever subtracted, so requests in flight when we
- * attached cannot drive it negative. 1.25 MiB.
- */
-#define RQ_SLOT_BITS BLOCK_RQ_SLOT_BITS
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1 << RQ_SLOT_BITS);
-	__type(key, __u32);
-	__type(value, struct block_rq_slot);
-} rq_slots SEC(".maps");
-
-/* slow_io events; submitted without wakeup, the daemon polls on a timer. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
-} block_events SEC(".maps");
-
-/* Each program's own ptr_key() scratch word (slots.bpf.h). */
-enum block_program {
-	PROG_BIO_QUEUE,
-	PROG_GETRQ,
-	PROG_RQ_ISSUE,
-	PROG_RQ_REQUEUE,
-	PROG_RQ_COMPLETE,
-	PROG_BIO_COMPLETE,
-};
-
-static __always_inline __u32 block_op_of(__u32 opf, __u32 bytes)
-{
-	switch (opf & STALLTRACE_REQ_OP_MASK) {
-	case REQ_OP_READ:
-		return BLOCK_OP_READ;
-	case REQ_OP_WRITE:
-		/* fsync's cache flush arrives as an empty write with REQ_PREFLUSH */
-		return bytes ? BLOCK_OP_WRITE : BLOCK_OP_FLUSH;
-	case REQ_OP_FLUSH:
-		return BLOCK_OP_FLUSH;
-	case REQ_OP_DISCARD:
-	case REQ_OP_SECURE_ERASE:
-		return BLOCK_OP_DISCARD;
-	default:
-		return BLOCK_OP_OTHER;
-	}
-}
-
-static __always_inline struct block_stats *stats_for(__u32 major, __u32 minor, __u32 op)
-{
-	struct block_key key = { .major = major, .minor = minor, .op = op };
-	struct block_stats *stats;
-	__u32 zero = 0;
-	void *init;
-	long err;
-
-	stats = bpf_map_lookup_elem(&block_stats, &key);
-	if (stats)
-		return stats;
-	init = bpf_map_lookup_elem(&block_stats_zero, &zero);
-	if (!init)
-		return NULL;
-	err = bpf_map_update_elem(&block_stats, &key, init, BPF_NOEXIST);
-	stats = bpf_map_lookup_elem(&block_stats, &key);
-	/* another CPU, or a program this one interrupted (-EBUSY), may have created it */
-	if (!stats && err && err != -EEXIST)
-		count_lost(LOST_BLOCK_STATS_FULL);
-	return stats;
-}
-
-/* The disk's entry in the disk table, claimed on first sight (never displaced); `*index` is its index. */
-static __always_inline struct block_disk *disk_for(__u64 id, __u64 now, __u32 *index)
-{
-	struct block_disk *disk;
-	bool stale = false;
-
-	disk = slot_find(&block_disks, BLOCK_DISK_TABLE_BITS, id, index);
-	if (disk)
-		return disk;
-	disk = slot_claim(&block_disks, BLOCK_DISK_TABLE_BITS, id, now, 0, &stale, index);
-	if (!disk)
-		count_lost(LOST_DISK_STATE_FULL);
-	return disk;
-}
-
-/* The disk table entry a request slot recorded at issue. */
-static __always_inline struct block_disk *disk_of(struct block_rq_slot *slot)
-{
-	__u32 index = slot->disk_index;
-	struct block_disk *disk = bpf_map_lookup_elem(&block_disks, &index);
-
-	return disk && disk->id == slot->disk_id ? disk : NULL;
-}
+const volatile __u64 self_tgid = 0;
 
 /* The submitter's name: direct loads from current in tp_btf, the helper in raw_tp. */
 static __always_inline void current_comm(char *comm)
@@ -260,19 +120,94 @@ HOOK(block_getrq)
 }
 
 /*
- * A request is being issued while its slot still says in flight: its last
- * completion never reached the hooks. On this 6.18 kernel that happens for
- * about 1 in 10^4 completions (perf counts the tracepoint, the BPF programs
- * do not run, and no recursion miss is recorded). Settle that earlier life on
- * its own disk and op (with shared tag sets it may have been another disk).
+ * The kernel does not always run the completion hook. It skips a program it
+ * finds already running on the CPU (and counts a recursion miss), and some
+ * kernels skip without a count: the 6.18 Firecracker kernel of the
+ * development VM runs no tracing program at all (not ours, not perf's BPF
+ * attachments) while the current task belongs to PID 1, its init. A block
+ * completion runs in a softirq on top of whatever task it interrupted, so one
+ * that lands on that process is invisible (docs/records.md, `lost`). The
+ * request's next issue then finds its slot still in flight.
+ *
+ * Whether that earlier life ended, or was handed back with the requeue hook
+ * skipped the same way: a new life of the same struct request was allocated
+ * after the last one completed, so after that life's last issue, while a
+ * requeued request keeps its allocation. Our own stamp of the allocation is
+ * on the bio that allocated the request (block_getrq); the kernel's
+ * start_time_ns is used only without it (a partial completion moved rq->bio
+ * on, or the getrq run was skipped): it can be older than the allocation,
+ * since a plug caches one time for all it allocates, and a request freed
+ * while a plug is open can be allocated again under that plug's older time.
+ * With neither, a completion: the kernel skips the completion hook far more
+ * often than the requeue hook (the first runs on top of any task, the second
+ * mostly in the submitter's context).
  */
-static __always_inline void settle_unseen(struct block_rq_slot *slot)
+static __always_inline bool same_life(struct request *rq, const struct block_rq_slot *slot)
+{
+	struct bio_slot *allocating;
+	__u64 allocated;
+	__u32 index;
+
+	allocating = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(KREAD(rq, bio), PROG_RQ_ISSUE), &index);
+	if (allocating && allocating->alloc_ns)
+		return allocating->alloc_ns <= slot->issue_ns;
+	allocated = KREAD(rq, start_time_ns);
+	return allocated && allocated <= slot->issue_ns;
+}
+
+/* Whether the completion hook ran for `key` at or after `since` and left it unsettled (rq_unsettled_*). */
+static __always_inline bool hook_left_unsettled(__u64 key, __u64 since)
+{
+	__u32 home = slot_home(key, RQ_SLOT_BITS);
+	__u64 *owner = bpf_map_lookup_elem(&rq_unsettled_key, &home);
+	__u64 *at = bpf_map_lookup_elem(&rq_unsettled_ns, &home);
+
+	return owner && at && *owner == key && *at >= since;
+}
+
+static __always_inline void count_unsettled(__u32 major, __u32 minor, __u32 op)
+{
+	struct block_key key = { .major = major, .minor = minor, .op = op };
+	__u64 one = 1, *n;
+
+	n = bpf_map_lookup_elem(&block_unsettled, &key);
+	if (!n && !bpf_map_update_elem(&block_unsettled, &key, &one, BPF_NOEXIST))
+		return;
+	if (!n) /* created meanwhile by another CPU */
+		n = bpf_map_lookup_elem(&block_unsettled, &key);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+/*
+ * Settle a life whose completion the hook did not settle, on its own disk and
+ * op (with shared tag sets it may have been another disk): the daemon counts
+ * it in `count` either way, with no sample in the histograms.
+ */
+static __always_inline void settle_missed(struct block_rq_slot *slot, __u64 key)
+{
+	__u32 major = slot->disk_id >> 32, minor = (__u32)slot->disk_id;
+	/* looked up either way: the daemon writes records for the (disk, op)s it has statistics for */
+	struct block_stats *stats = stats_for(major, minor, slot->op);
+	struct block_disk *disk = disk_of(slot);
+
+	if (hook_left_unsettled(key, slot->issue_ns))
+		count_unsettled(major, minor, slot->op);
+	else if (stats)
+		__sync_fetch_and_add(&stats->unseen, 1);
+	if (disk)
+		__sync_fetch_and_add(&disk->inflight, -1);
+	slot->in_flight = 0;
+}
+
+/* What the requeue hook would have done for a requeue the kernel did not run it for. */
+static __always_inline void settle_requeue(struct block_rq_slot *slot)
 {
 	struct block_stats *stats = stats_for(slot->disk_id >> 32, (__u32)slot->disk_id, slot->op);
 	struct block_disk *disk = disk_of(slot);
 
 	if (stats)
-		__sync_fetch_and_add(&stats->unseen, 1);
+		__sync_fetch_and_add(&stats->requeues, 1);
 	if (disk)
 		__sync_fetch_and_add(&disk->inflight, -1);
 	slot->in_flight = 0;
@@ -300,9 +235,13 @@ HOOK(block_rq_issue, struct request *rq)
 
 	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key, &index);
 	if (slot && slot->in_flight) {
-		settle_unseen(slot);
-		slot_release(slot);
-		slot = NULL;
+		if (same_life(rq, slot)) {
+			settle_requeue(slot); /* then issued again, below */
+		} else {
+			settle_missed(slot, key);
+			slot_release(slot);
+			slot = NULL;
+		}
 	}
 	if (!slot) {
 		slot = slot_claim(&rq_slots, RQ_SLOT_BITS, key, now, SLOT_STALE_NS, &stale, &index);
@@ -451,6 +390,19 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 	bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
 }
 
+/* The completion hook leaves `key` unsettled: note it for settle_missed() (rq_unsettled_*). */
+static __always_inline void note_unsettled(__u64 key, __u64 now)
+{
+	__u32 home = slot_home(key, RQ_SLOT_BITS);
+	__u64 *owner = bpf_map_lookup_elem(&rq_unsettled_key, &home);
+	__u64 *at = bpf_map_lookup_elem(&rq_unsettled_ns, &home);
+
+	if (owner && at) {
+		*at = now;
+		*owner = key;
+	}
+}
+
 /*
  * `error` was the errno up to 5.15 (int, e.g. -5 for EIO) and is a
  * blk_status_t (u8) by 6.1: the low 32 bits of the argument are either, and
@@ -466,13 +418,22 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	struct block_rq_slot *slot;
 	struct block_disk *disk;
 	__u32 op, index;
+	__u64 key;
 
 	if (!gd)
 		return 0;
 	op = block_op_of(KREAD(rq, cmd_flags), data_len);
 	stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);
-	if (!stats)
+	if (!stats) {
+		/*
+		 * Counted as lost. The request stays in flight: its next issue, or its
+		 * disk idling, counts it in `count` as one we could not settle, in an
+		 * entry that exists by then (settle_missed).
+		 */
+		if (nr_bytes >= data_len)
+			note_unsettled(ptr_key(rq, PROG_RQ_COMPLETE), bpf_ktime_get_ns());
 		return 0;
+	}
 	now = bpf_ktime_get_ns();
 	if (error)
 		__sync_fetch_and_add(&stats->errors, 1);
@@ -487,9 +448,12 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	 * original request, which completes without ever being issued (its
 	 * flush_rq is).
 	 */
-	slot = slot_find(&rq_slots, RQ_SLOT_BITS, ptr_key(rq, PROG_RQ_COMPLETE), &index);
-	if (!slot)
+	key = ptr_key(rq, PROG_RQ_COMPLETE);
+	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key, &index);
+	if (!slot) {
+		note_unsettled(key, now);
 		return 0;
+	}
 	__sync_fetch_and_add(&stats->requests, 1);
 	first_issue_ns = slot->head.stamp_ns;
 	device_ns = now - slot->issue_ns;
@@ -507,7 +471,8 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	}
 	slot_release(slot);
 
-	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns)
+	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns &&
+	    !(self_tgid && first.tgid == self_tgid))
 		send_slow_io(rq, &first, op, now, first_issue_ns, device_ns, error);
 	return 0;
 }

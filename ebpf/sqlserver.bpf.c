@@ -12,9 +12,11 @@
  *                        6.16+; before, fentry or kprobe on the function.
  *
  * Only those 8 header bytes are ever read, and only from the server's side:
- * never a byte of SQL text or result data. Once a socket's SPID is known, its
- * sends cost one map lookup. A TLS record instead of a header marks the
- * session encrypted (no SPID from headers; DMV enrichment can still give it).
+ * never a byte of SQL text or result data, and nothing of a send shorter than
+ * a header. Once a socket's SPID is known, its sends cost one map lookup. A
+ * TLS record instead of a header marks the session encrypted (no SPID from
+ * headers; DMV enrichment can still give it). What the 8 bytes are is decided
+ * in tds.h, which the Rust tests run on the host.
  *
  * Measured assumption (simulator; not verified against real SQL Server): the
  * server writes each TDS packet with its own send, starting at the buffer's
@@ -22,10 +24,7 @@
  */
 #include "common.bpf.h"
 #include "sock.bpf.h"
-
-#define TDS_TABULAR_RESULT 4
-#define TDS_PRELOGIN 18
-#define TDS_MAX_PACKET 32768
+#include "tds.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -80,14 +79,20 @@ struct msghdr___pre_6_4 {
 
 #define ITER_DIRECTION_BIT 1U
 
-/* The user buffer a sendmsg copies from, when it is at its start; NULL otherwise. */
-static __always_inline const void *send_buffer_start(const struct msghdr *msg)
+/*
+ * The user buffer a sendmsg copies from, when it is at its start, and in *len
+ * how many of the send's bytes lie there contiguously (the whole send for a
+ * single buffer, the first segment of an iovec); NULL otherwise.
+ */
+static __always_inline const void *send_buffer_start(const struct msghdr *msg, __u64 *len)
 {
 	const struct iovec *iov;
 	unsigned int type;
+	__u64 first;
 
 	if (KREAD(msg, msg_iter.iov_offset) != 0)
 		return NULL; /* a later pass of the send loop: mid-buffer */
+	*len = KREAD(msg, msg_iter.count);
 	if (bpf_core_field_exists(msg->msg_iter.iter_type))
 		type = KREAD(msg, msg_iter.iter_type);
 	else
@@ -101,17 +106,22 @@ static __always_inline const void *send_buffer_start(const struct msghdr *msg)
 		iov = KREAD(msg, msg_iter.__iov);
 	else
 		iov = KREAD((const struct msghdr___pre_6_4 *)msg, msg_iter.iov);
-	return iov ? BPF_CORE_READ(iov, iov_base) : NULL;
+	if (!iov)
+		return NULL;
+	first = BPF_CORE_READ(iov, iov_len);
+	if (first < *len)
+		*len = first;
+	return BPF_CORE_READ(iov, iov_base);
 }
 
 static __always_inline int read_tds_header(const struct sock *sk, const struct msghdr *msg)
 {
 	struct tds_session fresh = {}, *session;
 	__u32 tgid, zero = 0, *known;
+	__u64 ino, len = 0;
 	const void *buf;
-	__u8 hdr[8];
-	__u64 ino;
-	__u16 len;
+	__u16 spid = 0;
+	__u8 hdr[TDS_HEADER_LEN];
 
 	known = bpf_map_lookup_elem(&sql_workers_known, &zero);
 	if (!known || !*known)
@@ -125,8 +135,9 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	session = bpf_map_lookup_elem(&tds_sessions, &ino);
 	if (session && (session->flags & (TDS_F_SPID | TDS_F_ENCRYPTED)))
 		return 0;
-	buf = send_buffer_start(msg);
-	if (!buf || bpf_probe_read_user(hdr, sizeof(hdr), buf))
+	buf = send_buffer_start(msg, &len);
+	/* Shorter than a header: neither a header nor worth a read. */
+	if (!buf || len < TDS_HEADER_LEN || bpf_probe_read_user(hdr, sizeof(hdr), buf))
 		return 0;
 	if (!session) {
 		bpf_map_update_elem(&tds_sessions, &ino, &fresh, BPF_NOEXIST);
@@ -134,19 +145,19 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 		if (!session)
 			return 0;
 	}
-	/* TLS: handshake (0x16) or application data (0x17), version 3.x */
-	if ((hdr[0] == 0x16 || hdr[0] == 0x17) && hdr[1] == 0x03) {
+	switch (tds_classify_send(hdr, len, &spid)) {
+	case TDS_TLS_RECORD:
 		session->flags |= TDS_F_ENCRYPTED;
 		return 0;
-	}
-	len = ((__u16)hdr[2] << 8) | hdr[3];
-	if ((hdr[0] != TDS_TABULAR_RESULT && hdr[0] != TDS_PRELOGIN) || hdr[1] & ~0x1f || len < 8 ||
-	    len > TDS_MAX_PACKET)
+	case TDS_SERVER_HEADER:
+		break;
+	default:
 		return 0; /* not a server packet header: leave it */
+	}
 	session->headers++;
 	session->last_type = hdr[0];
-	session->spid = ((__u16)hdr[4] << 8) | hdr[5];
-	if (session->spid)
+	session->spid = spid;
+	if (spid)
 		session->flags |= TDS_F_SPID; /* pre-login responses carry SPID 0 */
 	return 0;
 }

@@ -8,9 +8,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
+use serde_json::Value;
 
 /// stalltrace's interval in these tests; the last interval after the load ends shows it drained.
 const INTERVAL: &str = "500ms";
@@ -18,6 +20,32 @@ const INTERVAL: &str = "500ms";
 fn settle() {
     // One full interval after the load, so the final records carry the drained state.
     std::thread::sleep(Duration::from_millis(1200));
+}
+
+/// The `lost` record's `block.kernel_skipped`: request completions the kernel
+/// did not run the completion hook for (docs/records.md).
+const KERNEL_SKIPPED: &str = "block.kernel_skipped";
+
+/// Each `lost` source's total over the run.
+fn lost_totals(records: &[Value]) -> BTreeMap<String, u64> {
+    let mut totals = BTreeMap::new();
+    for lost in of_type(records, "lost") {
+        for (source, n) in lost["by_source"].as_object().unwrap() {
+            *totals.entry(source.clone()).or_default() += n.as_u64().unwrap();
+        }
+    }
+    totals
+}
+
+/// The exact mean of a histogram field over many records (each record's exact
+/// mean weighted by its count), in the field's unit.
+fn exact_mean(records: &[&Value], field: &str) -> f64 {
+    let (sum, n) = records.iter().fold((0.0, 0), |(sum, n), r| {
+        let count = r[field]["count"].as_u64().unwrap();
+        let mean = r[field]["mean"].as_f64().unwrap_or(0.0);
+        (sum + mean * count as f64, n + count)
+    });
+    sum / n as f64
 }
 
 #[test]
@@ -35,41 +63,45 @@ fn completed_requests_match_fio_and_diskstats() {
     let reads = block_records(&records, &disk.name, "read");
     let count = sum_field(&reads, "count");
     let unseen = sum_field(&reads, "completions_unseen");
+    let timed = Buckets::merge(&reads, "device_us").count();
     let kernel = after.reads_completed - before.reads_completed;
+    let lost = lost_totals(&records);
+    let skipped = lost.get(KERNEL_SKIPPED).copied().unwrap_or(0);
     eprintln!(
-        "stalltrace {count} reads + {unseen} completions unseen, fio {} I/Os, diskstats {kernel}",
+        "stalltrace {count} reads ({timed} timed, {unseen} unsettled, {} requeued, {} in flight at the end), \
+         fio {} I/Os, diskstats {kernel}; lost {lost:?}",
+        sum_field(&reads, "requeues"),
+        reads.last().unwrap()["inflight_now"],
         fio.ios
     );
     assert!(fio.ios > 1000, "fio did too little to compare: {fio:?}");
+    // Every completion the kernel counted, counted once: seen by the hook, or
+    // found later (issued again, or the disk idle) when the kernel skipped the
+    // hook (see `block.kernel_skipped` in docs/records.md).
+    assert_eq!(count, kernel, "count vs diskstats");
     let vs_fio = (count as f64 - fio.ios as f64).abs() / fio.ios as f64;
-    let vs_kernel = (count as f64 - kernel as f64).abs() / kernel as f64;
     assert!(
         vs_fio <= 0.02,
         "count {count} vs fio {}: {:.2}% apart",
         fio.ios,
         vs_fio * 100.0
     );
+    // The hook ran for a request it had seen issued and could not settle it:
+    // a failure of the slot logic, never expected.
     assert!(
-        vs_kernel <= 0.01,
-        "count {count} vs diskstats {kernel}: {:.2}% apart",
-        vs_kernel * 100.0
+        unseen as f64 <= 1e-5 * kernel as f64,
+        "{unseen} unsettled completions is more than 1 in 10^5 of {kernel}"
     );
-    // Every completion is accounted for: seen, or found out afterwards (see
-    // `completions_unseen` in docs/records.md: some completions never reach
-    // the BPF programs on this kernel).
-    assert_eq!(
-        count + unseen,
-        kernel,
-        "seen + unseen completions vs diskstats"
-    );
+    // Every request without a device_us sample is declared: unsettled, or
+    // skipped by the kernel (`lost` counts those of every disk, this one included).
+    assert!(timed <= count, "{timed} timed of {count}");
     assert!(
-        unseen as f64 <= 0.001 * kernel as f64,
-        "{unseen} unseen completions is more than 0.1%"
+        count - timed <= unseen + skipped,
+        "{} requests without a sample, {unseen} unsettled and {skipped} skipped declared",
+        count - timed
     );
-    // 4k random reads do not merge: every bio is its own request.
-    assert_eq!(sum_field(&reads, "bios"), count);
-    // Every interval's histograms hold exactly that interval's requests.
-    assert_eq!(Buckets::merge(&reads, "device_us").count(), count);
+    // 4k random reads do not merge: every timed request had exactly one bio.
+    assert_eq!(sum_field(&reads, "bios"), timed);
 
     // In flight returns to exactly zero, as the kernel's own counter does.
     let last = reads.last().unwrap();
@@ -79,12 +111,23 @@ fn completed_requests_match_fio_and_diskstats() {
         "the last record should be the drained interval: {last}"
     );
     assert_eq!(disk.kernel_inflight(), (0, 0));
-    assert!(
-        of_type(&records, "lost").is_empty(),
-        "lost events: {:?}",
-        of_type(&records, "lost")
-    );
+    // No slot table overflowed or was taken over (`lost` is per family: other
+    // tests' disks count too). A statistics entry another disk could not get
+    // is no concern here: this disk's count matched the kernel's.
+    let table_losses: Vec<_> = SLOT_LOSSES
+        .iter()
+        .filter(|s| lost.contains_key(**s))
+        .collect();
+    assert!(table_losses.is_empty(), "lost: {lost:?}");
 }
+
+/// `lost` sources of the request and bio tables.
+const SLOT_LOSSES: [&str; 4] = [
+    "block.request_table_full",
+    "block.bio_table_full",
+    "block.stale_slot_displaced",
+    "block.bio_chain_truncated",
+];
 
 #[test]
 fn latency_agrees_with_fio_where_the_device_dominates() {
@@ -93,7 +136,9 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     let disk = LoopDevice::new(Backing::Disk, 512, true);
     disk.set_queue("scheduler", "none");
     let tracer = Tracer::start(&["--interval", INTERVAL, "--slow-io-ms", "0"]);
+    let before = disk.diskstats();
     let fio = randread_4k(&disk.dev, &["--ioengine=psync", "--iodepth=1"], 4);
+    let after = disk.diskstats();
     settle();
     let records = tracer.stop();
     let reads = block_records(&records, &disk.name, "read");
@@ -102,8 +147,21 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     let device = Buckets::merge(&reads, "device_us");
     let inflight = Buckets::merge(&reads, "inflight");
     let (p50, p99) = (latency.percentile(0.50), latency.percentile(0.99));
+    // The kernel's own figure: /proc/diskstats' read ticks sum, over the
+    // requests, allocation -> end of completion (kernel time stamps, summed in
+    // ns and printed in ms). Unlike fio's, it does not move with CPU load: fio
+    // times each I/O from its own thread, which under load also waits for a
+    // CPU before it sees the completion (measured: p99 3.5 ms with
+    // `stress-ng --cpu 2` beside it, against ~0.2 ms of I/O).
+    let kernel_reads = after.reads_completed - before.reads_completed;
+    let kernel_ticks_ms = after.read_ticks_ms - before.read_ticks_ms;
+    let kernel_mean = kernel_ticks_ms as f64 * 1000.0 / kernel_reads as f64;
+    let queue_mean = exact_mean(&reads, "queue_us");
+    let ours = queue_mean + exact_mean(&reads, "device_us");
     eprintln!(
-        "stalltrace p50 {p50:.1} p99 {p99:.1} us (device p50 {:.1}); fio clat p50 {:.1} p99 {:.1} us",
+        "stalltrace p50 {p50:.1} p99 {p99:.1} us (device p50 {:.1}), allocated -> completed mean {ours:.1} us \
+         (queue {queue_mean:.1}); \
+         diskstats {kernel_mean:.1} us over {kernel_reads} reads; fio clat p50 {:.1} p99 {:.1} us",
         device.percentile(0.5),
         fio.clat_p50_us,
         fio.clat_p99_us
@@ -113,9 +171,27 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
         device.percentile(0.5) >= 0.7 * p50,
         "device is not dominant; the comparison would be meaningless"
     );
+    assert_eq!(sum_field(&reads, "count"), kernel_reads);
+    assert_eq!(fio.ios, kernel_reads, "fio's I/Os vs diskstats");
 
-    // Never above fio beyond the histogram's error: the kernel's bio submit->complete
-    // lies strictly inside fio's submit->reap.
+    // Per request, our span lies inside the kernel's: it starts at the
+    // allocation, just before our getrq hook, and ends after the bios'
+    // completion callbacks that run past our completion hook (2-3 us here, the
+    // waiting reader's wakeup included). The tick sum is printed rounded down
+    // to a ms. Above the kernel's, stalltrace would be adding time; more than
+    // 10% below, missing some.
+    let rounding = 1000.0 / kernel_reads as f64;
+    assert!(
+        ours <= kernel_mean + rounding,
+        "allocated -> completed mean {ours:.2} us above diskstats' {kernel_mean:.2} us"
+    );
+    assert!(
+        ours >= 0.90 * kernel_mean - rounding,
+        "allocated -> completed mean {ours:.2} us too far below diskstats' {kernel_mean:.2} us"
+    );
+    // Never above fio beyond the histogram's error: each I/O's bio submit ->
+    // complete lies strictly inside fio's submit -> reap, so every percentile
+    // does. (fio's percentiles themselves carry no load-free lower bound.)
     let limit = 1.0 + HIST_BUCKET_ERROR;
     assert!(
         p50 <= fio.clat_p50_us * limit,
@@ -127,36 +203,19 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
         "p99 {p99} above fio {}",
         fio.clat_p99_us
     );
-    // And close to it. At the median, what fio adds is a syscall, a context
-    // switch and a wakeup (10-20 us in this VM) on top of a ~60 us device time:
-    // beyond 40% below fio, stalltrace would be missing time. fio's tail also
-    // carries the scheduling delays of its own thread on a shared 2-vCPU VM
-    // (measured: up to ~2x the I/O time at p99 when other work runs), so the
-    // p99 bound is looser; the device-dominance check above and the p50 bound
-    // are what catch a tracer that misses part of each I/O.
-    assert!(
-        p50 >= fio.clat_p50_us * 0.60,
-        "p50 {p50} too far below fio {}",
-        fio.clat_p50_us
-    );
-    assert!(
-        p99 >= fio.clat_p99_us * 0.30,
-        "p99 {p99} too far below fio {}",
-        fio.clat_p99_us
-    );
 
     // One I/O at a time: one in flight at every issue. Exception: a completion
-    // the hooks never saw (`completions_unseen`, see docs/records.md) leaves its
+    // the kernel skipped the hook for (`block.kernel_skipped`) leaves its
     // request counted until that request is issued again, and the issues in
     // between see one more; the test then only asks for the median.
     let count = sum_field(&reads, "count");
-    let unseen = sum_field(&reads, "completions_unseen");
     eprintln!(
-        "{count} reads traced + {unseen} unseen, fio did {}; in flight {inflight:?}",
+        "{count} reads, {} timed, fio did {}; in flight {inflight:?}",
+        device.count(),
         fio.ios
     );
     assert_eq!(inflight.percentile(0.5), 1.0);
-    if unseen == 0 {
+    if device.count() == count {
         assert_eq!(inflight.max(), 1.0, "in flight {inflight:?}");
     }
     assert_eq!(reads.last().unwrap()["inflight_now"], 0);
@@ -334,8 +393,9 @@ fn slow_io_records_name_the_submitter_and_agree_with_the_histogram() {
     );
     assert!(
         (surely..=maybe).contains(&(slow.len() as u64)),
-        "{} slow_io records, histogram says {surely}..{maybe}",
-        slow.len()
+        "{} slow_io records, histogram says {surely}..{maybe}; lost {:?}",
+        slow.len(),
+        lost_totals(&records)
     );
 }
 
@@ -360,4 +420,130 @@ fn raw_tp_fallback_measures_the_same() {
     let count = sum_field(&block_records(&records, &disk.name, "read"), "count");
     let off = (count as f64 - fio.ios as f64).abs() / fio.ios as f64;
     assert!(off <= 0.02, "raw_tp count {count} vs fio {}", fio.ios);
+}
+
+#[test]
+fn its_own_writes_make_no_slow_io_records() {
+    require_root();
+    // ext4 on a loop device, mounted `sync`: every write(2) of the stream is
+    // written out by the writing thread itself, so the block layer sees the
+    // tracer's own process submit it. (Written back later, it would be
+    // submitted by a kernel flusher thread, which no pid filter could tell
+    // from anyone else's.)
+    let fs = sqllab::Mounted::new(LoopDevice::new(Backing::Disk, 256, true));
+    sh("mount", &["-o", "remount,sync", &fs.dir.to_string_lossy()]);
+    // Every I/O on this loop device takes longer than this (its worker hands
+    // each request to the backing file): all of them are slow.
+    let threshold_ms = 0.02;
+    let tracer = TracerWritingTo::start(
+        fs.path("stream.jsonl"),
+        &[
+            "--interval",
+            INTERVAL,
+            "--slow-io-ms",
+            &threshold_ms.to_string(),
+        ],
+    );
+    // A while with only the tracer's own stream written to the disk.
+    std::thread::sleep(Duration::from_millis(1500));
+    let others_from = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let mut dd = std::process::Command::new("dd")
+        .args([
+            "if=/dev/zero",
+            &format!("of={}", fs.path("other").display()),
+            "bs=64k",
+            "count=100",
+            "oflag=direct",
+            "status=none",
+        ])
+        .spawn()
+        .unwrap();
+    let dd_pid = dd.id();
+    assert!(dd.wait().unwrap().success());
+    settle();
+    let tracer_pid = tracer.pid();
+    let records = tracer.stop();
+
+    let slow: Vec<_> = of_type(&records, "slow_io")
+        .into_iter()
+        .filter(|r| r["dev"] == fs.disk.name)
+        .collect();
+    let by = |pid: u32| slow.iter().filter(|r| r["pid"] == pid).count();
+    let own_writes: u64 = block_records(&records, &fs.disk.name, "write")
+        .iter()
+        .filter(|r| r["ts"].as_str().unwrap() < others_from.as_str())
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum();
+    eprintln!(
+        "slow_io on {}: {} of dd, {} of the tracer, {} in all; {own_writes} writes before dd",
+        fs.disk.name,
+        by(dd_pid),
+        by(tracer_pid),
+        slow.len()
+    );
+    assert!(by(dd_pid) > 0, "dd's slow writes were not reported");
+    assert_eq!(by(tracer_pid), 0, "the tracer reported its own I/O");
+    // They are still counted: real I/O on the disk (the stream, and the journal
+    // commits it causes; nothing else writes to this new filesystem).
+    assert!(own_writes > 0, "the tracer's own writes are not in `block`");
+}
+
+/// `stalltrace run --out PATH` as a child, for a stream on a disk of the test's
+/// choosing (the lab's `Tracer` writes to the temporary directory); killed on drop.
+struct TracerWritingTo {
+    child: Option<std::process::Child>,
+    out: std::path::PathBuf,
+}
+
+impl TracerWritingTo {
+    fn start(out: std::path::PathBuf, args: &[&str]) -> Self {
+        let child = std::process::Command::new(stalltrace_bin())
+            .arg("run")
+            .arg("--out")
+            .arg(&out)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let tracer = Self {
+            child: Some(child),
+            out,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&tracer.out)
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains(r#""type":"start""#))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no start record in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tracer
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGINT, wait for a clean exit, and every record (schema-validated).
+    fn stop(mut self) -> Vec<Value> {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        assert!(child.wait().unwrap().success());
+        parse_records(&std::fs::read_to_string(&self.out).unwrap())
+    }
+}
+
+impl Drop for TracerWritingTo {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

@@ -134,11 +134,19 @@ fn loss_matches_the_kernel_counters(family: Family) {
         .map(|r| r["retrans_segs"].as_u64().unwrap())
         .sum();
     assert_eq!(peer_segs, counted, "tcp_rtt retrans_segs vs tcp_retransmit");
-    assert!(
-        of_type(&records, "lost").is_empty(),
-        "{:?}",
-        of_type(&records, "lost")
-    );
+    // No tcp event was lost (other families' losses, e.g. a block completion
+    // the kernel skipped on some disk of the host, say nothing of these counts).
+    let tcp_lost: Vec<_> = of_type(&records, "lost")
+        .into_iter()
+        .filter(|l| {
+            l["by_source"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("tcp."))
+        })
+        .collect();
+    assert!(tcp_lost.is_empty(), "{tcp_lost:?}");
 }
 
 #[test]

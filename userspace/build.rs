@@ -3,7 +3,10 @@
 //!   and a raw_tp object (`-DSTALLTRACE_RAW_TP`), the fallback chosen at load time;
 //! - `ebpf/include/abi.h` -> Rust types (bindgen), so shared structs are defined once;
 //! - `ebpf/include/hist.h` compiled for the host, so the Rust histogram math is tested
-//!   against the C one.
+//!   against the C one;
+//! - `ebpf/include/tds.h` compiled for the host and its constants -> Rust (bindgen), so
+//!   the kernel's TDS header decision is tested as C and the Rust parser shares its
+//!   constants.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,7 @@ fn main() {
     compile_bpf_objects(&ebpf, &include, &out);
     generate_abi(&include, &out);
     compile_host_hist(&manifest, &include);
+    compile_host_tds(&manifest, &include, &out);
 }
 
 fn compile_bpf_objects(ebpf: &Path, include: &Path, out: &Path) {
@@ -99,4 +103,24 @@ fn compile_host_hist(manifest: &Path, include: &Path) {
         "cargo:rerun-if-changed={}",
         manifest.join("csrc/hist_shim.c").display()
     );
+}
+
+fn compile_host_tds(manifest: &Path, include: &Path, out: &Path) {
+    let shim = manifest.join("csrc/tds_shim.c");
+    cc::Build::new()
+        .file(&shim)
+        .include(include)
+        .warnings_into_errors(true)
+        .compile("stalltrace_tds_c");
+    println!("cargo:rerun-if-changed={}", shim.display());
+    bindgen::Builder::default()
+        .header(include.join("tds.h").to_string_lossy())
+        .allowlist_file(".*/tds\\.h")
+        .allowlist_var("(TDS|TLS)_.*")
+        .prepend_enum_name(false)
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .generate()
+        .expect("bindgen on ebpf/include/tds.h (needs libclang: `cargo xtask setup`)")
+        .write_to_file(out.join("tds.rs"))
+        .unwrap();
 }

@@ -82,6 +82,17 @@ static __always_inline __u32 slot_home(__u64 key, __u32 bits)
 }
 
 /*
+ * Whether a slot stamped at `stamp_ns` was claimed more than `stale_ns` before
+ * `now`. Signed: a claimer on another CPU may stamp the slot after this one
+ * read `now`, and that stamp, later than `now`, must not look ancient (as an
+ * unsigned difference it would, and a live slot would be taken).
+ */
+static __always_inline bool slot_stale(__u64 now, __u64 stamp_ns, __u64 stale_ns)
+{
+	return (__s64)(now - stamp_ns) > (__s64)stale_ns;
+}
+
+/*
  * Take `slot` if its claim count is `held` (0: free; 1: held by an owner being
  * displaced) and nobody else takes it at the same time (see the top). The
  * count is left at held + 1; the caller gives one back after displacing.
@@ -121,9 +132,9 @@ static __always_inline void *slot_claim(void *table, __u32 bits, __u64 key, __u6
 			goto claimed;
 		if (!owner && !slot->claims && slot_take(slot, 0))
 			goto claimed;
-		if (owner && stale_ns && now - slot->stamp_ns > stale_ns && slot_take(slot, 1)) {
+		if (owner && stale_ns && slot_stale(now, slot->stamp_ns, stale_ns) && slot_take(slot, 1)) {
 			/* taken: look again, the owner may have been a claimer between its take and its stamp */
-			if (now - *(volatile __u64 *)&slot->stamp_ns > stale_ns) {
+			if (slot_stale(now, *(volatile __u64 *)&slot->stamp_ns, stale_ns)) {
 				__sync_fetch_and_add(&slot->claims, -1); /* the count stays at one: ours now */
 				*took_stale = true;
 				goto claimed;

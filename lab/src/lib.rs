@@ -10,6 +10,9 @@
 //!   loop devices, a blkio cgroup that makes a device slow.
 //! - tracer.rs, records.rs: `stalltrace run` as a child process, and reading
 //!   what it wrote.
+//! - kernel_objects.rs: the eBPF programs, maps, pins and bpffs mounts a
+//!   tracer leaves (bpftool, /proc); churn.rs: namespaces and loop devices
+//!   made and removed by the hundred while a tracer runs.
 //! - kernel_checks/: `stalltrace-kernel-checks`, the checks run inside a guest
 //!   booted with another kernel (`cargo xtask kernels`).
 //! - scenario/: the field cases (`loss`, `queue-depth`, `throttle`, `rtt`,
@@ -20,9 +23,11 @@
 //! beside other tests. The lab panics on any failure (with the command's
 //! output): a half-built situation is never measured.
 
+pub mod churn;
 pub mod disk;
 pub mod fio;
 pub mod kernel_checks;
+pub mod kernel_objects;
 pub mod net;
 pub mod records;
 pub mod scenario;

@@ -18,6 +18,7 @@ mod peers;
 mod publish;
 mod quiet;
 mod settings;
+mod soak;
 mod stats;
 mod table;
 mod tracer;
@@ -93,7 +94,15 @@ const SUITES: &[Suite] = &[
     },
 ];
 
-pub fn bench(suite: &str) -> anyhow::Result<()> {
+pub fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
+    // The soak runs for as long as it is told and builds more than stalltrace,
+    // so it has options of its own and is not one of `all`.
+    if suite == "soak" {
+        return soak::run(args);
+    }
+    if let Some(arg) = args.first() {
+        bail!("`bench {suite}` takes no options (got `{arg}`); only `bench soak` has some");
+    }
     let selected: Vec<&Suite> = match suite {
         "all" => SUITES.iter().collect(),
         name => match SUITES.iter().find(|s| s.name == name) {

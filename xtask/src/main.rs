@@ -34,10 +34,14 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Measure what stalltrace costs: `block` (fio IOPS with and without, ns per event).
+    /// Measure what stalltrace costs: `block` (fio IOPS with and without, ns per event),
+    /// `net`, `daemon`, `all`; `soak --minutes N` (not part of `all`: everything at once for N minutes).
     Bench {
         #[arg(default_value = "block")]
         suite: String,
+        /// The suite's own options (only `soak` has any: --minutes N, --publish)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Run a field case in the lab (root): build it, record it with `stalltrace run`,
     /// print the report and a conclusion. Without a name: list the scenarios.
@@ -83,9 +87,9 @@ fn main() -> anyhow::Result<()> {
             util::cargo(&nextest)?;
             kernels::after_tests()
         }
-        Task::Bench { suite } => {
+        Task::Bench { suite, args } => {
             setup::setup()?;
-            bench::bench(&suite)
+            bench::bench(&suite, &args)
         }
         Task::Lab { name, clean } => lab::lab(name.as_deref(), clean),
         Task::Kernels(opts) => {

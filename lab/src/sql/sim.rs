@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
@@ -53,6 +53,8 @@ impl Placement<'_> {
 /// `sqlservr`: its watchdog parent (our child) and the worker it starts.
 pub struct SqlServerSim {
     watchdog: Child,
+    /// The watchdog's stdout, line by line: each worker's listening line.
+    lines: mpsc::Receiver<String>,
     pub worker: u32,
     pub port: u16,
     pub data: PathBuf,
@@ -94,23 +96,41 @@ impl SqlServerSim {
         });
         let mut sim = Self {
             watchdog,
+            lines: rx,
             worker: 0,
             port: 0,
             data: data.to_path_buf(),
             log: log.to_path_buf(),
         };
-        // "sqlservr: worker PID listening on ADDR"
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("sqlservr did not report its listener within 60 s"));
+        sim.await_listener(Duration::from_secs(60));
+        sim
+    }
+
+    /// Read the next worker's "sqlservr: worker PID listening on ADDR" line;
+    /// take its pid and port.
+    fn await_listener(&mut self, within: Duration) {
+        let line = self.lines.recv_timeout(within).unwrap_or_else(|_| {
+            panic!("sqlservr did not report a listening worker within {within:?}")
+        });
         let words: Vec<&str> = line.split_whitespace().collect();
         assert!(
             words.len() == 6 && words[1] == "worker" && words[3] == "listening",
-            "unexpected first line from sqlservr: {line}"
+            "unexpected line from sqlservr: {line}"
         );
-        sim.worker = words[2].parse().unwrap();
-        sim.port = words[5].rsplit(':').next().unwrap().parse().unwrap();
-        sim
+        self.worker = words[2].parse().unwrap();
+        self.port = words[5].rsplit(':').next().unwrap().parse().unwrap();
+    }
+
+    /// SIGKILL the worker and wait for the watchdog to start the next one
+    /// (`sqlservr --restart-worker`); `worker` and `port` become the new
+    /// one's. Returns when the new worker said it listens.
+    pub fn kill_worker_and_await_restart(&mut self, within: Duration) -> SystemTime {
+        let old = self.worker;
+        // SAFETY: kill(2) on the simulator's worker, which the watchdog reaps.
+        unsafe { libc::kill(old as i32, libc::SIGKILL) };
+        self.await_listener(within);
+        assert_ne!(self.worker, old, "the watchdog did not start a new worker");
+        SystemTime::now()
     }
 
     pub fn watchdog_pid(&self) -> u32 {

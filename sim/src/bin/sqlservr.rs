@@ -39,6 +39,10 @@ struct Args {
     /// Data pages written by each checkpoint burst
     #[arg(long, default_value_t = 256)]
     checkpoint_pages: usize,
+    /// The watchdog starts the worker again when it dies of a signal it did
+    /// not pass on (a crash, SIGKILL); with port 0 the new worker gets a new port
+    #[arg(long)]
+    restart_worker: bool,
 }
 
 fn has_ext(p: &Path, exts: &[&str]) -> bool {
@@ -70,7 +74,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if !is_worker() {
-        return match run_watchdog() {
+        return match run_watchdog(args.restart_worker) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => {
                 eprintln!("sqlservr: {e:#}");

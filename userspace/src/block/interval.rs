@@ -10,7 +10,9 @@ pub struct Interval {
     pub bios: u64,
     pub requeues: u64,
     pub errors: u64,
-    pub unseen: u64,
+    /// Completions the kernel did not run the hook for, settled when their
+    /// request was issued again (block_stats.unseen, block.bpf.c `settle_missed`).
+    pub skipped: u64,
     pub total: Histogram,
     pub tag_wait: Histogram,
     pub queue: Histogram,
@@ -27,7 +29,7 @@ impl Interval {
             self.bios,
             self.requeues,
             self.errors,
-            self.unseen,
+            self.skipped,
         ]
         .iter()
         .any(|&n| n > 0)
@@ -83,7 +85,7 @@ impl Series {
             bios: delta[2],
             requeues: delta[3],
             errors: delta[4],
-            unseen: delta[5],
+            skipped: delta[5],
             total: self.total.advance(per_cpu.iter().map(|s| &s.total)),
             tag_wait: self.tag_wait.advance(per_cpu.iter().map(|s| &s.tag_wait)),
             queue: self.queue.advance(per_cpu.iter().map(|s| &s.queue)),
@@ -114,7 +116,7 @@ mod tests {
         assert!(!idle.is_active());
         b.unseen = 2;
         let settled = series.advance(&[a, b]);
-        assert_eq!(settled.unseen, 2);
+        assert_eq!(settled.skipped, 2);
         assert!(settled.is_active() && !settled.did_io());
     }
 }

@@ -12,17 +12,40 @@ use std::io;
 use std::time::Duration;
 
 use aya::Btf;
-use aya::maps::{Array, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf};
+use aya::maps::{
+    Array, HashMap as BpfHashMap, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf,
+};
 
 use crate::abi::{self, block_disk, block_key, block_rq_slot, block_stats, slow_io_event};
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
 use interval::{Interval, Series};
+use reconcile::Settled;
 use record::{BlockRecord, SlowIoRecord, op_name};
 use sysfs::Sysfs;
 
 const NS_TO_US: f64 = 1e-3;
+
+/// Before attach: tries at creating the statistics entries of the disks present, and the wait between.
+const PREPARE_ATTEMPTS: usize = 20;
+const PREPARE_RETRY: Duration = Duration::from_millis(25);
+
+/// `lost` source: request completions the kernel did not run the completion
+/// hook for (docs/records.md).
+pub const KERNEL_SKIPPED: &str = "block.kernel_skipped";
+
+/// The maps the daemon reads.
+struct Maps {
+    stats: PerCpuHashMap<MapData, block_key, block_stats>,
+    disks: Array<MapData, block_disk>,
+    rq_slots: Array<MapData, block_rq_slot>,
+    unsettled_keys: Array<MapData, u64>,
+    unsettled_times: Array<MapData, u64>,
+    unsettled: BpfHashMap<MapData, block_key, u64>,
+    events: RingBuf<MapData>,
+    lost: LostCounters,
+}
 
 pub struct BlockOptions {
     /// Send I/Os slower than this as `slow_io` records; `None` sends none.
@@ -35,8 +58,16 @@ pub struct BlockProbe {
     stats: PerCpuHashMap<MapData, block_key, block_stats>,
     disks: Array<MapData, block_disk>,
     rq_slots: Array<MapData, block_rq_slot>,
+    /// Completions the hook ran for but left unsettled (block_state.bpf.h).
+    unsettled_keys: Array<MapData, u64>,
+    unsettled_times: Array<MapData, u64>,
+    /// Per (disk, op): completions the hook left unsettled, found out later; running totals.
+    unsettled: BpfHashMap<MapData, block_key, u64>,
+    unsettled_seen: HashMap<(u32, u32, u32), u64>,
     events: RingBuf<MapData>,
     lost: LostCounters,
+    /// Completions the kernel did not run the hook for, settled this interval.
+    kernel_skipped: u64,
     series: BTreeMap<(u32, u32, u32), Series>,
     names: HashMap<(u32, u32), String>,
     sysfs: Sysfs,
@@ -47,7 +78,11 @@ pub struct BlockProbe {
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
         let slow_io_ns = opts.slow_io.map_or(0, |d| d.as_nanos() as u64);
-        let globals = [("slow_io_ns", slow_io_ns)];
+        // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
+        let globals = [
+            ("slow_io_ns", slow_io_ns),
+            ("self_tgid", u64::from(std::process::id())),
+        ];
         // The disks present now get their entries before any hook can run.
         let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
             let map = ebpf
@@ -55,8 +90,22 @@ impl BlockProbe {
                 .ok_or("the object has no map block_stats")?;
             let mut stats: PerCpuHashMap<&mut MapData, block_key, block_stats> =
                 PerCpuHashMap::try_from(map).map_err(|e| e.to_string())?;
-            for (_, major, minor) in Sysfs::default().disks_with_media() {
-                prepare_disk(&mut stats, major, minor); // a failure is retried after attach
+            let mut missing: Vec<(u32, u32)> = Sysfs::default()
+                .disks_with_media()
+                .into_iter()
+                .map(|(_, major, minor)| (major, minor))
+                .collect();
+            // An entry comes from the kernel's atomic per-CPU pool, which is
+            // refilled in the background: just after boot it can run dry (seen
+            // on 5.10), and the disk's first I/Os would then find no entry either.
+            // A few short waits for the refill; what still fails is retried at
+            // every interval after attach.
+            for _ in 0..PREPARE_ATTEMPTS {
+                missing.retain(|&(major, minor)| !prepare_disk(&mut stats, major, minor));
+                if missing.is_empty() {
+                    break;
+                }
+                std::thread::sleep(PREPARE_RETRY);
             }
             Ok(())
         };
@@ -68,14 +117,19 @@ impl BlockProbe {
         let mut family = probes::attach_family(probes::embedded("block"), opts.mode, &setup, btf)?;
         let taken = Self::take_maps(&mut family);
         match taken {
-            Ok((stats, disks, rq_slots, events, lost)) => {
+            Ok(maps) => {
                 let mut probe = Self {
                     family,
-                    stats,
-                    disks,
-                    rq_slots,
-                    events,
-                    lost,
+                    stats: maps.stats,
+                    disks: maps.disks,
+                    rq_slots: maps.rq_slots,
+                    unsettled_keys: maps.unsettled_keys,
+                    unsettled_times: maps.unsettled_times,
+                    unsettled: maps.unsettled,
+                    unsettled_seen: HashMap::new(),
+                    events: maps.events,
+                    lost: maps.lost,
+                    kernel_skipped: 0,
                     series: BTreeMap::new(),
                     names: HashMap::new(),
                     sysfs: Sysfs::default(),
@@ -91,23 +145,18 @@ impl BlockProbe {
         }
     }
 
-    #[allow(clippy::type_complexity)]
-    fn take_maps(
-        family: &mut AttachedFamily,
-    ) -> anyhow::Result<(
-        PerCpuHashMap<MapData, block_key, block_stats>,
-        Array<MapData, block_disk>,
-        Array<MapData, block_rq_slot>,
-        RingBuf<MapData>,
-        LostCounters,
-    )> {
+    fn take_maps(family: &mut AttachedFamily) -> anyhow::Result<Maps> {
         let ebpf = &mut family.ebpf;
-        let stats = probes::take_map(ebpf, "block_stats")?;
-        let disks = probes::take_map(ebpf, "block_disks")?;
-        let rq_slots = probes::take_map(ebpf, "rq_slots")?;
-        let events = probes::take_map(ebpf, "block_events")?;
-        let lost = LostCounters::take("block", ebpf)?;
-        Ok((stats, disks, rq_slots, events, lost))
+        Ok(Maps {
+            stats: probes::take_map(ebpf, "block_stats")?,
+            disks: probes::take_map(ebpf, "block_disks")?,
+            rq_slots: probes::take_map(ebpf, "rq_slots")?,
+            unsettled_keys: probes::take_map(ebpf, "rq_unsettled_key")?,
+            unsettled_times: probes::take_map(ebpf, "rq_unsettled_ns")?,
+            unsettled: probes::take_map(ebpf, "block_unsettled")?,
+            events: probes::take_map(ebpf, "block_events")?,
+            lost: LostCounters::take("block", ebpf)?,
+        })
     }
 
     /// Create the read/write/flush entries of every disk with media before its
@@ -130,15 +179,16 @@ impl BlockProbe {
     }
 
     /// Each disk's in-flight gauge, after settling the requests of idle disks
-    /// whose completion the hooks never saw (see reconcile.rs). Returns the
+    /// whose completion the hooks never settled (see reconcile.rs). Returns the
     /// gauges and what was settled by (major, minor, op).
     #[allow(clippy::type_complexity)]
     fn inflight_after_settling(
         &mut self,
         busy: &HashSet<(u32, u32)>,
-    ) -> (HashMap<(u32, u32), i64>, HashMap<(u32, u32, u32), u64>) {
+    ) -> (HashMap<(u32, u32), i64>, HashMap<(u32, u32, u32), Settled>) {
         let mut gauges = HashMap::new();
         let mut settled = HashMap::new();
+        let mut unsettled = None;
         let table: Vec<(u32, block_disk)> = self
             .disks
             .iter()
@@ -152,9 +202,16 @@ impl BlockProbe {
             if inflight > 0 && !busy.contains(&key) {
                 let name = self.disk_name(key.0, key.1);
                 if reconcile::kernel_says_idle(&self.sysfs, &name) {
-                    for (op, n) in
-                        reconcile::settle(&mut self.rq_slots, &mut self.disks, index, disk.id)
-                    {
+                    let unsettled = unsettled.get_or_insert_with(|| {
+                        reconcile::unsettled(&self.unsettled_keys, &self.unsettled_times)
+                    });
+                    for (op, n) in reconcile::settle(
+                        &mut self.rq_slots,
+                        &mut self.disks,
+                        unsettled,
+                        index,
+                        disk.id,
+                    ) {
                         settled.insert((key.0, key.1, op), n);
                     }
                     inflight = 0;
@@ -163,6 +220,20 @@ impl BlockProbe {
             gauges.insert(key, inflight);
         }
         (gauges, settled)
+    }
+
+    /// Per (disk, op): completions the hook left unsettled, found out since the last call.
+    fn unsettled_deltas(&mut self) -> HashMap<(u32, u32, u32), u64> {
+        let mut deltas = HashMap::new();
+        for (key, total) in self.unsettled.iter().flatten() {
+            let id = (key.major, key.minor, key.op);
+            let seen = self.unsettled_seen.entry(id).or_default();
+            if total != *seen {
+                deltas.insert(id, total.wrapping_sub(*seen));
+            }
+            *seen = total;
+        }
+        deltas
     }
 
     fn disk_name(&mut self, major: u32, minor: u32) -> String {
@@ -245,19 +316,23 @@ impl Family for BlockProbe {
             .map(|(k, _)| (k.major, k.minor))
             .collect();
         let (inflight_now, settled) = self.inflight_after_settling(&busy);
+        let unsettled = self.unsettled_deltas();
 
         for (key, iv) in intervals {
             let disk = (key.major, key.minor);
             let now = inflight_now.get(&disk).copied().unwrap_or(0);
-            let settled_here = settled
-                .get(&(key.major, key.minor, key.op))
-                .copied()
-                .unwrap_or(0);
+            let id = (key.major, key.minor, key.op);
+            let idle = settled.get(&id).copied().unwrap_or_default();
+            // Completions the hook did not settle are completions all the same
+            // (the kernel counts them): in `count`, without histogram samples.
+            let skipped = iv.skipped + idle.skipped;
+            let unsettled = unsettled.get(&id).copied().unwrap_or(0) + idle.unsettled;
+            self.kernel_skipped += skipped;
             let series = self
                 .series
                 .get_mut(&(key.major, key.minor, key.op))
                 .expect("advanced above");
-            let active = iv.is_active() || settled_here > 0;
+            let active = iv.is_active() || skipped + unsettled > 0;
             let emit = active || series.active_last_interval || now != 0;
             series.active_last_interval = active;
             if !emit {
@@ -271,12 +346,12 @@ impl Family for BlockProbe {
                 minor: key.minor,
                 op: op_name(key.op),
                 interval_ms: interval.as_millis() as u64,
-                count: iv.requests,
+                count: iv.requests + skipped + unsettled,
                 bytes: iv.bytes,
                 bios: iv.bios,
                 requeues: iv.requeues,
                 errors: iv.errors,
-                completions_unseen: iv.unseen + settled_here,
+                completions_unseen: unsettled,
                 latency_us: iv.total.to_record(NS_TO_US),
                 tag_wait_us: iv.tag_wait.to_record(NS_TO_US),
                 queue_us: iv.queue.to_record(NS_TO_US),
@@ -295,7 +370,13 @@ impl Family for BlockProbe {
     }
 
     fn lost(&mut self) -> Vec<(String, u64)> {
-        self.lost.deltas(&self.family.ebpf)
+        let mut lost = self.lost.deltas(&self.family.ebpf);
+        // Not a kernel-side drop counter: collect() found these settling requests.
+        let skipped = std::mem::take(&mut self.kernel_skipped);
+        if skipped > 0 {
+            lost.push((KERNEL_SKIPPED.to_string(), skipped));
+        }
+        lost
     }
 }
 

@@ -36,8 +36,11 @@ pub struct BlockRecord {
     pub requeues: u64,
     /// Requests completed with an error, and bios that failed before reaching a request.
     pub errors: u64,
-    /// Requests completed without the hooks seeing it, found out in this interval
-    /// (not in `count` nor in the phase histograms).
+    /// Requests of `count` whose completion the hook ran for but could not settle
+    /// (no record of its issue found, or no statistics entry), found out in this
+    /// interval (no histogram samples).
+    /// Completions the kernel did not run the hook for are in `count` too, and
+    /// reported in `lost` as `block.kernel_skipped`.
     pub completions_unseen: u64,
     /// Bio submitted -> bio completed.
     pub latency_us: HistogramRecord,

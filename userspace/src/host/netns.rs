@@ -11,6 +11,65 @@ use crate::error::UserError;
 /// Where `ip netns add NAME` puts its namespaces.
 pub const NAMED_NETNS_DIR: &str = "/run/netns";
 
+/// statfs(2) f_type of nsfs, where namespace files live.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Whether `path` is a namespace file now. A name under /run/netns that
+/// `ip netns del` is deleting is, for a moment, an empty file of /run's
+/// tmpfs (unmounted, not yet unlinked): its inode is no namespace's.
+pub fn is_ns_file(path: &Path) -> bool {
+    std::fs::File::open(path).is_ok_and(|f| is_ns_fd(&f))
+}
+
+/// Whether an open file is a namespace file (see [`is_ns_file`]).
+pub fn is_ns_fd(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstatfs writes into `fs`, valid for writes; all-zero is a valid statfs.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::fstatfs(file.as_raw_fd(), &mut fs) == 0 && fs.f_type as i64 == NSFS_MAGIC
+    }
+}
+
+/// Inodes of the network namespaces that exist now, as far as names and
+/// processes tell: this process's, every one under /run/netns and every
+/// process's (/proc/PID/ns/net). One held only by an open file or a bind mount
+/// elsewhere is not found.
+pub fn live_inodes() -> std::collections::HashSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let mut inodes = std::collections::HashSet::new();
+    if let Ok(meta) = std::fs::metadata("/proc/self/ns/net") {
+        inodes.insert(meta.ino() as u32);
+    }
+    for entry in std::fs::read_dir(NAMED_NETNS_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(meta) = std::fs::metadata(entry.path())
+            && is_ns_file(&entry.path())
+        {
+            inodes.insert(meta.ino() as u32);
+        }
+    }
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            && let Ok(link) = std::fs::read_link(entry.path().join("ns/net"))
+            && let Some(inode) = link
+                .to_str()
+                .and_then(|t| t.strip_prefix("net:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse().ok())
+        {
+            inodes.insert(inode);
+        }
+    }
+    inodes
+}
+
 /// A namespace the user asked for.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Netns {
@@ -62,6 +121,9 @@ mod tests {
         let expected = std::fs::metadata("/proc/self/ns/net").unwrap().ino() as u32;
         assert_eq!(host.inode, expected);
         assert_eq!(resolve("4026531840").unwrap().inode, 4026531840);
+        assert!(is_ns_file(Path::new("/proc/self/ns/net")));
+        assert!(live_inodes().contains(&host.inode));
+        assert!(!is_ns_file(Path::new("/proc/self/status")));
         let err = resolve("no-such-namespace-here").unwrap_err();
         assert!(err.problem.contains("no-such-namespace-here"), "{err}");
         assert!(err.fix.contains("ip netns list"));

@@ -16,7 +16,7 @@ use crate::abi::{netdev_key, netdev_stats};
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
 use crate::host::link::{self, LinkHealth};
-use crate::host::netns::{NAMED_NETNS_DIR, Netns};
+use crate::host::netns::{self, NAMED_NETNS_DIR, Netns, is_ns_file};
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -40,6 +40,10 @@ pub const NETDEV_RX_MAPS: &[&str] = &["netdev_stats", "netdev_stats_zero", "rx_s
 /// (netns inode, ifindex)
 type IfaceId = (u32, u32);
 
+/// An interval's link readings: (id, delta since the last reading or None on
+/// the first, name) of each interface, and the namespaces read.
+type Readings = (Vec<(IfaceId, Option<LinkHealth>, String)>, HashSet<u32>);
+
 #[derive(Default)]
 struct Series {
     counters: [u64; 4],
@@ -58,8 +62,6 @@ pub struct NetdevProbe {
     series: HashMap<IfaceId, Series>,
     /// Last link reading per interface, the baseline of the next delta.
     links: HashMap<IfaceId, LinkHealth>,
-    /// Namespaces whose link health cannot be read, reported once each.
-    unreadable: HashSet<u32>,
 }
 
 impl NetdevProbe {
@@ -94,10 +96,9 @@ impl NetdevProbe {
                     ifaces: opts.ifaces.clone(),
                     series: HashMap::new(),
                     links: HashMap::new(),
-                    unreadable: HashSet::new(),
                 };
                 // Baseline readings, and the statistics entries created ahead of traffic.
-                probe.read_links();
+                let _ = probe.read_links();
                 Ok(probe)
             }
             Err(e) => Err(FamilyFailure {
@@ -116,18 +117,17 @@ impl NetdevProbe {
         wanted(&self.ifaces, name)
     }
 
-    /// Read every watched interface's link health now; returns (id, delta since the
-    /// last reading or None on the first, name).
-    fn read_links(&mut self) -> Vec<(IfaceId, Option<LinkHealth>, String)> {
+    /// Read every watched interface's link health now. A namespace that
+    /// cannot be read (deleted meanwhile, or not to be entered) is skipped:
+    /// its interfaces' records carry no `link`.
+    fn read_links(&mut self) -> Readings {
         let mut out = Vec::new();
+        let mut read = HashSet::new();
         for (inode, path) in self.namespaces() {
-            let readings = match link::read_all_in_netns(&path) {
-                Ok(r) => r,
-                Err(_) => {
-                    self.unreadable.insert(inode);
-                    continue;
-                }
+            let Ok(readings) = link::read_all_in_netns(&path) else {
+                continue;
             };
+            read.insert(inode);
             for reading in readings {
                 if !self.wanted(&reading.name) {
                     continue;
@@ -139,7 +139,7 @@ impl NetdevProbe {
                 self.links.insert(id, reading);
             }
         }
-        out
+        (out, read)
     }
 
     /// Create an interface's statistics entry before its first packet (one
@@ -165,26 +165,43 @@ impl Family for NetdevProbe {
         _ctx: &mut Ctx,
         out: &mut JsonWriter,
     ) -> io::Result<()> {
-        let mut links: BTreeMap<IfaceId, (Option<LinkHealth>, String)> = self
-            .read_links()
+        let (readings, read) = self.read_links();
+        let mut links: BTreeMap<IfaceId, (Option<LinkHealth>, String)> = readings
             .into_iter()
             .map(|(id, delta, name)| (id, (delta, name)))
             .collect();
+        // Which namespaces exist: asked only about those of entries never read.
+        let mut live: Option<HashSet<u32>> = None;
+        let links_now: HashSet<IfaceId> = links.keys().copied().collect();
         let kernel: Vec<(netdev_key, PerCpuValues<netdev_stats>)> =
             self.stats.iter().flatten().collect();
+        let mut forget = Vec::new();
         for (key, per_cpu) in kernel {
             let id = (key.netns, key.ifindex);
-            let (link, name) = links.remove(&id).unwrap_or((None, String::new()));
+            let present = links.contains_key(&id);
+            // Known: read, now or in an earlier interval (so it has a name).
+            // Known but not read now: gone (deleted, moved to another
+            // namespace, or its namespace deleted). Never read: in a namespace
+            // not watched (or not to be entered), made after this reading, or
+            // made and gone between two readings (its namespace too).
             let known = self.links.contains_key(&id);
-            if known && !self.wanted(&name) {
-                continue;
-            }
-            if !known && !self.ifaces.is_empty() {
-                continue; // an interface we cannot name cannot match --iface
-            }
-            if !self.netns.is_empty() && !self.netns.iter().any(|n| n.inode == key.netns) {
-                continue;
-            }
+            let (link, name) = match links.remove(&id) {
+                Some(found) => found,
+                None => (
+                    None,
+                    self.links
+                        .get(&id)
+                        .map(|l| l.name.clone())
+                        .unwrap_or_default(),
+                ),
+            };
+            let namespace_gone = !known
+                && !present
+                && !read.contains(&key.netns)
+                && !live
+                    .get_or_insert_with(netns::live_inodes)
+                    .contains(&key.netns);
+            let gone = (known && !present) || namespace_gone;
             let series = self.series.entry(id).or_default();
             let sum = |f: fn(&netdev_stats) -> u64| per_cpu.iter().map(f).sum::<u64>();
             let now = [
@@ -206,16 +223,34 @@ impl Family for NetdevProbe {
             let active = packets > 0
                 || delta.iter().any(|&d| d > 0)
                 || qdisc.count() + xmit.count() + rx.count() > 0;
-            let emit = active || series.active_last_interval;
+            // A statistics entry lives as long as its interface (the table
+            // holds 256, and a host that makes and deletes namespaces would
+            // fill it with the dead): one that is gone is deleted after this
+            // interval's record, and so is an idle one that a namespace read
+            // now does not have (the reading is after its last packet; one
+            // made since is not idle). An idle entry has nothing unreported.
+            // Entries of namespaces that exist but are not read (--netns, no
+            // name) stay: deleting them would make the kernel side allocate
+            // them again at their next packet.
+            if gone || (!present && !active && read.contains(&key.netns)) {
+                forget.push((key, id));
+            }
+            // The interval after activity shows it drained, unless it is gone.
+            let emit = active || (series.active_last_interval && !gone);
             series.active_last_interval = active;
-            if !emit {
+            if !emit
+                || (known && !self.wanted(&name))
+                // an interface we cannot name cannot match --iface
+                || (!known && !self.ifaces.is_empty())
+                || (!self.netns.is_empty() && !self.netns.iter().any(|n| n.inode == key.netns))
+            {
                 continue;
             }
             let record = NetdevRecord {
-                iface: if known {
-                    name
-                } else {
+                iface: if name.is_empty() {
                     format!("if{}", key.ifindex)
+                } else {
+                    name
                 },
                 ifindex: key.ifindex,
                 netns: key.netns,
@@ -235,6 +270,13 @@ impl Family for NetdevProbe {
             };
             out.emit("netdev", ts, &record)?;
         }
+        for (key, id) in forget {
+            let _ = self.stats.remove(&key);
+            self.series.remove(&id);
+            self.links.remove(&id);
+        }
+        // Readings of interfaces gone without a statistics entry.
+        self.links.retain(|id, _| links_now.contains(id));
         Ok(())
     }
 
@@ -258,7 +300,9 @@ fn namespaces_of(netns: &[Netns]) -> Vec<(u32, PathBuf)> {
     }
     if let Ok(dir) = std::fs::read_dir(NAMED_NETNS_DIR) {
         for entry in dir.flatten() {
-            if let Ok(meta) = std::fs::metadata(entry.path()) {
+            if let Ok(meta) = std::fs::metadata(entry.path())
+                && is_ns_file(&entry.path())
+            {
                 let inode = meta.ino() as u32;
                 if !out.iter().any(|(i, _)| *i == inode) {
                     out.push((inode, entry.path()));

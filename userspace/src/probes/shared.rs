@@ -9,10 +9,16 @@ use std::path::{Path, PathBuf};
 /// after that, so the second object gets the first one's map. The pins are
 /// removed when this is dropped (the maps live on with the programs using
 /// them), and any left by an earlier daemon with the same pid are removed
-/// first. Where /sys/fs/bpf is not a bpffs (a fresh host: only systemd mounts
-/// it), the daemon mounts one there in a mount namespace of its own, which
-/// nobody else sees and which goes away with the daemon; without the
-/// privilege for that (CAP_SYS_ADMIN), nothing is shared.
+/// first.
+///
+/// The pins go in a bpffs of the daemon's own: it mounts one at /sys/fs/bpf
+/// in a mount namespace of its own, which nobody else sees and which goes
+/// away with the daemon, pins and all, even when it is killed (SIGKILL) while
+/// they exist. Pins in the host's bpffs (systemd mounts one) would outlive
+/// such a kill and keep their maps in the kernel until another daemon starts
+/// (tests/faults.rs kills daemons in that window). Only without the
+/// privilege for the mount (CAP_SYS_ADMIN) is the host's bpffs used, if
+/// there is one; else nothing is shared.
 pub struct SharedMaps {
     pins: Vec<(&'static str, PathBuf)>,
 }
@@ -22,7 +28,11 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 impl SharedMaps {
     pub fn new(names: &[&'static str]) -> Option<Self> {
-        if !is_bpffs(Path::new(BPF_FS)) && !mount_private_bpffs() {
+        // What a daemon that had to pin in the host's bpffs left when killed.
+        if is_bpffs(Path::new(BPF_FS)) {
+            remove_dead_daemons_pins(Path::new(BPF_FS));
+        }
+        if !mount_private_bpffs() && !is_bpffs(Path::new(BPF_FS)) {
             return None;
         }
         let pid = std::process::id();
@@ -38,7 +48,6 @@ impl SharedMaps {
         for (_, path) in &pins {
             let _ = std::fs::remove_file(path);
         }
-        remove_dead_daemons_pins(Path::new(BPF_FS));
         Some(Self { pins })
     }
 
@@ -92,8 +101,9 @@ fn is_bpffs(path: &Path) -> bool {
 /// Mount a bpffs at /sys/fs/bpf that only this process sees: a mount
 /// namespace of its own (for the calling thread and the threads it starts
 /// after; the loading thread is the one that needs it), slave to the host's
-/// so namespaces and disks mounted later still show, and the bpffs in it.
-/// False, and nothing mounted, when any step is not allowed.
+/// so namespaces and disks mounted later still show, and the bpffs in it
+/// (over the host's, if it has one). False, and nothing mounted, when any
+/// step is not allowed.
 fn mount_private_bpffs() -> bool {
     let none = c"none";
     let bpf = c"bpf";

@@ -3,8 +3,10 @@
 //! report, and write the HTML page.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::Path;
+
+use flate2::bufread::MultiGzDecoder;
 
 use super::html::render_html;
 use super::model::{Report, ReportError};
@@ -12,9 +14,19 @@ use super::text::render_text;
 use crate::cli::ReportArgs;
 use crate::error::UserError;
 
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+mod lines;
+#[cfg(test)]
+mod tests;
 
-/// Read and build the report of `path` (`-`: stdin).
+use lines::LineCap;
+pub use lines::{LineTooLong, MAX_LINE};
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const READ_BUFFER: usize = 1 << 16;
+
+/// Read and build the report of `path` (`-`: stdin). A gzip file cut short
+/// or corrupt part-way is reported up to the damage, as a cut plain file is,
+/// with a line on stderr saying so.
 pub fn read_report(path: &Path) -> Result<Report, UserError> {
     let stdin = path.as_os_str() == "-";
     let name = if stdin {
@@ -22,30 +34,171 @@ pub fn read_report(path: &Path) -> Result<Report, UserError> {
     } else {
         path.display().to_string()
     };
-    let mut reader: Box<dyn BufRead> = if stdin {
-        Box::new(BufReader::new(std::io::stdin()))
+    let reader: Box<dyn BufRead> = if stdin {
+        Box::new(BufReader::with_capacity(READ_BUFFER, std::io::stdin()))
     } else {
         let file = File::open(path).map_err(|e| ReportError::Read(e).to_user_error(&name))?;
-        Box::new(BufReader::with_capacity(1 << 16, file))
+        Box::new(BufReader::with_capacity(READ_BUFFER, file))
     };
-    let head = reader
-        .fill_buf()
-        .map_err(|e| ReportError::Read(e).to_user_error(&name))?;
-    if head.starts_with(&GZIP_MAGIC) {
-        let decoder = flate2::read::MultiGzDecoder::new(reader);
-        reader = Box::new(BufReader::new(GzErrors(decoder)));
+    let (report, note) = read_stream(reader, &name)?;
+    if let Some(note) = note {
+        eprintln!("stalltrace: {note}");
     }
-    Report::from_reader(reader).map_err(|e| e.to_user_error(&name))
+    Ok(report)
 }
 
-/// A corrupt gzip member surfaces as a read error naming gzip.
-struct GzErrors<R>(R);
+/// The report of a stream, plain or gzip, named `name` in messages; with a
+/// note when its gzip data stopped early. Memory is bounded by
+/// [`MAX_LINE`] whatever the input, and every failure is one [`UserError`].
+pub fn read_stream(
+    mut reader: impl BufRead,
+    name: &str,
+) -> Result<(Report, Option<String>), UserError> {
+    // Two bytes, even from a pipe that hands them over one at a time.
+    let mut head = Vec::with_capacity(2);
+    (&mut reader)
+        .take(2)
+        .read_to_end(&mut head)
+        .map_err(|e| ReportError::Read(e).to_user_error(name))?;
+    let gzip = head == GZIP_MAGIC;
+    let reader = io::Cursor::new(head).chain(reader);
+    let mut source = if gzip {
+        Source::Gzip(Box::new(BufReader::with_capacity(
+            READ_BUFFER,
+            GzStop::new(MultiGzDecoder::new(reader)),
+        )))
+    } else {
+        Source::Plain(reader)
+    };
+    let mut capped = LineCap::new(&mut source, MAX_LINE);
+    let result = Report::from_reader(&mut capped);
+    let stopped = match &source {
+        Source::Gzip(r) => r.get_ref().failure.as_ref(),
+        Source::Plain(_) => None,
+    };
+    match (result, stopped) {
+        (Ok(report), None) => Ok((report, None)),
+        (Ok(report), Some((e, at))) => Ok((
+            report,
+            Some(format!(
+                "{name}: its gzip data stops after {at} decompressed bytes ({e}): the report covers those; `gzip -t {name}` checks the file"
+            )),
+        )),
+        (Err(ReportError::Read(e)), _) if too_long(&e).is_some() => Err(UserError::new(
+            format!(
+                "{name} is not a stalltrace record stream: {}",
+                too_long(&e).unwrap()
+            ),
+            "give a file written by `stalltrace run --out FILE` (or its stdout saved to a file)",
+        )),
+        // A newer schema is the problem to name even when the rest is damaged.
+        (Err(ReportError::Schema { found, writer }), _) => Err(ReportError::Schema {
+            found: quoted(&found),
+            writer: writer.as_deref().map(quoted),
+        }
+        .to_user_error(name)),
+        (Err(e), None) => Err(e.to_user_error(name)),
+        (Err(_), Some((e, at))) => Err(UserError::new(
+            format!(
+                "{name} is gzip-compressed, but its gzip data is cut or corrupt after {at} decompressed bytes ({e}), and those are no stalltrace stream"
+            ),
+            format!(
+                "check the copy with `gzip -t {name}`; if part of it is good, `zcat {name} > part.jsonl` keeps that part for `stalltrace report part.jsonl`"
+            ),
+        )),
+    }
+}
 
-impl<R: Read> Read for GzErrors<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0
-            .read(buf)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("gzip: {e}")))
+/// A value from the file, as an error quotes it: short, and without control
+/// characters that the user's terminal would act on.
+fn quoted(value: &str) -> String {
+    const SHOWN: usize = 24;
+    let mut s = String::new();
+    for c in value.chars().take(SHOWN) {
+        if c.is_control() {
+            s.extend(c.escape_default());
+        } else {
+            s.push(c);
+        }
+    }
+    if value.chars().nth(SHOWN).is_some() {
+        s.push('…');
+    }
+    s
+}
+
+fn too_long(e: &io::Error) -> Option<&LineTooLong> {
+    e.get_ref()?.downcast_ref::<LineTooLong>()
+}
+
+/// The stream as read: plain, or decompressed (boxed: the decoder's state is
+/// large, and the plain variant needs none of it).
+enum Source<R: BufRead> {
+    Plain(R),
+    Gzip(Box<BufReader<GzStop<MultiGzDecoder<R>>>>),
+}
+
+impl<R: BufRead> Read for Source<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Source::Plain(r) => r.read(buf),
+            Source::Gzip(r) => r.read(buf),
+        }
+    }
+}
+
+impl<R: BufRead> BufRead for Source<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        match self {
+            Source::Plain(r) => r.fill_buf(),
+            Source::Gzip(r) => r.fill_buf(),
+        }
+    }
+
+    fn consume(&mut self, amt: usize) {
+        match self {
+            Source::Plain(r) => r.consume(amt),
+            Source::Gzip(r) => r.consume(amt),
+        }
+    }
+}
+
+/// Decompressed data up to the first gzip error, which ends the stream there
+/// (as the end of a cut plain file does) and is kept for the message.
+struct GzStop<R> {
+    decoder: R,
+    /// Decompressed bytes handed out.
+    out: u64,
+    /// The error, and how many bytes had been handed out before it.
+    failure: Option<(io::Error, u64)>,
+}
+
+impl<R> GzStop<R> {
+    fn new(decoder: R) -> Self {
+        Self {
+            decoder,
+            out: 0,
+            failure: None,
+        }
+    }
+}
+
+impl<R: Read> Read for GzStop<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failure.is_some() {
+            return Ok(0);
+        }
+        match self.decoder.read(buf) {
+            Ok(n) => {
+                self.out += n as u64;
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                self.failure = Some((e, self.out));
+                Ok(0)
+            }
+        }
     }
 }
 

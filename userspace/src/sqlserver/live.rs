@@ -92,12 +92,25 @@ impl SqlServer {
     /// learned, and write what changed.
     pub fn refresh(&mut self, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
         let changes = self.inventory.refresh(ts);
-        for pid in self.inventory.worker_pids() {
-            if self.pushed.insert(pid) {
+        let live = self.inventory.worker_pids();
+        for pid in &live {
+            if self.pushed.insert(*pid) {
                 let _ = self.workers.insert(pid, 1, 0);
                 // After the worker is in the map, so the kernel side never sees the flag without it.
                 let _ = self.workers_known.set(0, 1, 0);
             }
+        }
+        // A worker that exited (a restart, a crash) leaves the kernel's table:
+        // it holds 64, and its pid may come back as another process's.
+        let exited: Vec<u32> = self
+            .pushed
+            .iter()
+            .copied()
+            .filter(|pid| !live.contains(pid))
+            .collect();
+        for pid in exited {
+            let _ = self.workers.remove(&pid);
+            self.pushed.remove(&pid);
         }
         for instance in &changes.instances {
             out.emit("sql_instance", ts, &SqlInstanceRecord { instance })?;

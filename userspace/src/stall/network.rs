@@ -233,16 +233,16 @@ pub fn interfaces(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
 
 fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
     let iface = &n.iface;
-    let tx_mbps = n.tx_bytes as f64 * 8.0 / 1000.0 / n.interval_ms.max(1) as f64;
-    let rate = Evidence::new(
-        "tx_mbps",
-        round1(tx_mbps),
-        format!(
-            "{iface} sent {tx_mbps:.1} Mbit/s ({} packets)",
-            n.tx_packets
-        ),
-    )
-    .unit("Mbit/s");
+    // Unknown on an interface's first reading: no rate then, rather than 0.
+    let rate = n.tx_bytes.zip(n.tx_packets).map(|(bytes, packets)| {
+        let tx_mbps = bytes as f64 * 8.0 / 1000.0 / n.interval_ms.max(1) as f64;
+        Evidence::new(
+            "tx_mbps",
+            round1(tx_mbps),
+            format!("{iface} sent {tx_mbps:.1} Mbit/s ({packets} packets)"),
+        )
+        .unit("Mbit/s")
+    });
     let pause = n
         .link
         .as_ref()
@@ -328,7 +328,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
             .unit("bytes"),
         );
     }
-    evidence.push(rate);
+    evidence.extend(rate);
     // The sessions sending through this namespace.
     let mut sessions: Vec<Value> = Vec::new();
     for r in iv.rtts.iter().filter(|r| r.netns == n.netns) {

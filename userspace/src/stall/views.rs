@@ -180,8 +180,10 @@ pub struct Netdev {
     pub iface: String,
     pub netns: u64,
     pub interval_ms: u64,
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
+    /// Absent on an interface's first reading, and where its namespace
+    /// cannot be entered (docs/records.md).
+    pub tx_packets: Option<u64>,
+    pub tx_bytes: Option<u64>,
     pub qdisc_us: Hist,
     #[serde(default)]
     pub tx_timeouts: u64,

@@ -59,6 +59,8 @@ pub struct TcpProbe {
     lost: LostCounters,
     series: HashMap<PeerId, PeerSeries>,
     inserts_seen: u64,
+    /// Idle peers this daemon deleted from the table (not evictions).
+    deleted: u64,
     evicted_seen: u64,
     evicted_new: u64,
     hz: u32,
@@ -124,6 +126,7 @@ impl TcpProbe {
                 lost,
                 series: HashMap::new(),
                 inserts_seen: 0,
+                deleted: 0,
                 evicted_seen: 0,
                 evicted_new: 0,
                 hz: opts.hz,
@@ -180,22 +183,31 @@ impl Family for TcpProbe {
         ctx: &mut Ctx,
         out: &mut JsonWriter,
     ) -> io::Result<()> {
-        let entries: Vec<(tcp_peer_key, tcp_peer_stats)> = self.peers.iter().flatten().collect();
-        // Entries are never deleted, only evicted by the LRU when the table is full:
-        // inserted - present = evicted.
+        // Entries leave the table when the LRU evicts them (the table is full)
+        // or when we delete them (below): inserted - present - deleted = evicted.
+        // Inserts read first: one made while the table is read then counts as
+        // present too early, never as evicted.
         let inserted: u64 = self
             .inserts
             .get(&0, 0)
             .map(|v| v.iter().sum())
             .unwrap_or(self.inserts_seen);
-        let evicted = inserted.saturating_sub(entries.len() as u64);
+        let entries: Vec<(tcp_peer_key, tcp_peer_stats)> = self.peers.iter().flatten().collect();
+        let evicted = inserted.saturating_sub(entries.len() as u64 + self.deleted);
         let table_full = evicted > self.evicted_seen;
         self.evicted_new += evicted.saturating_sub(self.evicted_seen);
         self.evicted_seen = evicted;
         self.inserts_seen = inserted;
 
+        let present: std::collections::HashSet<PeerId> = entries
+            .iter()
+            .map(|(k, _)| (k.netns, k.family, k.lport, k.rport, k.raddr))
+            .collect();
+        // Peers the LRU evicted take their baselines with them.
+        self.series.retain(|id, _| present.contains(id));
         for (key, stats) in entries {
             let id: PeerId = (key.netns, key.family, key.lport, key.rport, key.raddr);
+            let seen_before = self.series.contains_key(&id);
             let series = self.series.entry(id).or_default();
             let now = [
                 stats.retrans_events,
@@ -213,6 +225,16 @@ impl Family for TcpProbe {
             series.counters = now;
             let srtt = series.srtt.advance(std::iter::once(&stats.srtt));
             if srtt.count() == 0 && delta.iter().all(|&d| d == 0) {
+                // Idle for a whole interval: everything it counted has been
+                // reported. Delete it, so the table holds the peers that are
+                // active rather than every connection since the start (a host
+                // whose clients reconnect would otherwise keep it full, and
+                // every new peer would evict one and count a loss). The
+                // kernel side makes it again at the peer's next segment.
+                if seen_before && self.peers.remove(&key).is_ok() {
+                    self.deleted += 1;
+                    self.series.remove(&id);
+                }
                 continue;
             }
             let record = TcpRttRecord {

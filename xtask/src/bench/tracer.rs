@@ -261,6 +261,11 @@ impl Tracer {
         })
     }
 
+    /// Its process id (the soak reads its /proc entries and BPF maps).
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
     /// The file it writes its records to.
     pub fn out(&self) -> &Path {
         &self.out

@@ -4,9 +4,9 @@
 //! Serialize that shows it).
 
 use std::fmt;
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -87,6 +87,11 @@ impl Default for DmvConfig {
     }
 }
 
+/// The largest settings file read. Eight settings take a few hundred bytes;
+/// a file past this is something else (a log, a binary), and reading stops
+/// here rather than holding whatever it is in memory.
+pub const MAX_FILE_BYTES: u64 = 64 << 10;
+
 const FILE_FIX: &str = "write one `key = value` per line: host, port, user, password, database, poll_every, trust_server_certificate, encrypt (off|on|required)";
 
 impl DmvConfig {
@@ -96,12 +101,18 @@ impl DmvConfig {
     /// with private keys: a password in a world-readable file is already leaked.
     pub fn from_file(path: &Path) -> Result<Self, UserError> {
         let shown = path.display();
-        let mut file = File::open(path).map_err(|e| {
-            UserError::new(
-                format!("cannot open the DMV settings file {shown}: {e}"),
-                "give the path of an existing file readable by the user running stalltrace",
-            )
-        })?;
+        // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before
+        // it could be refused; reads of a regular file ignore the flag.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| {
+                UserError::new(
+                    format!("cannot open the DMV settings file {shown}: {e}"),
+                    "give the path of an existing file readable by the user running stalltrace",
+                )
+            })?;
         // fstat the open file, not the path: nothing can swap it in between.
         let meta = file.metadata().map_err(|e| {
             UserError::new(
@@ -109,24 +120,63 @@ impl DmvConfig {
                 "give the path of a regular file",
             )
         })?;
+        if !meta.is_file() {
+            return Err(UserError::new(
+                format!(
+                    "the DMV settings file {shown} is not a regular file but {}",
+                    file_kind(&meta.file_type())
+                ),
+                "give the path of the settings file itself",
+            ));
+        }
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
         check_private(path, meta.mode(), meta.uid(), me)?;
-        let mut text = String::new();
-        file.read_to_string(&mut text).map_err(|e| {
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| {
+                UserError::new(
+                    format!("cannot read the DMV settings file {shown}: {e}"),
+                    "give the path of a regular file readable by the user running stalltrace",
+                )
+            })?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(UserError::new(
+                format!(
+                    "the DMV settings file {shown} is larger than {} KiB: it is not a settings file",
+                    MAX_FILE_BYTES >> 10
+                ),
+                FILE_FIX,
+            ));
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            let line = 1 + bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
             UserError::new(
-                format!("cannot read the DMV settings file {shown}: {e}"),
-                "make it a UTF-8 text file",
+                format!("the DMV settings file {shown} line {line} is not UTF-8 text"),
+                format!("save it as UTF-8; {FILE_FIX}"),
             )
         })?;
-        Self::parse_file(&text, &shown.to_string())
+        Self::parse_file(text, &shown.to_string())
     }
 
     /// The `key = value` format of `from_file`, `origin` naming it in errors.
     pub fn parse_file(text: &str, origin: &str) -> Result<Self, UserError> {
         let mut config = Self::default();
+        // A byte-order mark, as some Windows editors write: not part of the first key.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
+            if line.contains('\0') {
+                return Err(UserError::new(
+                    format!("{origin} line {}: a NUL byte: it is not a text file", n + 1),
+                    FILE_FIX,
+                ));
+            }
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
@@ -262,7 +312,15 @@ impl DmvConfig {
                     _ => return Err("encrypt must be off, on or required".into()),
                 };
             }
-            _ => return Err(format!("unknown key `{key}`")),
+            // A misspelled key is quoted, with the one meant. Anything else
+            // is not echoed: it may be the password on the wrong side of the
+            // `=` (`hunter2 = x`), or bytes a terminal would act on.
+            _ => {
+                return Err(match nearest_key(key) {
+                    Some(meant) => format!("unknown key `{key}` (did you mean `{meant}`?)"),
+                    None => "unknown key (not shown, in case it is a secret)".into(),
+                });
+            }
         }
         Ok(())
     }
@@ -277,6 +335,64 @@ impl DmvConfig {
             ));
         }
         Ok(self)
+    }
+}
+
+/// The file keys `set` knows.
+const KEYS: [&str; 10] = [
+    "host",
+    "server",
+    "port",
+    "user",
+    "password",
+    "database",
+    "poll_every",
+    "poll",
+    "trust_server_certificate",
+    "encrypt",
+];
+
+/// The key `key` is a typo of (at most 2 edits away), if any: only such a
+/// key is quoted back in an error.
+fn nearest_key(key: &str) -> Option<&'static str> {
+    if key.len() > 32 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return None;
+    }
+    KEYS.into_iter()
+        .map(|k| (edit_distance(key.as_bytes(), k.as_bytes()), k))
+        .filter(|&(d, _)| d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions).
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "a special file"
     }
 }
 
@@ -415,178 +531,4 @@ fn ado_pairs(conn: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    use std::path::PathBuf;
-
-    /// A settings file with `mode`, unique per test, removed on drop.
-    struct TempFile(PathBuf);
-
-    impl TempFile {
-        fn new(name: &str, mode: u32, text: &str) -> Self {
-            let path = std::env::temp_dir()
-                .join(format!("stalltrace-dmv-{}-{name}.conf", std::process::id()));
-            let _ = std::fs::remove_file(&path);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .open(&path)
-                .unwrap();
-            f.write_all(text.as_bytes()).unwrap();
-            // The umask may have cleared bits: set exactly what the test asks.
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-                .unwrap();
-            Self(path)
-        }
-    }
-
-    impl Drop for TempFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-
-    const FILE: &str = "# DMV poller\n\
-        host = sql.example,1444\n\
-        user = stalltrace\n\
-        password = \"p#ss=word; x\"\n\
-        database = tempdb\n\
-        poll_every = 10s\n\
-        trust_server_certificate = true\n\
-        encrypt = on\n";
-
-    #[test]
-    fn a_private_file_is_read() {
-        let f = TempFile::new("private", 0o600, FILE);
-        let c = DmvConfig::from_file(&f.0).unwrap();
-        assert_eq!(c.host, "sql.example");
-        assert_eq!(c.port, 1444);
-        assert_eq!(c.user, "stalltrace");
-        assert_eq!(c.password.expose(), "p#ss=word; x");
-        assert_eq!(c.database, "tempdb");
-        assert_eq!(c.poll_every, Duration::from_secs(10));
-        assert!(c.trust_server_certificate);
-        assert_eq!(c.encrypt, Encrypt::On);
-    }
-
-    #[test]
-    fn a_file_others_can_read_is_refused() {
-        let f = TempFile::new("shared", 0o644, FILE);
-        let e = DmvConfig::from_file(&f.0).unwrap_err();
-        let s = e.to_string();
-        assert!(s.contains("group or others") && s.contains("0644"), "{s}");
-        assert!(s.contains("chmod 600"), "{s}");
-        assert!(!s.contains('\n') && !s.contains("p#ss"), "{s}");
-        let g = TempFile::new("group", 0o640, FILE);
-        assert!(DmvConfig::from_file(&g.0).is_err());
-    }
-
-    #[test]
-    fn a_file_of_another_user_is_refused() {
-        let e = check_private(Path::new("/etc/dmv.conf"), 0o100600, 1000, 0).unwrap_err();
-        assert!(e.to_string().contains("owned by uid 1000"), "{e}");
-        assert!(check_private(Path::new("/x"), 0o100600, 7, 7).is_ok());
-        assert!(check_private(Path::new("/x"), 0o100604, 7, 7).is_err());
-    }
-
-    #[test]
-    fn file_errors_name_the_line_and_never_the_password() {
-        let e = DmvConfig::parse_file("user = a\npassword = hunter2\nport = hunter2\n", "f")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("f line 3") && !e.contains("hunter2"), "{e}");
-        let e = DmvConfig::parse_file("pasword = hunter2\n", "f")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("unknown key `pasword`") && !e.contains("hunter2"),
-            "{e}"
-        );
-        let e = DmvConfig::parse_file("host = h\n", "f")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("no SQL Server user and password"), "{e}");
-    }
-
-    #[test]
-    fn defaults_are_local_master_every_5s_encrypted() {
-        let c = DmvConfig::parse_file("user=u\npassword=p", "f").unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 1433));
-        assert_eq!(c.database, "master");
-        assert_eq!(c.poll_every, DEFAULT_POLL);
-        assert_eq!(c.encrypt, Encrypt::Required);
-        assert!(!c.trust_server_certificate);
-    }
-
-    #[test]
-    fn debug_never_shows_the_password() {
-        let c = DmvConfig::parse_file("user=u\npassword=hunter2", "f").unwrap();
-        let d = format!("{c:?}");
-        assert!(!d.contains("hunter2") && d.contains("<hidden>"), "{d}");
-    }
-
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| map.get(k).cloned()
-    }
-
-    #[test]
-    fn an_ado_connection_string_in_the_environment() {
-        let c = DmvConfig::from_env_with(env(&[(
-            ENV_CONN,
-            "Server=tcp:10.0.0.5,1533; User ID=sa;Password='it''s;secret';Initial Catalog=msdb;\
-             TrustServerCertificate=True;Encrypt=false;Application Name=x",
-        )]))
-        .unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("10.0.0.5", 1533));
-        assert_eq!(c.user, "sa");
-        assert_eq!(c.password.expose(), "it's;secret");
-        assert_eq!(c.database, "msdb");
-        assert!(c.trust_server_certificate);
-        assert_eq!(c.encrypt, Encrypt::Off);
-    }
-
-    #[test]
-    fn single_variables_override_the_connection_string() {
-        let c = DmvConfig::from_env_with(env(&[
-            (ENV_CONN, "Data Source=(local);uid=a;pwd=b"),
-            (ENV_USER, "stalltrace"),
-            (ENV_PORT, "1500"),
-            (ENV_POLL, "2s"),
-        ]))
-        .unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 1500));
-        assert_eq!(c.user, "stalltrace");
-        assert_eq!(c.password.expose(), "b");
-        assert_eq!(c.poll_every, Duration::from_secs(2));
-        let c = DmvConfig::from_env_with(env(&[
-            (ENV_HOST, "[::1],1444"),
-            (ENV_USER, "u"),
-            (ENV_PASSWORD, "p"),
-        ]))
-        .unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("::1", 1444));
-    }
-
-    #[test]
-    fn unsupported_connection_strings_say_why() {
-        let err = |conn: &str| {
-            DmvConfig::from_env_with(env(&[(ENV_CONN, conn)]))
-                .unwrap_err()
-                .to_string()
-        };
-        assert!(err("Server=h\\SQLEXPRESS;uid=a;pwd=b").contains("named instances"));
-        assert!(err("Server=h;Integrated Security=true").contains("SQL login"));
-        assert!(err("Server=h;uid=a;pwd='open").contains("unterminated"));
-        assert!(err("Server=h,99999;uid=a;pwd=b").contains("TCP port"));
-        assert!(err("Server=h;uid=a;pwd=b;Encrypt=strict").contains("not supported"));
-        assert!(err("").contains("no SQL Server user and password"));
-    }
-}
+mod tests;

@@ -1,6 +1,13 @@
-//! [`TdsStream`] against tshark's TDS dissector on the real SQL Server capture in
-//! tests/data/mssql_tds.pcap (a copy of ../shared/captures; see its README there): every TDS packet's type, status, length and
-//! SPID, at the frame where tshark reports it.
+//! The real SQL Server capture in tests/data/mssql_tds.pcap (a copy of
+//! ../shared/captures; see its README there) against tshark's TDS dissector:
+//! - the kernel's reader (ebpf/include/tds.h, run as C): what it decides for
+//!   the first bytes of every segment, taken as a send, is what tshark says
+//!   starts there (a server packet and its SPID, or not a server header);
+//! - [`TdsStream`], the Rust parser the kernel reader's property tests use
+//!   as their oracle: every TDS packet's type, status, length and SPID, at
+//!   the frame where tshark reports it.
+//!
+//! tshark is the oracle: without it these tests fail, never skip.
 //!
 //! The pcap reader is ours rather than the `pcap-file` crate: classic pcap is a 24-byte
 //! file header and a 16-byte header per frame, and the Ethernet/IPv4/TCP decoding (most
@@ -11,6 +18,7 @@ use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::Command;
 
+use super::kernel_tests::{Verdict, classify};
 use super::{PacketType, TdsEvent, TdsStream};
 
 const TDS_PORT: u16 = 1433;
@@ -224,10 +232,10 @@ fn ours(file: &[u8]) -> Ours {
     }
 }
 
-/// tshark's TDS rows, and the frames it lists without TDS fields.
-fn tshark(path: &str) -> (Vec<Row>, Vec<u32>) {
+/// tshark's output for `fields` (tab-separated, one line per frame).
+fn run_tshark(path: &str, fields: &[&str]) -> String {
     #[rustfmt::skip]
-    let args = [
+    let mut args = vec![
         "-r", path,
         // The README's oracle command; the two preferences are tshark's defaults,
         // pinned so that a user's preferences cannot change where packets are shown.
@@ -235,9 +243,10 @@ fn tshark(path: &str) -> (Vec<Row>, Vec<u32>) {
         "-o", "tds.desegment_buffers:TRUE",
         "-d", "tcp.port==1433,tds",
         "-T", "fields",
-        "-e", "frame.number", "-e", "tcp.srcport", "-e", "tds.type",
-        "-e", "tds.status", "-e", "tds.length", "-e", "tds.channel",
     ];
+    for f in fields {
+        args.extend(["-e", f]);
+    }
     let output = match Command::new("tshark").args(args).output() {
         Ok(output) => output,
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -251,10 +260,23 @@ fn tshark(path: &str) -> (Vec<Row>, Vec<u32>) {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8(output.stdout).unwrap()
+}
 
+/// tshark's TDS rows, and the frames it lists without TDS fields.
+fn tshark(path: &str) -> (Vec<Row>, Vec<u32>) {
+    let fields = [
+        "frame.number",
+        "tcp.srcport",
+        "tds.type",
+        "tds.status",
+        "tds.length",
+        "tds.channel",
+    ];
+    let text = run_tshark(path, &fields);
     let mut rows = Vec::new();
     let mut quiet = Vec::new();
-    for line in String::from_utf8(output.stdout).unwrap().lines() {
+    for line in text.lines() {
         let fields: Vec<&str> = line.split('\t').collect();
         let [frame, srcport, types, statuses, lengths, spids] = fields[..] else {
             panic!("unexpected tshark line {line:?}");
@@ -336,4 +358,123 @@ fn agrees_with_tshark_on_the_real_capture() {
         println!("spanning: header in frame {first}, reported by tshark in frame {last}: {row:?}");
     }
     println!("frames without TDS fields: {:?}", ours.quiet_frames);
+}
+
+/// tshark's comma-separated numbers (decimal, or hex with 0x).
+fn numbers(values: &str) -> Vec<u32> {
+    values
+        .split(',')
+        .filter(|v| !v.is_empty())
+        .map(|v| match v.strip_prefix("0x") {
+            Some(hex) => u32::from_str_radix(hex, 16).unwrap(),
+            None => v.parse().unwrap(),
+        })
+        .collect()
+}
+
+/// Each port-1433 segment with data, taken as one send (the kernel reads the
+/// first bytes of each of the server's sends; here every server packet starts
+/// a segment): the kernel reader's verdict on its first bytes must be what
+/// tshark says starts there. All of it comes from tshark: the bytes, the
+/// length, which packet starts the segment (a packet reassembled from several
+/// segments starts in the first one tshark lists for it), its type and SPID.
+#[test]
+fn the_kernel_reader_agrees_with_tshark_on_the_real_capture() {
+    let path = capture_path();
+    let fields = [
+        "frame.number",
+        "tcp.srcport",
+        "tcp.len",
+        "tcp.segment",
+        "tds.type",
+        "tds.channel",
+        "tcp.payload",
+    ];
+    let text = run_tshark(path.to_str().unwrap(), &fields);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    // frame -> (type, SPID) of the first packet dissected there, and for a
+    // reassembled one the frames it came in.
+    let mut first_packet: BTreeMap<u32, (u8, u16)> = BTreeMap::new();
+    let mut starts_in: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut continued: Vec<u32> = Vec::new();
+    for r in &rows {
+        let [frame, _, _, segments, types, spids, _] = r[..] else {
+            panic!("unexpected tshark line {r:?}");
+        };
+        let frame = numbers(frame)[0];
+        let (types, spids) = (numbers(types), numbers(spids));
+        if let (Some(&t), Some(&spid)) = (types.first(), spids.first()) {
+            first_packet.insert(frame, (t as u8, spid as u16));
+        }
+        if let [first, rest @ ..] = &numbers(segments)[..] {
+            starts_in.insert(*first, frame);
+            continued.extend(rest);
+        }
+    }
+    let mut server_headers = 0;
+    let mut checked = 0;
+    for r in &rows {
+        let frame = numbers(r[0])[0];
+        let send_len: u64 = r[2].parse().unwrap();
+        if send_len == 0 {
+            continue;
+        }
+        let payload: Vec<u8> = (0..r[6].len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&r[6][i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(payload.len() as u64, send_len, "frame {frame}");
+        // What starts this segment: nothing new in a packet's later segments.
+        let starting = if continued.contains(&frame) {
+            None
+        } else {
+            first_packet.get(starts_in.get(&frame).unwrap_or(&frame))
+        };
+        let expected = match starting {
+            Some(&(t, spid))
+                if t == PacketType::TabularResult as u8 || t == PacketType::PreLogin as u8 =>
+            {
+                server_headers += 1;
+                Verdict::ServerHeader { spid }
+            }
+            _ => Verdict::NotAHeader,
+        };
+        assert_eq!(
+            classify(&payload, send_len),
+            expected,
+            "frame {frame} (port {}): {:02x?}",
+            r[1],
+            &payload[..8.min(payload.len())]
+        );
+        checked += 1;
+    }
+    // Every server packet tshark dissected was found at a segment start.
+    let server_packets = rows
+        .iter()
+        .filter(|r| r[1] == "1433")
+        .map(|r| numbers(r[4]).len())
+        .sum::<usize>();
+    assert!(server_headers > 0, "no server header in the capture");
+    assert_eq!(
+        server_headers, server_packets,
+        "server headers at segment starts, of tshark's server packets"
+    );
+    println!("{checked} segments: {server_headers} server headers, the rest none, as tshark says");
+
+    // The Rust parser's headers (anywhere in the streams, client ones too),
+    // as the kernel would read them at the start of a send.
+    let file = std::fs::read(&path).unwrap();
+    for row in ours(&file).rows {
+        let [hi, lo] = row.length.to_be_bytes();
+        let [s_hi, s_lo] = row.spid.to_be_bytes();
+        let bytes = [row.packet_type, row.status, hi, lo, s_hi, s_lo, 1, 0];
+        let server = [PacketType::TabularResult as u8, PacketType::PreLogin as u8]
+            .contains(&row.packet_type);
+        let want = if server {
+            Verdict::ServerHeader { spid: row.spid }
+        } else {
+            Verdict::NotAHeader
+        };
+        assert_eq!(classify(&bytes, u64::from(row.length)), want, "{row:?}");
+    }
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
 use crate::host::netlink::Socket;
-use crate::host::netns::{NAMED_NETNS_DIR, Netns};
+use crate::host::netns::{NAMED_NETNS_DIR, Netns, is_ns_fd, is_ns_file};
 
 /// At most this many namespaces are sampled per interval; the rest are
 /// counted in `lost` (`tcp.flow_netns_over_limit`).
@@ -54,7 +54,9 @@ fn all_namespaces() -> Vec<Candidate> {
         let mut named: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
         named.sort();
         for path in named {
-            if let Ok(meta) = std::fs::metadata(&path) {
+            if let Ok(meta) = std::fs::metadata(&path)
+                && is_ns_file(&path)
+            {
                 add(meta.ino() as u32, path);
             }
         }
@@ -198,6 +200,8 @@ fn open_in(c: &Candidate) -> Result<Socket, OpenError> {
     };
     // A pid reused since the scan names another namespace.
     match ns.metadata() {
+        // A name being deleted is an empty file for a moment, not a namespace.
+        Ok(_) if !is_ns_fd(&ns) => return Err(OpenError::Gone),
         Ok(meta) if meta.ino() as u32 == c.inode => {}
         Ok(_) => return Err(OpenError::Gone),
         Err(e) => return Err(failed("open", e)),

@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * block_state.bpf.h - the block family's state, for block.bpf.c: the
+ * per-(disk, op) statistics, the disk table, the per-bio and per-request
+ * slot tables, and the lookups into them. The hooks that keep them are in
+ * block.bpf.c.
+ */
+#ifndef STALLTRACE_BLOCK_STATE_BPF_H
+#define STALLTRACE_BLOCK_STATE_BPF_H
+
+#include "common.bpf.h"
+#include "slots.bpf.h"
+
+/*
+ * Per-CPU aggregates per (disk, op). Not preallocated: a value is ~20 KiB
+ * per CPU, and only the (disk, op) pairs that see I/O should cost memory
+ * (the daemon creates the common ones ahead of the first I/O).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 320); /* 64 disks x BLOCK_OP_COUNT */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct block_key);
+	__type(value, struct block_stats);
+} block_stats SEC(".maps");
+
+/* One all-zero block_stats: the initial value of a new block_stats entry (too big for the stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct block_stats);
+} block_stats_zero SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << BLOCK_DISK_TABLE_BITS);
+	__type(key, __u32);
+	__type(value, struct block_disk);
+} block_disks SEC(".maps");
+
+/*
+ * A bio from submission to completion. The kernel keeps no submission time
+ * on a bio that is always there (bio->issue_time_ns only with blk-iolatency),
+ * and the submitter is unknown by completion, so both are kept here.
+ */
+struct bio_slot {
+	struct slot_head head; /* owner: the bio; stamp_ns: submitted */
+	__u64 alloc_ns;        /* request allocated for it (getrq); 0 until then */
+	__u32 major;
+	__u32 minor;
+	__u32 op;
+	__u32 tgid;
+	__u32 pid;
+	__u32 pad;
+	char comm[STALLTRACE_COMM_LEN];
+};
+
+#define BIO_SLOT_BITS 15 /* 32768 bios in flight; 2 MiB */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << BIO_SLOT_BITS);
+	__type(key, __u32);
+	__type(value, struct bio_slot);
+} bio_slots SEC(".maps");
+
+/*
+ * Requests from issue to completion (struct block_rq_slot, abi.h: the daemon
+ * reads it too). rq->io_start_time_ns is only set when block stats are on;
+ * and keeping our own record makes the in-flight gauge exact: only requests
+ * whose issue was seen are ever subtracted, so requests in flight when we
+ * attached cannot drive it negative. 1.25 MiB.
+ */
+#define RQ_SLOT_BITS BLOCK_RQ_SLOT_BITS
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RQ_SLOT_BITS);
+	__type(key, __u32);
+	__type(value, struct block_rq_slot);
+} rq_slots SEC(".maps");
+
+/*
+ * A request whose slot is still in flight when it is issued again (or when
+ * its disk idles) completed without the completion hook settling it. Either
+ * the kernel never ran the hook for that completion (block_stats.unseen: the
+ * stream's `block.kernel_skipped`), or the hook ran and could not settle it:
+ * it found no slot, or no statistics entry to count it in (the stream's
+ * `completions_unseen`). What tells them apart: the hook notes here every
+ * completion it leaves unsettled (besides such failures, requests issued
+ * before we attached and the flush machinery's original request, which have
+ * no slot), the request's address and when it completed, by the request's
+ * home slot. Two plain u64 arrays, read by the daemon too (reconcile.rs).
+ * Written only on that path: nothing on the common one.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RQ_SLOT_BITS);
+	__type(key, __u32);
+	__type(value, __u64);
+} rq_unsettled_key SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RQ_SLOT_BITS);
+	__type(key, __u32);
+	__type(value, __u64);
+} rq_unsettled_ns SEC(".maps");
+
+/* Per (disk, op): completions the hook ran for but left unsettled, found out later (`completions_unseen`). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 320); /* as block_stats */
+	__type(key, struct block_key);
+	__type(value, __u64);
+} block_unsettled SEC(".maps");
+
+/* slow_io events; submitted without wakeup, the daemon polls on a timer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} block_events SEC(".maps");
+
+/* Each program's own ptr_key() scratch word (slots.bpf.h). */
+enum block_program {
+	PROG_BIO_QUEUE,
+	PROG_GETRQ,
+	PROG_RQ_ISSUE,
+	PROG_RQ_REQUEUE,
+	PROG_RQ_COMPLETE,
+	PROG_BIO_COMPLETE,
+};
+
+static __always_inline __u32 block_op_of(__u32 opf, __u32 bytes)
+{
+	switch (opf & STALLTRACE_REQ_OP_MASK) {
+	case REQ_OP_READ:
+		return BLOCK_OP_READ;
+	case REQ_OP_WRITE:
+		/* fsync's cache flush arrives as an empty write with REQ_PREFLUSH */
+		return bytes ? BLOCK_OP_WRITE : BLOCK_OP_FLUSH;
+	case REQ_OP_FLUSH:
+		return BLOCK_OP_FLUSH;
+	case REQ_OP_DISCARD:
+	case REQ_OP_SECURE_ERASE:
+		return BLOCK_OP_DISCARD;
+	default:
+		return BLOCK_OP_OTHER;
+	}
+}
+
+static __always_inline struct block_stats *stats_for(__u32 major, __u32 minor, __u32 op)
+{
+	struct block_key key = { .major = major, .minor = minor, .op = op };
+	struct block_stats *stats;
+	__u32 zero = 0;
+	void *init;
+	long err;
+
+	stats = bpf_map_lookup_elem(&block_stats, &key);
+	if (stats)
+		return stats;
+	init = bpf_map_lookup_elem(&block_stats_zero, &zero);
+	if (!init)
+		return NULL;
+	err = bpf_map_update_elem(&block_stats, &key, init, BPF_NOEXIST);
+	stats = bpf_map_lookup_elem(&block_stats, &key);
+	/* another CPU, or a program this one interrupted (-EBUSY), may have created it */
+	if (!stats && err && err != -EEXIST)
+		count_lost(LOST_BLOCK_STATS_FULL);
+	return stats;
+}
+
+/* The disk's entry in the disk table, claimed on first sight (never displaced); `*index` is its index. */
+static __always_inline struct block_disk *disk_for(__u64 id, __u64 now, __u32 *index)
+{
+	struct block_disk *disk;
+	bool stale = false;
+
+	disk = slot_find(&block_disks, BLOCK_DISK_TABLE_BITS, id, index);
+	if (disk)
+		return disk;
+	disk = slot_claim(&block_disks, BLOCK_DISK_TABLE_BITS, id, now, 0, &stale, index);
+	if (!disk)
+		count_lost(LOST_DISK_STATE_FULL);
+	return disk;
+}
+
+/* The disk table entry a request slot recorded at issue. */
+static __always_inline struct block_disk *disk_of(struct block_rq_slot *slot)
+{
+	__u32 index = slot->disk_index;
+	struct block_disk *disk = bpf_map_lookup_elem(&block_disks, &index);
+
+	return disk && disk->id == slot->disk_id ? disk : NULL;
+}
+
+#endif /* STALLTRACE_BLOCK_STATE_BPF_H */

@@ -1,0 +1,209 @@
+//! The SQL Server simulator's worker killed and restarted by its watchdog mid-run.
+
+use common::netlab::{NetPair, Side};
+use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
+
+// Through faults.rs, whatever the lab's module path is there.
+use super::*;
+
+const SQL_INTERVAL_MS: u64 = 500;
+/// Found "within one interval": the refresh at the end of the interval, plus
+/// the run loop's wake-up (100 ms) and a loaded machine's scheduling.
+const SQL_FOUND_WITHIN_MS: f64 = SQL_INTERVAL_MS as f64 + 250.0;
+const RESTARTS: usize = 3;
+
+/// Files for the simulator, removed on drop.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> Self {
+        let dir = Path::new("/var/tmp").join(unique("stalltrace-faults-sql"));
+        std::fs::create_dir(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Local ports of A's established connections to `port` (ss, in A's namespace).
+fn client_ports(pair: &NetPair, port: u16) -> Vec<u16> {
+    let out = pair.exec(
+        Side::A,
+        &[
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+            &format!("( dport = :{port} )"),
+        ],
+    );
+    out.lines()
+        .filter_map(|l| l.split_whitespace().find(|f| f.contains(':')))
+        .filter_map(|local| local.rsplit(':').next()?.parse().ok())
+        .collect()
+}
+
+/// The worker killed (SIGKILL) and started again by its watchdog, three
+/// times, with sessions open at each kill: each new worker's pid and port,
+/// and its new sessions, are in the stream within one interval; each
+/// session's SPID is the one the client got; the killed worker's sessions
+/// are closed; the kernel side's worker table holds only the live worker.
+#[test]
+fn a_restarted_sql_server_worker_is_found_within_an_interval() {
+    require_root();
+    let pair = NetPair::new();
+    let files = ScratchDir::new();
+    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
+    let mut sim = SqlServerSim::start(
+        &bins(),
+        Placement {
+            netns: Some(pair.netns(Side::B)),
+            ..Default::default()
+        },
+        "0.0.0.0:0",
+        &files.0.join("sales.mdf"),
+        &files.0.join("sales_log.ldf"),
+        &[
+            "--data-size-mb",
+            "16",
+            "--log-size-mb",
+            "4",
+            "--restart-worker",
+        ],
+    );
+    let watchdog = sim.watchdog_pid();
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    let client_ip = pair.v4(Side::A).to_string();
+    let client_side = Placement {
+        netns: Some(pair.netns(Side::A)),
+        ..Default::default()
+    };
+    let remote = |port: u16| format!("{client_ip}:{port}");
+    let mut holders: Vec<SqlClientRun> = Vec::new();
+    let mut held_open: Vec<(u32, Vec<u16>)> = Vec::new();
+    let mut figures = Vec::new();
+    let mut killed: Vec<u32> = Vec::new();
+    for generation in 0..=RESTARTS {
+        let mut instance_ms = 0.0;
+        if generation > 0 {
+            let (old, old_port) = (sim.worker, sim.port);
+            killed.push(old);
+            let killed = SystemTime::now();
+            let listening = sim.kill_worker_and_await_restart(Duration::from_secs(30));
+            assert_ne!(
+                sim.port, old_port,
+                "port 0: the new worker listens elsewhere"
+            );
+            let worker = sim.worker;
+            let found = tracer.wait_for(Duration::from_secs(5), |r| {
+                r["type"] == "sql_instance" && r["pid"] == worker
+            });
+            instance_ms = ms_between(listening, ts_of(&found));
+            assert_eq!(found["tds_ports"], serde_json::json!([sim.port]), "{found}");
+            assert_eq!(found["watchdog_pid"], watchdog, "{found}");
+            assert_eq!(found["netns"], pair.netns_inode(Side::B), "{found}");
+            assert!(
+                instance_ms <= SQL_FOUND_WITHIN_MS,
+                "worker {worker} (restart {generation}) found {instance_ms:.0} ms after it listened"
+            );
+            // The sessions the kill cut: closed, in the stream.
+            let (_, ports) = held_open.last().unwrap();
+            for &port in ports {
+                let closed = tracer.wait_for(Duration::from_secs(5), |r| {
+                    r["type"] == "sql_session"
+                        && r["event"] == "closed"
+                        && r["pid"] == old
+                        && r["remote"] == remote(port).as_str()
+                });
+                let ms = ms_between(killed, ts_of(&closed));
+                assert!(
+                    ms <= SQL_FOUND_WITHIN_MS + 100.0,
+                    "session {port} of killed worker {old} closed {ms:.0} ms after the kill"
+                );
+            }
+            holders.clear(); // their server is gone; they would only reconnect
+        }
+        // New sessions, found within an interval, with the SPIDs the client got.
+        let started = SystemTime::now();
+        let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+        let mut client = SqlClientRun::start(&bins(), client_side, &server, 3, 60, 3);
+        client.wait_for_sessions(&pair, sim.port, 3, Duration::from_secs(20));
+        let worker = sim.worker;
+        let mut session_ms: Vec<f64> = Vec::new();
+        for port in client_ports(&pair, sim.port) {
+            let open = tracer.wait_for(Duration::from_secs(5), |r| {
+                r["type"] == "sql_session"
+                    && r["event"] == "open"
+                    && r["pid"] == worker
+                    && r["remote"] == remote(port).as_str()
+            });
+            session_ms.push(ms_between(started, ts_of(&open)));
+        }
+        let report = client.finish();
+        assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
+        for (port, spid) in report.sessions() {
+            tracer.wait_for(Duration::from_secs(5), |r| {
+                r["type"] == "sql_session"
+                    && r["pid"] == worker
+                    && r["remote"] == remote(port).as_str()
+                    && r["spid"] == spid
+            });
+        }
+        assert_eq!(session_ms.len(), 3, "sessions on worker {worker}");
+        let slowest = session_ms.iter().cloned().fold(0.0, f64::max);
+        assert!(
+            slowest <= SQL_FOUND_WITHIN_MS,
+            "sessions of worker {worker} found {session_ms:?} ms after they connected"
+        );
+        figures.push(format!(
+            "worker {worker} port {}: instance +{instance_ms:.0} ms, sessions +{slowest:.0} ms",
+            sim.port
+        ));
+        // Two sessions left open for the next kill to cut, once the tracer has them.
+        let mut holder = SqlClientRun::start(&bins(), client_side, &server, 2, 4, 120);
+        holder.wait_for_sessions(&pair, sim.port, 2, Duration::from_secs(20));
+        let ports = client_ports(&pair, sim.port);
+        for &port in &ports {
+            tracer.wait_for(Duration::from_secs(5), |r| {
+                r["type"] == "sql_session"
+                    && r["event"] == "open"
+                    && r["pid"] == worker
+                    && r["remote"] == remote(port).as_str()
+            });
+        }
+        held_open.push((worker, ports));
+        holders.push(holder);
+    }
+    let workers_map = ko::maps_of(tracer.pid())
+        .into_iter()
+        .find(|m| m.name == "sql_workers")
+        .expect("the daemon's sql_workers map");
+    let in_kernel: Vec<u32> = ko::map_keys(workers_map.id)
+        .iter()
+        .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
+        .collect();
+    let (worker, killed) = (sim.worker, killed);
+    drop(holders);
+    let records = tracer.stop();
+    drop(sim);
+    eprintln!("{}", figures.join("\n"));
+    eprintln!("sql_workers at the end: {in_kernel:?} (worker {worker}, killed {killed:?})");
+    // The live worker, and no dead one (another test's simulator may be there too).
+    assert!(
+        in_kernel.contains(&worker),
+        "the live worker is not in sql_workers"
+    );
+    let dead: Vec<&u32> = in_kernel.iter().filter(|p| killed.contains(p)).collect();
+    assert!(
+        dead.is_empty(),
+        "the kernel side still looks for the TDS of killed workers {dead:?}"
+    );
+    let instances = of_type(&records, "sql_instance");
+    assert!(instances.len() > RESTARTS, "{instances:?}");
+}
