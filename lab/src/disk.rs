@@ -114,9 +114,17 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+        // Only while it is still ours: if something else detached it, the
+        // number may already serve another test or bench on this kernel, and
+        // detaching or removing it would pull that one's disk from under it.
+        let backing =
+            std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", self.name))
+                .unwrap_or_default();
+        if Path::new(backing.trim()) == self.backing {
+            let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+            remove_loop_device(self.minor);
+        }
         let _ = std::fs::remove_file(&self.backing);
-        remove_loop_device(self.minor);
     }
 }
 
