@@ -15,7 +15,8 @@
 //! and the oracles (/proc/diskstats of the two disks, RetransSegs and
 //! TCPTimeouts of the two namespaces). At the end the load stops, the host
 //! is left quiet for a few intervals, and the whole run's books are closed
-//! against the same oracles. Results: target/bench/soak.json and soak.md;
+//! against the same oracles. Results: target/bench/soak.json and soak.md (and
+//! the stream's last 16 MiB, soak-tail.jsonl);
 //! with `--publish` also the `soak` section of docs/BENCHMARKS.md and a
 //! summary under its key of docs/benchmarks.json (a short verification run
 //! does not overwrite them). Not part of `bench all`: it runs for as long as
@@ -375,7 +376,9 @@ fn soak(
     let usage = maps::usage(pid)?;
     stream.poll(&mut pending, &ours)?;
     let stderr = files.0.join("soak.stderr");
+    let out = daemon.out().to_path_buf();
     let finished = daemon.stop()?;
+    keep_tail(&out);
     // What the daemon said (e.g. a record its stall detector could not read), each line once.
     let mut daemon_stderr: Vec<String> = Vec::new();
     for l in std::fs::read_to_string(&stderr).unwrap_or_default().lines() {
@@ -417,6 +420,37 @@ fn soak(
         warnings,
     };
     Ok(Results::new(host, opts.minutes, run))
+}
+
+/// How much of the end of the stream is kept: the books close in its last
+/// seconds, and the whole of an hour's stream (~500 MB) goes with the scratch
+/// directory.
+const TAIL_BYTES: u64 = 16 << 20;
+
+/// Keep the stream's last [`TAIL_BYTES`] (from a line boundary) as
+/// target/bench/soak-tail.jsonl, to look into books that did not close.
+fn keep_tail(stream: &std::path::Path) {
+    use std::io::{Read, Seek, SeekFrom};
+    let keep = || -> std::io::Result<()> {
+        let mut f = std::fs::File::open(stream)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        let from = if len > TAIL_BYTES {
+            buf.iter()
+                .position(|&b| b == b'\n')
+                .map_or(buf.len(), |i| i + 1)
+        } else {
+            0
+        };
+        let dir = util::workspace_root().join("target/bench");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("soak-tail.jsonl"), &buf[from..])
+    };
+    if let Err(e) = keep() {
+        eprintln!("soak: cannot keep the stream's tail: {e}");
+    }
 }
 
 /// The lab's namespaces (`stlab-PID-...`) and mounts (`stalltrace-mnt-PID-...`,

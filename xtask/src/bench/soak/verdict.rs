@@ -271,7 +271,9 @@ fn disk_verdict(r: &Run, dev: &str) -> Verdict {
                 2,
                 o.bytes,
                 k.bytes,
-                (io_lost + o.unseen as i64) * per_request,
+                // Completions the kernel ran no hook for are in `count` without bytes.
+                (io_lost + o.unseen as i64 + r.total.lost_of(&["block.kernel_skipped"]) as i64)
+                    * per_request,
                 IO_MARGIN * 4096,
             ),
         ]
@@ -311,7 +313,7 @@ fn disk_verdict(r: &Run, dev: &str) -> Verdict {
                 "{dev} (takes flushes): flush requests = diskstats flushes (±{IO_MARGIN}) and \
                  bytes read + written = diskstats sectors × 512, over the run and at each minute \
                  (± 2 s of I/O); a shortfall only as far as `lost` counts dropped requests and, in \
-                 bytes, the unseen completions × max_sectors_kb"
+                 bytes, the unseen and kernel-skipped completions × max_sectors_kb"
             )
         },
         measured: measured.join("; "),
