@@ -65,13 +65,28 @@ pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
         cycle_secs.len(),
         cycle_secs.join(" ")
     ));
+    // The kernel frees a program after a grace period once its last fd (and
+    // the private bpffs mount holding its maps) is gone, later under TCG; a
+    // program still loaded after UNLOAD_WITHIN is a leak.
+    let exited = Instant::now();
+    while programs_loaded() != Some(0) && exited.elapsed() < UNLOAD_WITHIN {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    judge.note(format!(
+        "programs gone {} ms after the last exit",
+        exited.elapsed().as_millis()
+    ));
     judge.expect(programs_loaded() == Some(0), || {
         format!(
-            "{:?} stalltrace programs still loaded after the last detach",
-            programs_loaded()
+            "{:?} stalltrace programs still loaded {} s after the last detach",
+            programs_loaded(),
+            UNLOAD_WITHIN.as_secs()
         )
     });
 }
+
+/// How long the kernel may take to free a detached run's programs.
+const UNLOAD_WITHIN: Duration = Duration::from_secs(10);
 
 pub fn lockdown(opts: &Opts, judge: &mut Judge) {
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
