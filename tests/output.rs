@@ -35,7 +35,7 @@ struct Run {
 impl Run {
     fn start(args: &[&str], stdout: Stdio) -> Self {
         let stderr = std::env::temp_dir().join(format!("{}.stderr", unique("stalltrace-output")));
-        let child = Command::new(stalltrace_bin())
+        let child = stalltrace_lab::die_with_parent(&mut Command::new(stalltrace_bin()))
             .arg("run")
             .args(args)
             .stdout(stdout)
@@ -114,28 +114,27 @@ fn assert_unloaded(ids: &[u64]) {
     }
 }
 
-#[test]
-fn sigterm_ends_the_run_within_2s_while_nobody_reads_stdout() {
+/// A run whose stdout is a one-page pipe and every read a `slow_io` record,
+/// after 2 s of fio on its own disk while nobody read: the pipe and the
+/// 64 KiB queue are full, its writer thread blocked in write(2). Returns the
+/// disk, the run, the pipe's reader (past `start`) and `start`.
+fn flooded(args: &[&str]) -> (LoopDevice, Run, BufReader<File>, Value) {
     require_root();
     let disk = LoopDevice::new(Backing::Tmpfs, 64, false);
     let (read, write) = small_pipe();
-    let mut run = Run::start(
-        &[
-            "--interval",
-            "100ms",
-            "--slow-io-ms",
-            "0.001",
-            "--out-buffer-kib",
-            "64",
-        ],
-        Stdio::from(write),
-    );
+    let mut all = vec!["--slow-io-ms", "0.001", "--out-buffer-kib", "64"];
+    all.extend_from_slice(args);
+    let run = Run::start(&all, Stdio::from(write));
     let mut reader = BufReader::new(read);
     let start = read_start(&mut reader);
-    // Every read is a slow_io record: the page of pipe and the 64 KiB queue
-    // fill at once, and then the writer thread is blocked in write(2).
     let fio = randread_4k(&disk.dev, &["--ioengine=psync"], 2);
     assert!(fio.ios > 1000, "{fio:?}");
+    (disk, run, reader, start)
+}
+
+#[test]
+fn sigterm_ends_the_run_within_2s_while_nobody_reads_stdout() {
+    let (_disk, mut run, reader, start) = flooded(&["--interval", "100ms"]);
     let signalled = Instant::now();
     unsafe { libc::kill(run.child.id() as i32, libc::SIGTERM) };
     let (status, took) = run.wait(Duration::from_secs(30));
@@ -159,28 +158,29 @@ fn sigterm_ends_the_run_within_2s_while_nobody_reads_stdout() {
 }
 
 #[test]
-fn a_slow_reader_costs_records_that_the_stream_counts() {
-    require_root();
-    let disk = LoopDevice::new(Backing::Tmpfs, 64, false);
-    let (read, write) = small_pipe();
-    let _run = Run::start(
-        &[
-            "--interval",
-            "200ms",
-            "--duration",
-            "6s",
-            "--slow-io-ms",
-            "0.001",
-            "--out-buffer-kib",
-            "64",
-        ],
-        Stdio::from(write),
+fn a_run_that_ends_while_nobody_reads_does_not_wait_for_the_reader() {
+    // --duration ends it while the queue is full and the reader stuck: the
+    // stop record must not wait for room that never comes.
+    let (_disk, mut run, reader, start) = flooded(&["--interval", "100ms", "--duration", "3s"]);
+    let (status, took) = run.wait(Duration::from_secs(30));
+    eprintln!(
+        "exit {} ms after fio, with the reader stuck",
+        took.as_millis()
     );
-    let mut reader = BufReader::new(read);
-    read_start(&mut reader);
+    assert!(status.success(), "{status}: {}", run.stderr());
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("the output took nothing") && stderr.contains("not written"),
+        "{stderr}"
+    );
+    assert_unloaded(&program_ids(&start));
+    drop(reader);
+}
+
+#[test]
+fn a_slow_reader_costs_records_that_the_stream_counts() {
     // Nobody reads while fio runs; then the reader catches up to the end.
-    let fio = randread_4k(&disk.dev, &["--ioengine=psync"], 2);
-    assert!(fio.ios > 1000, "{fio:?}");
+    let (_disk, _run, mut reader, _) = flooded(&["--interval", "200ms", "--duration", "6s"]);
     let mut rest = String::new();
     reader.read_to_string(&mut rest).unwrap();
     // Whole lines only, each valid: dropping never cuts a record.
@@ -203,8 +203,7 @@ fn a_slow_reader_costs_records_that_the_stream_counts() {
     assert_eq!(stop.len(), 1, "the reader caught up: stop is written");
     let total = stop[0]["lost"]["output.queue_full"].as_u64().unwrap_or(0);
     eprintln!(
-        "fio {} reads; {made} records made, {gaps} dropped (seqno gaps); lost says {reported}, stop says {total}",
-        fio.ios
+        "{made} records made, {gaps} dropped (seqno gaps); lost says {reported}, stop says {total}"
     );
     assert!(
         gaps > 0,

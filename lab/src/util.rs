@@ -63,3 +63,21 @@ pub fn sh_stdin(program: &str, args: &[&str], input: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Make `cmd`'s process get SIGKILL when the thread that starts it ends (the
+/// kernel's parent-death signal follows the thread): a test killed by its
+/// runner's timeout must not leave a tracer attached. Start it from the
+/// thread that outlives it.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}

@@ -108,24 +108,18 @@ impl OutputQueue {
             .map(|(kind, message)| io::Error::new(*kind, message.clone()))
     }
 
-    /// Wait until the queue has room for a line of `bytes` (or is empty), or
-    /// until `deadline`.
-    pub fn wait_for_room(&self, bytes: usize, deadline: Instant) -> bool {
+    /// Wait until the queue has room for a line of `bytes` (or is empty).
+    /// Gives up (false) when the writer made no progress for `stuck`, or at
+    /// `deadline`: a stuck reader must not hold the end of a run.
+    pub fn wait_for_room(&self, bytes: usize, stuck: Duration, deadline: Instant) -> bool {
         let cost = bytes + LINE_OVERHEAD;
-        let mut state = self.shared.lock();
-        loop {
-            if state.bytes + cost <= self.limit || state.bytes == 0 {
-                return true;
-            }
-            if state.failed.is_some() || state.done {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            state = self.shared.wait_progress(state, deadline - now);
-        }
+        let limit = self.limit;
+        let (state, ready) =
+            self.shared
+                .wait_while_writing(self.shared.lock(), stuck, deadline, |s| {
+                    s.bytes + cost <= limit || s.bytes == 0 || s.failed.is_some() || s.done
+                });
+        ready && state.failed.is_none() && !state.done
     }
 
     /// Write what is queued and stop the writer. Gives up when the writer
@@ -141,22 +135,14 @@ impl OutputQueue {
         let mut state = self.shared.lock();
         state.closing = true;
         self.shared.work.notify_one();
-        let mut batches = state.batches;
-        let mut last_progress = Instant::now();
-        while !state.done {
-            let now = Instant::now();
-            if state.batches != batches {
-                batches = state.batches;
-                last_progress = now;
-            }
-            let give_up = deadline.min(last_progress + stuck);
-            if now >= give_up {
-                return Err(Unwritten {
-                    lines: state.lines.len() + state.in_hand,
-                    bytes: state.bytes,
-                });
-            }
-            state = self.shared.wait_progress(state, give_up - now);
+        let (state, done) = self
+            .shared
+            .wait_while_writing(state, stuck, deadline, |s| s.done);
+        if !done {
+            return Err(Unwritten {
+                lines: state.lines.len() + state.in_hand,
+                bytes: state.bytes,
+            });
         }
         drop(state);
         let writer = self.writer.take().expect("closed once");
@@ -169,6 +155,33 @@ impl Shared {
     /// plain counters and a deque, valid at every step.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until `ready`; false when the writer made no progress (no batch
+    /// written) for `stuck`, or at `deadline`: a slow reader is waited for,
+    /// a stuck one is not.
+    fn wait_while_writing<'a>(
+        &self,
+        mut state: MutexGuard<'a, State>,
+        stuck: Duration,
+        deadline: Instant,
+        ready: impl Fn(&State) -> bool,
+    ) -> (MutexGuard<'a, State>, bool) {
+        let mut batches = state.batches;
+        let mut last_progress = Instant::now();
+        while !ready(&state) {
+            let now = Instant::now();
+            if state.batches != batches {
+                batches = state.batches;
+                last_progress = now;
+            }
+            let give_up = deadline.min(last_progress + stuck);
+            if now >= give_up {
+                return (state, false);
+            }
+            state = self.wait_progress(state, give_up - now);
+        }
+        (state, true)
     }
 
     fn wait_progress<'a>(
@@ -303,6 +316,22 @@ mod tests {
         // The writer holds them all, blocked in the first write.
         assert_eq!(unwritten.lines, 5);
         assert_eq!(unwritten.bytes, 5 * (64 + LINE_OVERHEAD));
+    }
+
+    #[test]
+    fn waiting_for_room_gives_up_on_a_stuck_reader_before_its_deadline() {
+        let (_open, gate) = mpsc::channel();
+        let q =
+            OutputQueue::start(Box::new(Gate(gate, Default::default())), 2 * (64 + 32)).unwrap();
+        while q.push(line(0)).unwrap() {}
+        let started = Instant::now();
+        let far = Instant::now() + Duration::from_secs(3600);
+        assert!(!q.wait_for_room(64, Duration::from_millis(200), far));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

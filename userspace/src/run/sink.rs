@@ -58,7 +58,7 @@ pub(super) fn finish_output(
 ) -> anyhow::Result<()> {
     if let Some(queue) = out.queue() {
         // A stop record takes ~3 KiB with every program listed.
-        queue.wait_for_room(16 << 10, deadline);
+        queue.wait_for_room(16 << 10, OUTPUT_STUCK, deadline);
     }
     let stop_kept = out.emit("stop", ts, stop_record)?;
     let unwritten = match out.into_queue() {
