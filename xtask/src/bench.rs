@@ -120,7 +120,7 @@ pub fn bench(suite: &str, args: &[String]) -> anyhow::Result<()> {
     // through the suites' guards instead of killing xtask mid-setup.
     interrupt::install();
     let began = std::time::Instant::now();
-    util::cargo(&["build", "--release", "-p", "stalltrace"])?;
+    util::build_release(&["stalltrace"])?;
     eprintln!(
         "bench: built stalltrace in {:.0} s",
         began.elapsed().as_secs_f64()

@@ -99,16 +99,7 @@ fn binaries(opts: &Opts) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let dir = match &opts.bin_dir {
         Some(d) => d.clone(),
         None => {
-            util::cargo(&[
-                "build",
-                "--release",
-                "-p",
-                "stalltrace",
-                "-p",
-                "stalltrace-sim",
-                "-p",
-                "stalltrace-lab",
-            ])?;
+            util::build_release(&["stalltrace", "stalltrace-sim", "stalltrace-lab"])?;
             std::env::var_os("CARGO_TARGET_DIR")
                 .map_or_else(|| util::workspace_root().join("target"), PathBuf::from)
                 .join("release")

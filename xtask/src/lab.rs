@@ -36,14 +36,7 @@ pub fn lab(name: Option<&str>, clean: bool) -> anyhow::Result<()> {
         );
     }
     setup::setup()?;
-    util::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "stalltrace",
-        "-p",
-        "stalltrace-sim",
-    ])?;
+    util::build_release(&["stalltrace", "stalltrace-sim"])?;
     let bins = Bins::beside(util::workspace_root().join("target/release/stalltrace"));
     bins.check();
     // Ctrl-C reaches the scenario's children (same process group): the step

@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::setup(),
         Task::Run { args } => {
             setup::setup()?;
-            util::cargo(&["build", "--release", "-p", "stalltrace"])?;
+            util::build_release(&["stalltrace"])?;
             let bin = util::workspace_root().join("target/release/stalltrace");
             let mut full = vec!["run".to_string()];
             full.extend(args);

@@ -26,6 +26,15 @@ pub fn run(program: impl AsRef<Path>, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo build --release` of these workspace packages.
+pub fn build_release(packages: &[&str]) -> anyhow::Result<()> {
+    let mut args = vec!["build", "--release"];
+    for p in packages {
+        args.extend(["-p", p]);
+    }
+    cargo(&args)
+}
+
 pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     run(
         std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),

@@ -55,17 +55,8 @@ pub struct BlockOptions {
 
 pub struct BlockProbe {
     family: AttachedFamily,
-    stats: PerCpuHashMap<MapData, block_key, block_stats>,
-    disks: Array<MapData, block_disk>,
-    rq_slots: Array<MapData, block_rq_slot>,
-    /// Completions the hook ran for but left unsettled (block_state.bpf.h).
-    unsettled_keys: Array<MapData, u64>,
-    unsettled_times: Array<MapData, u64>,
-    /// Per (disk, op): completions the hook left unsettled, found out later; running totals.
-    unsettled: BpfHashMap<MapData, block_key, u64>,
+    maps: Maps,
     unsettled_seen: HashMap<(u32, u32, u32), u64>,
-    events: RingBuf<MapData>,
-    lost: LostCounters,
     /// Completions the kernel did not run the hook for, settled this interval.
     kernel_skipped: u64,
     series: BTreeMap<(u32, u32, u32), Series>,
@@ -120,15 +111,8 @@ impl BlockProbe {
             Ok(maps) => {
                 let mut probe = Self {
                     family,
-                    stats: maps.stats,
-                    disks: maps.disks,
-                    rq_slots: maps.rq_slots,
-                    unsettled_keys: maps.unsettled_keys,
-                    unsettled_times: maps.unsettled_times,
-                    unsettled: maps.unsettled,
+                    maps,
                     unsettled_seen: HashMap::new(),
-                    events: maps.events,
-                    lost: maps.lost,
                     kernel_skipped: 0,
                     series: BTreeMap::new(),
                     names: HashMap::new(),
@@ -169,7 +153,7 @@ impl BlockProbe {
     fn prepare_disks(&mut self) {
         for (name, major, minor) in self.sysfs.disks_with_media() {
             if self.prepared.contains(&(major, minor))
-                || !prepare_disk(&mut self.stats, major, minor)
+                || !prepare_disk(&mut self.maps.stats, major, minor)
             {
                 continue; // done already, or retried next interval
             }
@@ -190,6 +174,7 @@ impl BlockProbe {
         let mut settled = HashMap::new();
         let mut unsettled = None;
         let table: Vec<(u32, block_disk)> = self
+            .maps
             .disks
             .iter()
             .enumerate()
@@ -203,11 +188,11 @@ impl BlockProbe {
                 let name = self.disk_name(key.0, key.1);
                 if reconcile::kernel_says_idle(&self.sysfs, &name) {
                     let unsettled = unsettled.get_or_insert_with(|| {
-                        reconcile::unsettled(&self.unsettled_keys, &self.unsettled_times)
+                        reconcile::unsettled(&self.maps.unsettled_keys, &self.maps.unsettled_times)
                     });
                     for (op, n) in reconcile::settle(
-                        &mut self.rq_slots,
-                        &mut self.disks,
+                        &mut self.maps.rq_slots,
+                        &mut self.maps.disks,
                         unsettled,
                         index,
                         disk.id,
@@ -225,7 +210,7 @@ impl BlockProbe {
     /// Per (disk, op): completions the hook left unsettled, found out since the last call.
     fn unsettled_deltas(&mut self) -> HashMap<(u32, u32, u32), u64> {
         let mut deltas = HashMap::new();
-        for (key, total) in self.unsettled.iter().flatten() {
+        for (key, total) in self.maps.unsettled.iter().flatten() {
             let id = (key.major, key.minor, key.op);
             let seen = self.unsettled_seen.entry(id).or_default();
             if total != *seen {
@@ -257,7 +242,7 @@ impl Family for BlockProbe {
     /// Emit `slow_io` records for every event waiting in the ring buffer.
     fn drain_events(&mut self, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
         let mut events = Vec::new();
-        while let Some(item) = self.events.next() {
+        while let Some(item) = self.maps.events.next() {
             if item.len() >= std::mem::size_of::<slow_io_event>() {
                 // SAFETY: the ring buffer holds a slow_io_event written by block.bpf.c
                 // (length checked); read_unaligned makes no alignment assumption.
@@ -299,6 +284,7 @@ impl Family for BlockProbe {
     ) -> io::Result<()> {
         self.prepare_disks();
         let intervals: Vec<(block_key, Interval)> = self
+            .maps
             .stats
             .iter()
             .flatten()
@@ -370,7 +356,7 @@ impl Family for BlockProbe {
     }
 
     fn lost(&mut self) -> Vec<(String, u64)> {
-        let mut lost = self.lost.deltas(&self.family.ebpf);
+        let mut lost = self.maps.lost.deltas(&self.family.ebpf);
         // Not a kernel-side drop counter: collect() found these settling requests.
         let skipped = std::mem::take(&mut self.kernel_skipped);
         if skipped > 0 {

@@ -160,14 +160,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("the soak needs root (loop devices, network namespaces, eBPF)");
     }
     interrupt::install();
-    util::cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "stalltrace",
-        "-p",
-        "stalltrace-sim",
-    ])?;
+    util::build_release(&["stalltrace", "stalltrace-sim"])?;
     interrupt::check()?;
     // Private copies: the short clients start sqlclient every 10 s for the
     // whole soak, and someone may rebuild target/release meanwhile.
