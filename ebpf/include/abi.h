@@ -99,6 +99,34 @@ struct slot_head {
 };
 
 /*
+ * An owner whose completion was never seen (a lost event) would hold its slot
+ * forever: after 10 minutes a claimer takes it over, and the daemon frees it
+ * (block/sweep.rs). The kernel's own I/O timeouts (30 s SCSI, 30 s NVMe) end
+ * any real request long before that.
+ */
+#define SLOT_STALE_NS (600ULL * 1000 * 1000 * 1000)
+
+/*
+ * A bio from submission to completion (block.bpf.c). The kernel keeps no
+ * submission time on a bio that is always there (bio->issue_time_ns only with
+ * blk-iolatency), and the submitter is unknown by completion, so both are
+ * kept here. The daemon reads these only to free stale ones.
+ */
+#define BLOCK_BIO_SLOT_BITS 15 /* 32768 bios in flight; 2 MiB */
+
+struct bio_slot {
+	struct slot_head head; /* owner: the bio; stamp_ns: submitted */
+	__u64 alloc_ns;        /* request allocated for it (getrq); 0 until then */
+	__u32 major;
+	__u32 minor;
+	__u32 op;
+	__u32 tgid;
+	__u32 pid;
+	__u32 pad;
+	char comm[STALLTRACE_COMM_LEN];
+};
+
+/*
  * A request from issue to completion (block.bpf.c). The daemon reads these
  * only to settle requests whose completion never reached the hooks.
  */

@@ -39,24 +39,7 @@ struct {
 	__type(value, struct block_disk);
 } block_disks SEC(".maps");
 
-/*
- * A bio from submission to completion. The kernel keeps no submission time
- * on a bio that is always there (bio->issue_time_ns only with blk-iolatency),
- * and the submitter is unknown by completion, so both are kept here.
- */
-struct bio_slot {
-	struct slot_head head; /* owner: the bio; stamp_ns: submitted */
-	__u64 alloc_ns;        /* request allocated for it (getrq); 0 until then */
-	__u32 major;
-	__u32 minor;
-	__u32 op;
-	__u32 tgid;
-	__u32 pid;
-	__u32 pad;
-	char comm[STALLTRACE_COMM_LEN];
-};
-
-#define BIO_SLOT_BITS 15 /* 32768 bios in flight; 2 MiB */
+#define BIO_SLOT_BITS BLOCK_BIO_SLOT_BITS
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

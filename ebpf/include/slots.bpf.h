@@ -32,13 +32,6 @@
 #define SLOT_PROBES 4
 
 /*
- * An owner whose completion was never seen (a lost event) would hold its slot
- * forever; after 10 minutes it is taken over. The kernel's own I/O timeouts
- * (30 s SCSI, 30 s NVMe) end any real request long before that.
- */
-#define SLOT_STALE_NS (600ULL * 1000 * 1000 * 1000)
-
-/*
  * Per-CPU scratch for ptr_key(), one word per program: programs nest on a
  * CPU (a completion in interrupt context can run inside a task-context
  * submit hook), but a program never nests inside itself (the kernel skips

@@ -45,6 +45,27 @@ fn occupancy(maps: &[ko::Map]) -> BTreeMap<String, usize> {
     out
 }
 
+/// The (major, minor, op) keys of `block_stats` and `block_unsettled` that
+/// name one of the loop devices of `numbers` (struct block_key: three u32).
+fn churned_block_keys(maps: &[ko::Map], numbers: &[u32]) -> Vec<(u32, u32, u32)> {
+    const LOOP_MAJOR: u32 = 7;
+    // A loop device's first minor is its number shifted past the partition
+    // minors the driver reserves (fls(max_part), drivers/block/loop.c).
+    let max_part: u32 = std::fs::read_to_string("/sys/module/loop/parameters/max_part")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let shift = u32::BITS - max_part.leading_zeros();
+    let minors: Vec<u32> = numbers.iter().map(|n| n << shift).collect();
+    let word = |k: &[u8], i: usize| u32::from_ne_bytes(k[4 * i..4 * i + 4].try_into().unwrap());
+    maps.iter()
+        .filter(|m| m.name == "block_stats" || m.name == "block_unsettled")
+        .flat_map(|m| ko::map_keys(m.id))
+        .map(|k| (word(&k, 0), word(&k, 1), word(&k, 2)))
+        .filter(|&(major, minor, _)| major == LOOP_MAJOR && minors.contains(&minor))
+        .collect()
+}
+
 /// Interfaces in this host's namespace and every named one, now (what the
 /// netdev family watches), counted with `ip`.
 fn interfaces_now() -> usize {
@@ -162,6 +183,7 @@ fn churned_namespaces_and_disks_leave_no_stale_state() {
     });
     std::thread::sleep(Duration::from_millis(2 * CHURN_INTERVAL_MS));
     let after = occupancy(&maps);
+    let churned_keys = churned_block_keys(&maps, &numbers);
     let interfaces_now = interfaces_now();
     let stderr = tracer.stderr_text();
     let records = tracer.stop();
@@ -246,12 +268,14 @@ fn churned_namespaces_and_disks_leave_no_stale_state() {
         a <= b + 64,
         "tcp_peers: {b} entries before the churn, {a} after"
     );
-    // block keeps the entries of the disks it saw: at most its ops for each
-    // of the 16 loop numbers the churn cycled through.
+    // block forgets a disk once it is gone and its last records are written:
+    // nothing is left of the churn's loop devices, all removed by now (the
+    // churn checked each one's /sys/block entry went away).
     let (b, a) = (before["block_stats"], after["block_stats"]);
     assert!(
-        a <= b + 5 * numbers.len(),
-        "block_stats: {b} before, {a} after"
+        churned_keys.is_empty(),
+        "block_stats: {b} entries before the churn, {a} after; still there for removed loop \
+         devices (major, minor, op): {churned_keys:?}"
     );
 
     let netdev = of_type(&records, "netdev");

@@ -16,6 +16,7 @@ unsafe impl aya::Pod for block_key {}
 unsafe impl aya::Pod for block_stats {}
 unsafe impl aya::Pod for block_disk {}
 unsafe impl aya::Pod for block_rq_slot {}
+unsafe impl aya::Pod for bio_slot {}
 unsafe impl aya::Pod for tcp_peer_key {}
 unsafe impl aya::Pod for tcp_peer_stats {}
 unsafe impl aya::Pod for netdev_key {}

@@ -5,18 +5,21 @@
 pub mod interval;
 pub mod reconcile;
 pub mod record;
+pub mod sweep;
 pub mod sysfs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aya::Btf;
 use aya::maps::{
     Array, HashMap as BpfHashMap, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf,
 };
 
-use crate::abi::{self, block_disk, block_key, block_rq_slot, block_stats, slow_io_event};
+use crate::abi::{
+    self, bio_slot, block_disk, block_key, block_rq_slot, block_stats, slow_io_event,
+};
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -39,6 +42,7 @@ pub const KERNEL_SKIPPED: &str = "block.kernel_skipped";
 struct Maps {
     stats: PerCpuHashMap<MapData, block_key, block_stats>,
     disks: Array<MapData, block_disk>,
+    bio_slots: Array<MapData, bio_slot>,
     rq_slots: Array<MapData, block_rq_slot>,
     unsettled_keys: Array<MapData, u64>,
     unsettled_times: Array<MapData, u64>,
@@ -64,6 +68,8 @@ pub struct BlockProbe {
     sysfs: Sysfs,
     /// Disks whose common (disk, op) entries exist in `block_stats`.
     prepared: HashSet<(u32, u32)>,
+    /// When stale slots were last freed (sweep.rs).
+    last_sweep: Instant,
 }
 
 impl BlockProbe {
@@ -118,6 +124,7 @@ impl BlockProbe {
                     names: HashMap::new(),
                     sysfs: Sysfs::default(),
                     prepared: HashSet::new(),
+                    last_sweep: Instant::now(),
                 };
                 probe.prepare_disks();
                 Ok(probe)
@@ -134,6 +141,7 @@ impl BlockProbe {
         Ok(Maps {
             stats: probes::take_map(ebpf, "block_stats")?,
             disks: probes::take_map(ebpf, "block_disks")?,
+            bio_slots: probes::take_map(ebpf, "bio_slots")?,
             rq_slots: probes::take_map(ebpf, "rq_slots")?,
             unsettled_keys: probes::take_map(ebpf, "rq_unsettled_key")?,
             unsettled_times: probes::take_map(ebpf, "rq_unsettled_ns")?,
@@ -150,8 +158,11 @@ impl BlockProbe {
     /// the allocation may sleep. Called before the programs attach (so the
     /// disks present at start never lose their first I/Os), then at every
     /// interval for disks that appear later.
-    fn prepare_disks(&mut self) {
+    /// Returns the disks with media present now.
+    fn prepare_disks(&mut self) -> HashSet<(u32, u32)> {
+        let mut present = HashSet::new();
         for (name, major, minor) in self.sysfs.disks_with_media() {
+            present.insert((major, minor));
             if self.prepared.contains(&(major, minor))
                 || !prepare_disk(&mut self.maps.stats, major, minor)
             {
@@ -160,6 +171,74 @@ impl BlockProbe {
             self.names.insert((major, minor), name);
             self.prepared.insert((major, minor));
         }
+        present
+    }
+
+    /// Forget the disks in neither `present` nor `in_stream` (gone or without
+    /// media, and with nothing left to say: their last records are written),
+    /// here and in the kernel's tables, so that disks created and deleted by
+    /// the thousand never fill them (sweep.rs). Requests still in flight on
+    /// them are completions the hooks never saw: counted as skipped.
+    fn forget_gone_disks(
+        &mut self,
+        present: &HashSet<(u32, u32)>,
+        in_stream: &HashSet<(u32, u32)>,
+    ) {
+        let known = self.series.keys().map(|&(major, minor, _)| (major, minor));
+        let gone: Vec<(u32, u32)> = sweep::gone(known, present)
+            .into_iter()
+            .filter(|d| !in_stream.contains(d))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let none = reconcile::Unsettled::new();
+        for disk in gone {
+            let id = sweep::disk_id(disk);
+            let index = sweep::disk_index(&self.maps.disks, id);
+            if let Some(index) = index {
+                let settled = reconcile::settle(
+                    &mut self.maps.rq_slots,
+                    &mut self.maps.disks,
+                    &none,
+                    index,
+                    id,
+                );
+                self.kernel_skipped += settled
+                    .values()
+                    .map(|s| s.skipped + s.unsettled)
+                    .sum::<u64>();
+            }
+            sweep::forget_disk(
+                &mut self.maps.stats,
+                &mut self.maps.unsettled,
+                &mut self.maps.disks,
+                disk,
+                index,
+            );
+            self.series
+                .retain(|&(major, minor, _), _| (major, minor) != disk);
+            self.unsettled_seen
+                .retain(|&(major, minor, _), _| (major, minor) != disk);
+            self.names.remove(&disk);
+            self.prepared.remove(&disk);
+        }
+    }
+
+    /// Free stale slots once per SWEEP_EVERY (sweep.rs).
+    fn sweep_stale_slots(&mut self) {
+        if self.last_sweep.elapsed() < sweep::SWEEP_EVERY {
+            return;
+        }
+        self.last_sweep = Instant::now();
+        let now_ns = crate::host::clock::monotonic_ns();
+        sweep::sweep(
+            &mut self.maps.bio_slots,
+            &mut self.maps.rq_slots,
+            &mut self.maps.unsettled_keys,
+            &mut self.maps.unsettled_times,
+            now_ns,
+        );
     }
 
     /// Each disk's in-flight gauge, after settling the requests of idle disks
@@ -282,7 +361,7 @@ impl Family for BlockProbe {
         ctx: &mut Ctx,
         out: &mut JsonWriter,
     ) -> io::Result<()> {
-        self.prepare_disks();
+        let present = self.prepare_disks();
         let intervals: Vec<(block_key, Interval)> = self
             .maps
             .stats
@@ -303,6 +382,7 @@ impl Family for BlockProbe {
             .collect();
         let (inflight_now, settled) = self.inflight_after_settling(&busy);
         let unsettled = self.unsettled_deltas();
+        let mut in_stream = HashSet::new();
 
         for (key, iv) in intervals {
             let disk = (key.major, key.minor);
@@ -324,6 +404,7 @@ impl Family for BlockProbe {
             if !emit {
                 continue;
             }
+            in_stream.insert((key.major, key.minor));
             let dev = self.disk_name(key.major, key.minor);
             let record = BlockRecord {
                 queue_limit: self.sysfs.queue_limits(&dev),
@@ -352,6 +433,8 @@ impl Family for BlockProbe {
             };
             out.emit("block", ts, &record)?;
         }
+        self.forget_gone_disks(&present, &in_stream);
+        self.sweep_stale_slots();
         Ok(())
     }
 

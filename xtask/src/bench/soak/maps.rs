@@ -45,7 +45,8 @@ pub struct MapInfo {
 /// Arrays whose values start with an owner word that is zero when free (the
 /// slot tables, the disk table, the completion hook's notes of requests it
 /// found no slot for).
-const SLOT_ARRAYS: &[&str] = &["bio_slots", "rq_slots", "block_disks", "rq_orphan_key"];
+/// (Kernel map names are cut at 15 characters: `rq_unsettled_key` shows as `rq_unsettled_ke`.)
+const SLOT_ARRAYS: &[&str] = &["bio_slots", "rq_slots", "block_disks", "rq_unsettled_ke"];
 
 #[derive(Deserialize)]
 struct Shown {

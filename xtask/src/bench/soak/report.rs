@@ -439,7 +439,7 @@ pub fn markdown(r: &Results) -> String {
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     s += &table::markdown(&headers, &rows);
     s += "\nHash and LRU maps: entries a `bpftool map dump` returns; slot arrays (bio_slots, \
-          rq_slots, block_disks, rq_orphan_key): entries whose first word (the owner) is set. \
+          rq_slots, block_disks, rq_unsettled_key): entries whose first word (the owner) is set. \
           Not counted:\n\n";
     for m in &run.maps {
         if let Count::Not(why) = &m.count {
