@@ -74,10 +74,18 @@ fn loss_matches_the_kernel_counters(family: Family) {
         .map(|r| (r["err"].as_i64().unwrap(), r["segs"].as_u64().unwrap()))
         .collect();
     eprintln!("not counted (err, segs): {uncounted:?}");
-    let off = (counted as f64 - retrans_segs as f64).abs() / retrans_segs as f64;
-    assert!(
-        off <= 0.05,
-        "counted segments {counted} vs RetransSegs {retrans_segs}"
+    // Segments the kernel counted with no record of their own (a run of the
+    // hook the kernel skipped: on this VM, while PID 1 was interrupted), found
+    // on the socket's next record: only this connection's, given --port.
+    let unseen: u64 = of_type(&records, "lost")
+        .iter()
+        .filter_map(|l| l["by_source"]["tcp.retransmit_unseen_segs"].as_u64())
+        .sum();
+    eprintln!("unseen segments {unseen}");
+    assert_eq!(
+        counted + unseen,
+        retrans_segs,
+        "counted segments {counted} + unseen {unseen} vs RetransSegs {retrans_segs}"
     );
 
     // The kinds, against the kernel's counters of the same causes.
@@ -133,7 +141,11 @@ fn loss_matches_the_kernel_counters(family: Family) {
         .filter(|r| r["netns"].as_u64() == Some(pair.netns_inode(Side::A)))
         .map(|r| r["retrans_segs"].as_u64().unwrap())
         .sum();
-    assert_eq!(peer_segs, counted, "tcp_rtt retrans_segs vs tcp_retransmit");
+    assert_eq!(
+        peer_segs,
+        counted + unseen,
+        "tcp_rtt retrans_segs vs tcp_retransmit and unseen"
+    );
     // No tcp event was lost (other families' losses, e.g. a block completion
     // the kernel skipped on some disk of the host, say nothing of these counts).
     let tcp_lost: Vec<_> = of_type(&records, "lost")
@@ -143,7 +155,7 @@ fn loss_matches_the_kernel_counters(family: Family) {
                 .as_object()
                 .unwrap()
                 .keys()
-                .any(|k| k.starts_with("tcp."))
+                .any(|k| k.starts_with("tcp.") && k != "tcp.retransmit_unseen_segs")
         })
         .collect();
     assert!(tcp_lost.is_empty(), "{tcp_lost:?}");

@@ -299,7 +299,8 @@ enum lost_source {
 	LOST_STALE_SLOT = 6,       /* a bio or request tracked for over 10 minutes was displaced: its completion had been missed */
 	LOST_TCP_RINGBUF = 7,      /* tcp_retransmit event: ring buffer full (the peer counters still have it) */
 	LOST_NETDEV_STATS_FULL = 8, /* per-interface entry could not be created */
-	LOST_SOURCE_COUNT = 9,
+	LOST_TCP_RETRANS_UNSEEN = 9, /* segments: counted in RetransSegs on a socket between two records, with no record of their own */
+	LOST_SOURCE_COUNT = 10,
 };
 
 #endif /* STALLTRACE_ABI_H */

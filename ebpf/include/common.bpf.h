@@ -25,12 +25,17 @@ struct {
 	__type(value, __u64);
 } lost_counts SEC(".maps");
 
-static __always_inline void count_lost(__u32 source)
+static __always_inline void count_lost_n(__u32 source, __u64 count)
 {
 	__u64 *n = bpf_map_lookup_elem(&lost_counts, &source);
 
 	if (n)
-		__sync_fetch_and_add(n, 1);
+		__sync_fetch_and_add(n, count);
+}
+
+static __always_inline void count_lost(__u32 source)
+{
+	count_lost_n(source, 1);
 }
 
 /*

@@ -175,10 +175,10 @@ impl BlockProbe {
     }
 
     /// Forget the disks in neither `present` nor `in_stream` (gone or without
-    /// media, and with nothing left to say: their last records are written),
-    /// here and in the kernel's tables, so that disks created and deleted by
-    /// the thousand never fill them (sweep.rs). Requests still in flight on
-    /// them are completions the hooks never saw: counted as skipped.
+    /// media, and with nothing left to say: their last records are written,
+    /// and what was left in flight on them was settled before them), here and
+    /// in the kernel's tables, so that disks created and deleted by the
+    /// thousand never fill them (sweep.rs).
     fn forget_gone_disks(
         &mut self,
         present: &HashSet<(u32, u32)>,
@@ -192,23 +192,8 @@ impl BlockProbe {
         if gone.is_empty() {
             return;
         }
-        let none = reconcile::Unsettled::new();
         for disk in gone {
-            let id = sweep::disk_id(disk);
-            let index = sweep::disk_index(&self.maps.disks, id);
-            if let Some(index) = index {
-                let settled = reconcile::settle(
-                    &mut self.maps.rq_slots,
-                    &mut self.maps.disks,
-                    &none,
-                    index,
-                    id,
-                );
-                self.kernel_skipped += settled
-                    .values()
-                    .map(|s| s.skipped + s.unsettled)
-                    .sum::<u64>();
-            }
+            let index = sweep::disk_index(&self.maps.disks, sweep::disk_id(disk));
             sweep::forget_disk(
                 &mut self.maps.stats,
                 &mut self.maps.unsettled,
@@ -242,12 +227,14 @@ impl BlockProbe {
     }
 
     /// Each disk's in-flight gauge, after settling the requests of idle disks
-    /// whose completion the hooks never settled (see reconcile.rs). Returns the
+    /// whose completion the hooks never settled (see reconcile.rs); a disk that
+    /// is gone (not in `present`, and not in sysfs now) has nothing in flight either. Returns the
     /// gauges and what was settled by (major, minor, op).
     #[allow(clippy::type_complexity)]
     fn inflight_after_settling(
         &mut self,
         busy: &HashSet<(u32, u32)>,
+        present: &HashSet<(u32, u32)>,
     ) -> (HashMap<(u32, u32), i64>, HashMap<(u32, u32, u32), Settled>) {
         let mut gauges = HashMap::new();
         let mut settled = HashMap::new();
@@ -265,7 +252,10 @@ impl BlockProbe {
             let mut inflight = disk.inflight;
             if inflight > 0 && !busy.contains(&key) {
                 let name = self.disk_name(key.0, key.1);
-                if reconcile::kernel_says_idle(&self.sysfs, &name) {
+                // Gone: not listed at the start of this interval, and not there now
+                // (a disk made since, already with a request in flight, is not gone).
+                let gone = !present.contains(&key) && self.sysfs.disk_name(key.0, key.1).is_none();
+                if gone || reconcile::kernel_says_idle(&self.sysfs, &name) {
                     let unsettled = unsettled.get_or_insert_with(|| {
                         reconcile::unsettled(&self.maps.unsettled_keys, &self.maps.unsettled_times)
                     });
@@ -380,7 +370,7 @@ impl Family for BlockProbe {
             .filter(|(_, i)| i.did_io())
             .map(|(k, _)| (k.major, k.minor))
             .collect();
-        let (inflight_now, settled) = self.inflight_after_settling(&busy);
+        let (inflight_now, settled) = self.inflight_after_settling(&busy, &present);
         let unsettled = self.unsettled_deltas();
         let mut in_stream = HashSet::new();
 

@@ -68,6 +68,7 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("tcp_retransmit", "sql"),
     ("tcp_rtt", "sql"),
     ("tcp_flow", "sock_ino"),
+    ("tcp_flow", "pids"),
     ("tcp_flow", "sql"),
     ("slow_io", "sql"),
     ("slow_io", "file"),
@@ -468,6 +469,7 @@ fn emitted_lines() -> Vec<String> {
         srtt_us: 410.0,
         cwnd: 64,
         limiter: "receiver",
+        pids: Vec::new(),
         sql: Some(session_tag.clone()),
     };
     w.emit("tcp_flow", &ts, &flow).unwrap();
@@ -479,6 +481,7 @@ fn emitted_lines() -> Vec<String> {
             limiter: "application",
             busy_ms: 120.0,
             rwnd_limited_ms: 0.0,
+            pids: vec![3131, 3132],
             sql: None,
             ..flow
         },

@@ -22,6 +22,7 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_STALE_SLOT => "stale_slot_displaced",
         abi::LOST_TCP_RINGBUF => "retransmit_ringbuf_full",
         abi::LOST_NETDEV_STATS_FULL => "netdev_stats_entry_unavailable",
+        abi::LOST_TCP_RETRANS_UNSEEN => "retransmit_unseen_segs",
         _ => "unknown",
     }
 }

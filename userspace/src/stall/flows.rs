@@ -3,13 +3,15 @@
 //! application while the storage it reads is slow. A bulk flow limited by
 //! nothing wrong (a clean network at full speed) is no stall.
 
-use super::interval::{Finding, Interval, Tally};
+use super::interval::{Finding, Interval, SqlState, Tally};
 use super::network::round1;
 use super::record::{Cause, Evidence, Kind, Subject};
+use super::views::Flow;
 
 /// `others`: this interval's network and storage findings, which turn a
-/// limiter into a cause.
-pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
+/// limiter into a cause; `sql`: which disks each SQL Server instance keeps
+/// files on, which ties a sender to the disks it reads.
+pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
     let mut out = Vec::new();
     for f in &iv.flows {
         let name = format!("{}:{} -> {}:{}", f.saddr, f.sport, f.daddr, f.dport);
@@ -79,8 +81,18 @@ pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
                 )
             }
             "application" => {
-                let Some(disk) = others.iter().find(|o| o.kind == Kind::Storage) else {
-                    continue; // an idle or paced sender is not a stall
+                // Only a disk the sender reads explains its idling: one that keeps
+                // files of the SQL Server instance the flow belongs to, or one a
+                // process holding the socket did slow I/O on. A slow disk elsewhere
+                // on the host is no evidence; an idle or paced sender is no stall.
+                let Some(disk) = others.iter().find(|o| {
+                    o.kind == Kind::Storage
+                        && o.subject
+                            .dev
+                            .as_deref()
+                            .is_some_and(|dev| feeds(iv, sql, f, dev))
+                }) else {
+                    continue;
                 };
                 let dev = disk.subject.dev.clone().unwrap_or_default();
                 (
@@ -100,7 +112,7 @@ pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
                             "storage_episode",
                             dev.clone(),
                             format!(
-                                "meanwhile {dev} was slow: {}",
+                                "meanwhile {dev}, which the sender reads, was slow: {}",
                                 disk.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
                             ),
                         ),
@@ -133,4 +145,19 @@ pub fn bulk(iv: &Interval, others: &[Finding]) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// Whether flow `f`'s sender reads disk `dev`: its SQL Server instance keeps
+/// files there, or a process holding the socket did slow I/O on it in this
+/// interval (`slow_io` records, so only as far as `--slow-io-ms` sends them).
+fn feeds(iv: &Interval, sql: &SqlState, f: &Flow, dev: &str) -> bool {
+    let instance = f.sql.as_ref().and_then(|tag| tag["pid"].as_u64());
+    let keeps_files = instance
+        .zip(iv.disk_key(dev))
+        .is_some_and(|(pid, key)| sql.keeps_files_on(pid, &key));
+    keeps_files
+        || iv
+            .slow_ios
+            .iter()
+            .any(|s| s.dev == dev && s.pid.is_some_and(|pid| f.pids.contains(&pid)))
 }

@@ -54,6 +54,14 @@ impl Interval {
         }
         iv
     }
+
+    /// The `major:minor` of disk `dev`, from this interval's block records.
+    pub fn disk_key(&self, dev: &str) -> Option<String> {
+        self.blocks
+            .iter()
+            .find(|b| b.dev == dev)
+            .map(|b| format!("{}:{}", b.major, b.minor))
+    }
 }
 
 fn push<T: DeserializeOwned>(into: &mut Vec<T>, r: &Value) -> Result<(), serde_json::Error> {
@@ -93,6 +101,13 @@ impl SqlState {
             self.sessions.insert(s.sock_ino, (s.pid, tag));
         }
         Ok(())
+    }
+
+    /// Whether the instance whose worker is `pid` keeps files on `disk` (`major:minor`).
+    pub fn keeps_files_on(&self, pid: u64, disk: &str) -> bool {
+        self.disk_roles
+            .get(&pid)
+            .is_some_and(|roles| roles.contains_key(disk))
     }
 
     /// Client sessions open on the instances that keep files on `disk`.

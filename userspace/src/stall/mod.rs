@@ -140,7 +140,7 @@ impl Detector {
         let mut findings = network::peers(&iv, &self.th);
         findings.extend(network::interfaces(&iv, &self.th));
         findings.extend(storage::disks(&iv, &self.sql, &self.th));
-        let bulk = flows::bulk(&iv, &findings);
+        let bulk = flows::bulk(&iv, &self.sql, &findings);
         findings.extend(bulk);
 
         let mut out = Vec::new();

@@ -374,7 +374,7 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         r.iter()
             .any(|e| e.kind == Kind::BulkFlow && e.cause == Cause::NetworkLimited)
     );
-    // A paced sender is no stall; one waiting on a slow disk is.
+    // A paced sender is no stall; one waiting on a slow disk it reads is.
     assert!(run(&[vec![flow("application", 200.0, 0.0, 0)]]).is_empty());
     let slow_disk = block(
         "loop3",
@@ -384,13 +384,46 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         &[(1.0, 50)],
         128,
     );
-    let r = run(&[vec![flow("application", 200.0, 0.0, 0), slow_disk]]);
-    let e = r
-        .iter()
-        .find(|e| e.kind == Kind::BulkFlow)
-        .expect("a bulk-flow episode");
-    assert_eq!(e.cause, Cause::ApplicationLimited);
-    assert!(e.next_step.contains("loop3"));
+    let instance = |disk_roles: Value| {
+        json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
+            "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": disk_roles})
+    };
+    let mut backup = flow("application", 200.0, 0.0, 0);
+    backup["sql"] = json!({"pid": 42, "kind": "backup", "client": "10.0.0.9:445"});
+    let bulk_of = |r: &[StallRecord]| {
+        r.iter()
+            .filter(|e| e.kind == Kind::BulkFlow && e.phase == Phase::Open)
+            .map(|e| (e.cause, e.next_step.clone()))
+            .collect::<Vec<_>>()
+    };
+    // The instance keeps its files on loop3 (7:3): its stream waits for that disk.
+    let r = run(&[vec![
+        instance(json!({"7:3": "data"})),
+        backup.clone(),
+        slow_disk.clone(),
+    ]]);
+    let found = bulk_of(&r);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, Cause::ApplicationLimited);
+    assert!(found[0].1.contains("loop3"));
+    // A slow disk the sender does not read is no evidence: the instance's files
+    // are elsewhere, or the flow belongs to no instance we know.
+    let elsewhere = run(&[vec![
+        instance(json!({"8:0": "data"})),
+        backup,
+        slow_disk.clone(),
+    ]]);
+    assert!(bulk_of(&elsewhere).is_empty(), "{elsewhere:?}");
+    let untagged = run(&[vec![flow("application", 200.0, 0.0, 0), slow_disk.clone()]]);
+    assert!(bulk_of(&untagged).is_empty(), "{untagged:?}");
+    // No instance, but a process holding the socket did slow I/O on the disk.
+    let mut fed = flow("application", 200.0, 0.0, 0);
+    fed["pids"] = json!([77, 78]);
+    let slow_io = |pid: u64| json!({"type": "slow_io", "ts": "t", "host": "h", "dev": "loop3", "pid": pid, "tid": pid});
+    let r = run(&[vec![fed.clone(), slow_disk.clone(), slow_io(78)]]);
+    assert_eq!(bulk_of(&r).len(), 1, "{r:?}");
+    let other_reader = run(&[vec![fed, slow_disk, slow_io(79)]]);
+    assert!(bulk_of(&other_reader).is_empty(), "{other_reader:?}");
 }
 
 #[test]

@@ -99,6 +99,9 @@ pub struct Block {
 pub struct SlowIo {
     pub dev: String,
     pub file: Option<String>,
+    /// The submitter's process.
+    #[serde(default)]
+    pub pid: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -206,6 +209,9 @@ pub struct Flow {
     pub sndbuf_limited_ms: f64,
     pub retrans_segs: u64,
     pub limiter: String,
+    /// The processes holding the socket (an application-limited flow's feeders).
+    #[serde(default)]
+    pub pids: Vec<u64>,
     pub sql: Option<Value>,
 }
 

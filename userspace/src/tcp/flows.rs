@@ -11,11 +11,13 @@
 
 mod diag;
 mod namespaces;
+mod owners;
 mod table;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::time::Instant;
 
 use crate::host::netns::Netns;
@@ -72,12 +74,24 @@ impl FlowSampler {
 
     /// Write a `tcp_flow` record for each bulk flow since the last call.
     pub fn collect(&mut self, ts: &str, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
-        for (netns, flow) in self.sample() {
+        let flows = self.sample();
+        // One pass over /proc, only when a sender idled: who feeds the flow.
+        let idle_senders: HashSet<u64> = flows
+            .iter()
+            .filter(|(_, f)| f.limiter() == table::Limiter::Application && f.socket.ino != 0)
+            .map(|(_, f)| f.socket.ino)
+            .collect();
+        let mut holders = owners::holders(Path::new("/proc"), &idle_senders);
+        for (netns, flow) in flows {
             let sql = ctx
                 .sql
                 .as_deref()
                 .and_then(|sql| tag(sql, netns, &flow.socket));
-            out.emit("tcp_flow", ts, &record(netns, &flow, sql))?;
+            let mut r = record(netns, &flow, sql);
+            if idle_senders.contains(&flow.socket.ino) {
+                r.pids = holders.remove(&flow.socket.ino).unwrap_or_default();
+            }
+            out.emit("tcp_flow", ts, &r)?;
         }
         Ok(())
     }
@@ -247,6 +261,7 @@ fn record(
         srtt_us: f64::from(s.info.rtt_us),
         cwnd: s.info.snd_cwnd,
         limiter: flow.limiter().name(),
+        pids: Vec::new(),
         sql,
     }
 }

@@ -204,6 +204,10 @@ pub struct TcpFlowRecord {
     pub cwnd: u32,
     /// `network`, `receiver`, `sender_buffer` or `application`.
     pub limiter: &'static str,
+    /// The processes holding the socket open (from /proc/PID/fd), for a flow
+    /// whose sender had nothing to send (`limiter` `application`): what feeds it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
     /// The SQL Server session the connection is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
