@@ -18,6 +18,8 @@ mod common;
 mod ringbuf;
 #[path = "faults/sql.rs"]
 mod sql;
+#[path = "faults/sweep.rs"]
+mod sweep;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

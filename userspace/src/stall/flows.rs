@@ -81,20 +81,38 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                 )
             }
             "application" => {
-                // Only a disk the sender reads explains its idling: one that keeps
-                // files of the SQL Server instance the flow belongs to, or one a
-                // process holding the socket did slow I/O on. A slow disk elsewhere
-                // on the host is no evidence; an idle or paced sender is no stall.
-                let Some(disk) = others.iter().find(|o| {
+                // A disk the sender reads explains its idling: one that keeps files
+                // of the SQL Server instance the flow belongs to, or one a process
+                // holding the socket did slow I/O on. A flow of an instance is tied
+                // to its disks only. For a flow of no known instance whose reads
+                // were not seen (throttled or stacked I/O is submitted by kernel
+                // workers), a slow disk on the host is the only lead: named as
+                // such, not as proven.
+                let tied = |o: &&Finding| {
                     o.kind == Kind::Storage
                         && o.subject
                             .dev
                             .as_deref()
                             .is_some_and(|dev| feeds(iv, sql, f, dev))
-                }) else {
-                    continue;
+                };
+                let storage = |o: &&Finding| o.kind == Kind::Storage;
+                let (disk, proven) = match others.iter().find(tied) {
+                    Some(d) => (d, true),
+                    None if f.sql.is_none() => match others.iter().find(storage) {
+                        Some(d) => (d, false),
+                        None => continue,
+                    },
+                    None => continue,
                 };
                 let dev = disk.subject.dev.clone().unwrap_or_default();
+                let link = if proven {
+                    format!("meanwhile {dev}, which the sender reads, was slow")
+                } else {
+                    format!(
+                        "meanwhile {dev} was slow (not shown to be the disk the sender reads: \
+                         no slow I/O of a process holding the socket was seen)"
+                    )
+                };
                 (
                     Cause::ApplicationLimited,
                     vec![
@@ -112,7 +130,7 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                             "storage_episode",
                             dev.clone(),
                             format!(
-                                "meanwhile {dev}, which the sender reads, was slow: {}",
+                                "{link}: {}",
                                 disk.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
                             ),
                         ),
