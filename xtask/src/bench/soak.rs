@@ -161,6 +161,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
     interrupt::install();
     util::build_release(&["stalltrace", "stalltrace-sim"])?;
+    // What the binary was built from: the tree is shared and may change during the soak.
+    let source = report::source();
     interrupt::check()?;
     // Private copies: the short clients start sqlclient every 10 s for the
     // whole soak, and someone may rebuild target/release meanwhile.
@@ -176,7 +178,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     bins.check();
     let began = Instant::now();
     let mut scratch_dirs = Vec::new();
-    let outcome = soak(Host::this(), &opts, &bins, &mut scratch_dirs);
+    let outcome = soak(Host::this(), &opts, &bins, source, &mut scratch_dirs);
     let mut leaks: Vec<String> = scratch_dirs
         .iter()
         .flat_map(|d| loopdisk::loops_under(d))
@@ -222,6 +224,7 @@ fn soak(
     host: Host,
     opts: &Opts,
     bins: &Bins,
+    source: String,
     scratch_dirs: &mut Vec<PathBuf>,
 ) -> anyhow::Result<Results> {
     let secs = opts.minutes * 60;
@@ -412,7 +415,7 @@ fn soak(
         daemon_stderr,
         warnings,
     };
-    Ok(Results::new(host, opts.minutes, run))
+    Ok(Results::new(host, opts.minutes, source, run))
 }
 
 /// How much of the end of the stream is kept: the books close in its last

@@ -157,7 +157,7 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn new(host: Host, minutes: u64, run: Run) -> Self {
+    pub fn new(host: Host, minutes: u64, source: String, run: Run) -> Self {
         let load = vec![
             format!(
                 "block: `fio --filename=/dev/{} --runtime=... {}` on a loop device (direct I/O) \
@@ -196,7 +196,7 @@ impl Results {
         let mut r = Results {
             host,
             command: format!("cargo xtask bench soak --minutes {minutes}"),
-            source: source(),
+            source,
             minutes,
             wall_time_s: 0.0,
             load,
@@ -242,8 +242,8 @@ pub fn summary(r: &Results) -> Value {
 }
 
 /// "commit abc1234" and, when userspace/ or ebpf/ differ from it, says so:
-/// the tree is shared, and a soak builds whatever is in it.
-fn source() -> String {
+/// the tree is shared, and a soak builds whatever is in it. Read right after the build.
+pub fn source() -> String {
     let git = |args: &[&str]| crate::util::output("git", args).unwrap_or_default();
     let root = crate::util::workspace_root();
     let root = root.to_string_lossy();
