@@ -114,6 +114,17 @@ fn assert_unloaded(ids: &[u64]) {
     }
 }
 
+/// What a run whose output took nothing at the end says (once, on stderr),
+/// and that it left no program loaded.
+fn said_unwritten_and_unloaded(run: &Run, start: &Value) {
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("the output took nothing") && stderr.contains("not written"),
+        "{stderr}"
+    );
+    assert_unloaded(&program_ids(start));
+}
+
 /// A run whose stdout is a one-page pipe and every read a `slow_io` record,
 /// after 2 s of fio on its own disk while nobody read: the pipe and the
 /// 64 KiB queue are full, its writer thread blocked in write(2). Returns the
@@ -147,13 +158,7 @@ fn sigterm_ends_the_run_within_2s_while_nobody_reads_stdout() {
         signalled.elapsed() < Duration::from_secs(2),
         "SIGTERM to exit took {took:?}"
     );
-    // What it could not write, it says (once).
-    let stderr = run.stderr();
-    assert!(
-        stderr.contains("the output took nothing") && stderr.contains("not written"),
-        "{stderr}"
-    );
-    assert_unloaded(&program_ids(&start));
+    said_unwritten_and_unloaded(&run, &start);
     drop(reader);
 }
 
@@ -168,12 +173,7 @@ fn a_run_that_ends_while_nobody_reads_does_not_wait_for_the_reader() {
         took.as_millis()
     );
     assert!(status.success(), "{status}: {}", run.stderr());
-    let stderr = run.stderr();
-    assert!(
-        stderr.contains("the output took nothing") && stderr.contains("not written"),
-        "{stderr}"
-    );
-    assert_unloaded(&program_ids(&start));
+    said_unwritten_and_unloaded(&run, &start);
     drop(reader);
 }
 

@@ -85,31 +85,13 @@ pub fn sweep(
     now_ns: u64,
 ) -> Swept {
     let stale = |stamp: u64| now_ns.saturating_sub(stamp) > abi::SLOT_STALE_NS;
-    let mut swept = Swept::default();
-    let bios: Vec<u32> = (0..bio_slots.len())
-        .filter(|i| {
-            bio_slots
-                .get(i, 0)
-                .is_ok_and(|s| s.head.owner != 0 && stale(s.head.stamp_ns))
-        })
-        .collect();
-    for i in bios {
-        if bio_slots.set(i, bio_slot::default(), 0).is_ok() {
-            swept.bio_slots += 1;
-        }
-    }
-    let rqs: Vec<u32> = (0..rq_slots.len())
-        .filter(|i| {
-            rq_slots
-                .get(i, 0)
-                .is_ok_and(|s| s.head.owner != 0 && s.in_flight == 0 && stale(s.head.stamp_ns))
-        })
-        .collect();
-    for i in rqs {
-        if rq_slots.set(i, block_rq_slot::default(), 0).is_ok() {
-            swept.rq_slots += 1;
-        }
-    }
+    let mut swept = Swept {
+        bio_slots: free_where(bio_slots, |s| s.head.owner != 0 && stale(s.head.stamp_ns)),
+        rq_slots: free_where(rq_slots, |s| {
+            s.head.owner != 0 && s.in_flight == 0 && stale(s.head.stamp_ns)
+        }),
+        notes: 0,
+    };
     let notes: Vec<u32> = (0..note_keys.len())
         .filter(|i| {
             note_keys.get(i, 0).is_ok_and(|k| k != 0) && note_times.get(i, 0).is_ok_and(stale)
@@ -122,6 +104,20 @@ pub fn sweep(
         }
     }
     swept
+}
+
+/// Zero every entry of `table` that `free` picks; returns how many were zeroed.
+fn free_where<T: aya::Pod + Default>(
+    table: &mut Array<MapData, T>,
+    free: impl Fn(&T) -> bool,
+) -> u64 {
+    let picked: Vec<u32> = (0..table.len())
+        .filter(|i| table.get(i, 0).is_ok_and(|v| free(&v)))
+        .collect();
+    picked
+        .into_iter()
+        .filter(|&i| table.set(i, T::default(), 0).is_ok())
+        .count() as u64
 }
 
 #[cfg(test)]
