@@ -29,6 +29,7 @@ pub mod fio;
 pub mod kernel_checks;
 pub mod kernel_objects;
 pub mod net;
+pub mod prometheus;
 pub mod records;
 pub mod scenario;
 pub mod sql;

@@ -94,6 +94,13 @@ impl Tracer {
         }
     }
 
+    /// Every whole record written so far.
+    pub fn records_so_far(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        parse_lines(whole)
+    }
+
     pub fn stderr_text(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }

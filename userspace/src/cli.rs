@@ -86,6 +86,12 @@ pub struct RunArgs {
     /// `output.queue_full`) and seen as gaps in `seqno`; the tracer itself never waits.
     #[arg(long, value_name = "KIB", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(64..=4_194_304))]
     pub out_buffer_kib: u32,
+    /// Serve the stream's figures as Prometheus metrics at http://ADDR:PORT/metrics
+    /// (latency histograms, requests, bytes, retransmitted segments, stall episodes,
+    /// lost events, each program's run time). Off unless given. The port is bound
+    /// before anything attaches; a port in use is an error.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub prometheus: Option<std::net::SocketAddr>,
     /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
     #[arg(long, default_value_t = 50.0, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
     pub slow_io_ms: f64,

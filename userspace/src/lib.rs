@@ -12,6 +12,7 @@ pub mod error;
 pub mod hist;
 pub mod host;
 pub mod investigate;
+pub mod metrics;
 pub mod netdev;
 pub mod output;
 pub mod probes;

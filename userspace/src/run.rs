@@ -15,10 +15,11 @@ use crate::cli::{ProbeArgs, RunArgs};
 use crate::error::UserError;
 use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
+use crate::metrics::{Metrics, Server};
 use crate::netdev::{NETDEV_RX_MAPS, NetdevOptions, NetdevProbe};
 pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
-use crate::output::{JsonWriter, OutputQueue, SCHEMA_VERSION};
+use crate::output::{JsonWriter, OUTPUT_LOST, OutputQueue, SCHEMA_VERSION};
 use crate::probes::stats::program_stats;
 use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus, SharedMaps};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
@@ -43,9 +44,6 @@ const TAP_EVENT_CAP: usize = 10_000;
 /// submitted without a wakeup (a wakeup costs microseconds per event), so this
 /// timer is what bounds their delay.
 const POLL: Duration = Duration::from_millis(100);
-
-/// The `lost` source of records the output queue had no room for.
-const OUTPUT_LOST: &str = "output.queue_full";
 
 /// Every family this build knows, attached or failed.
 pub struct Attached {
@@ -274,6 +272,14 @@ pub fn run_into(
             path => DmvConfig::from_file(Path::new(path)),
         })
         .transpose()?;
+    // Bound before anything attaches: a port in use is a clean exit.
+    let metrics = args
+        .prometheus
+        .map(|addr| {
+            let metrics = Metrics::default();
+            Server::start(addr, metrics.clone()).map(|server| (metrics, server))
+        })
+        .transpose()?;
     let (hz, hz_source) = host::kernel::hz();
     let plan = Plan {
         slow_io,
@@ -306,6 +312,9 @@ pub fn run_into(
     let queue = OutputQueue::start(output, args.out_buffer_kib as usize * 1024)
         .context("starting the output thread")?;
     let mut out = JsonWriter::queued(queue, host::hostname());
+    if let Some((metrics, _)) = &metrics {
+        out.feed(metrics.clone());
+    }
     let started = Instant::now();
     let thresholds = args.stalls.thresholds();
     let start = StartRecord {
@@ -328,6 +337,7 @@ pub fn run_into(
             ifaces: &plan.ifaces,
         },
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
+        prometheus: metrics.as_ref().map(|(_, server)| server.addr),
         stalls: thresholds.as_ref(),
         families: &reports,
         probes: &hooks,
@@ -460,6 +470,16 @@ fn stream(
                 for (source, n) in family.lost() {
                     *lost.entry(source.clone()).or_insert(0) += n;
                     *lost_total.entry(source).or_insert(0) += n;
+                }
+            }
+            if let Some(metrics) = out.metrics() {
+                for family in families
+                    .iter()
+                    .map(|f| f.as_ref())
+                    .chain(sql.iter().map(|s| s as &dyn Family))
+                {
+                    let attached = family.attached();
+                    metrics.programs(attached.name, &program_stats(&attached.ebpf));
                 }
             }
             if let Some(detector) = detector.as_mut() {

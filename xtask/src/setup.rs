@@ -29,6 +29,8 @@ const APT_PACKAGES: &[&str] = &[
     "procps",
     // Loads both CPUs beside the suite: a tracer must hold on a busy host.
     "stress-ng",
+    // tests/prometheus.rs: a real Prometheus scrapes `--prometheus`; promtool checks the scrape and the rules.
+    "prometheus",
     "chromium",
     // `cargo xtask kernels`: QEMU, the guest's busybox, kmod's depmod/modprobe,
     // and the initramfs compressor; lz4/xz for module and package formats.

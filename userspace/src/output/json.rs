@@ -6,9 +6,13 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::queue::OutputQueue;
+use crate::metrics::{self, Metrics};
 
 /// Bumped when a field is removed or changes meaning; additions keep it.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// The `lost` source of records the output queue had no room for.
+pub const OUTPUT_LOST: &str = "output.queue_full";
 
 pub struct JsonWriter {
     sink: Sink,
@@ -22,6 +26,10 @@ pub struct JsonWriter {
     dropped: u64,
     dropped_unreported: u64,
     tap: Option<Tap>,
+    /// `--prometheus`: every record made is counted there, and those it reads
+    /// are handed over (written or dropped by the queue: the metrics do not
+    /// depend on the reader).
+    metrics: Option<Metrics>,
 }
 
 /// Where the lines go.
@@ -87,7 +95,18 @@ impl JsonWriter {
             dropped: 0,
             dropped_unreported: 0,
             tap: None,
+            metrics: None,
         }
+    }
+
+    /// The metrics the records are handed to, if any.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    /// Hand the records to `metrics` too.
+    pub fn feed(&mut self, metrics: Metrics) {
+        self.metrics = Some(metrics);
     }
 
     /// Keep a copy of the records `wants` asks for, at most `event_cap`
@@ -135,15 +154,32 @@ impl JsonWriter {
         self.seq += 1;
         let mut line = serde_json::to_vec(&envelope)?;
         line.push(b'\n');
-        if let Some(tap) = &mut self.tap {
-            match (tap.wants)(kind) {
-                Tapped::No => {}
-                Tapped::Event if tap.events >= tap.event_cap => tap.dropped += 1,
-                wanted => {
-                    tap.events += usize::from(wanted == Tapped::Event);
-                    tap.records.push(serde_json::to_value(&envelope)?);
-                }
+        let tapped = self.tap.as_mut().map(|tap| match (tap.wants)(kind) {
+            Tapped::Event if tap.events >= tap.event_cap => {
+                tap.dropped += 1;
+                false
             }
+            Tapped::No => false,
+            wanted => {
+                tap.events += usize::from(wanted == Tapped::Event);
+                true
+            }
+        });
+        let measured = self.metrics.as_ref().map(|_| metrics::wanted(kind));
+        // One JSON value for whichever reader wants it: per-event records come by the thousand.
+        let value = if tapped == Some(true) || measured == Some(true) {
+            Some(serde_json::to_value(&envelope)?)
+        } else {
+            None
+        };
+        if let Some(metrics) = &self.metrics {
+            match &value {
+                Some(v) if measured == Some(true) => metrics.record(kind, v),
+                _ => metrics.count(kind),
+            }
+        }
+        if let (Some(tap), Some(true), Some(v)) = (&mut self.tap, tapped, value) {
+            tap.records.push(v);
         }
         let written = match &mut self.sink {
             Sink::Direct(out) => out.write_all(&line).map(|()| true)?,
@@ -154,6 +190,9 @@ impl JsonWriter {
         } else {
             self.dropped += 1;
             self.dropped_unreported += 1;
+            if let Some(metrics) = &self.metrics {
+                metrics.dropped();
+            }
         }
         Ok(written)
     }

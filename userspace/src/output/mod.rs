@@ -8,5 +8,5 @@ mod schema_check;
 
 #[cfg(test)]
 pub(crate) use json::SharedBuffer;
-pub use json::{JsonWriter, SCHEMA_VERSION, Tapped};
+pub use json::{JsonWriter, OUTPUT_LOST, SCHEMA_VERSION, Tapped};
 pub use queue::{OutputQueue, Unwritten};

@@ -39,6 +39,9 @@ pub struct StartRecord<'a> {
     /// `--bulk-mbps`: a TCP flow this fast gets `tcp_flow` records; absent when off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bulk_mbps: Option<f64>,
+    /// `--prometheus`: where the metrics are served; absent when off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<std::net::SocketAddr>,
     /// Stall detection's thresholds; absent with --no-stalls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stalls: Option<&'a crate::stall::Thresholds>,
