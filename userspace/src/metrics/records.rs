@@ -546,8 +546,8 @@ mod tests {
             "stalltrace_tcp_retransmitted_segments_total{kind=\"rto\"} 3",
             "stalltrace_tcp_retransmit_failed_segments_total{kind=\"fast\"} 3",
             "stalltrace_tcp_retransmission_timeouts_total 1",
-            "stalltrace_stall_episodes_total{kind=\"storage\",cause=\"device_slow\"} 2",
-            "stalltrace_stall_episodes_open{kind=\"storage\",cause=\"device_slow\"} 1",
+            "stalltrace_stall_episodes_total{kind=\"storage\",cause=\"slow_device\"} 2",
+            "stalltrace_stall_episodes_open{kind=\"storage\",cause=\"slow_device\"} 1",
             "stalltrace_stall_episodes_open{kind=\"storage\",cause=\"queue_full\"} 0",
         ] {
             assert!(text.contains(&format!("{line}\n")), "no {line} in\n{text}");
