@@ -44,8 +44,19 @@ fn stream_with_episodes() -> Vec<String> {
         lines.push(line.to_string());
     }
     lines.push(stop.to_string());
-    // The oracle for "follows the schema": the same validator every test uses.
-    parse_records(&(lines.join("\n") + "\n"));
+    // The recording is schema 1 (the report reads it still): it follows that
+    // schema's contract, as docs/schema.json was then.
+    let schema_1: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("schema-1.json")).unwrap()).unwrap();
+    let schema_1 = jsonschema::validator_for(&schema_1).unwrap();
+    for line in &lines {
+        let record: Value = serde_json::from_str(line).unwrap();
+        let errors: Vec<String> = schema_1
+            .iter_errors(&record)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{errors:?}\n{line}");
+    }
     lines
 }
 
@@ -211,6 +222,85 @@ fn stdin_and_gzip_are_read() {
     assert!(text.contains("loop1 (7:1)"), "{text}");
 }
 
+/// What follows the report's header (the run, the stream's health).
+fn sections(text: &str) -> &str {
+    &text[text
+        .find("── STALL EPISODES")
+        .expect("the episodes section")..]
+}
+
+#[test]
+fn a_rotated_set_given_in_any_order_is_reported_as_one_stream() {
+    // The recording as a copytruncate rotation leaves a schema 1 stream:
+    // the oldest file (gzip) with the `start`, the later ones without.
+    let lines = stream_with_episodes();
+    let third = lines.len() / 3;
+    let dir = Scratch::new();
+    let whole = dir.write("whole.jsonl", &(lines.join("\n") + "\n"));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all((lines[..third].join("\n") + "\n").as_bytes())
+        .unwrap();
+    std::fs::write(dir.path("s.jsonl.2.gz"), gz.finish().unwrap()).unwrap();
+    dir.write("s.jsonl.1", &(lines[third..2 * third].join("\n") + "\n"));
+    dir.write("s.jsonl", &(lines[2 * third..].join("\n") + "\n"));
+    let one = report(&[whole.to_str().unwrap(), "--width", "100"], None);
+    let set = report(
+        &[
+            // As the shell expands `s.jsonl*`: newest first.
+            dir.path("s.jsonl").to_str().unwrap(),
+            dir.path("s.jsonl.1").to_str().unwrap(),
+            dir.path("s.jsonl.2.gz").to_str().unwrap(),
+            "--width",
+            "100",
+        ],
+        None,
+    );
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let (one, set) = (stdout(&one), stdout(&set));
+    assert_eq!(sections(&set), sections(&one));
+    let header = flat(&set[..set.find("── STALL EPISODES").unwrap()]);
+    assert!(
+        header.contains("files 3 files, in stream order:")
+            && header.contains("s.jsonl.2.gz (run file 0); "),
+        "{header}"
+    );
+    assert!(
+        header.contains("2 files begin without a `start` record"),
+        "{header}"
+    );
+}
+
+#[test]
+fn what_a_set_cannot_be_is_one_line() {
+    let dir = Scratch::new();
+    let text = recorded();
+    let a = dir.write("a.jsonl", &text);
+    let b = dir.write(
+        "b.jsonl",
+        &text.replace("\"host\":\"vm\"", "\"host\":\"db-02\""),
+    );
+    let line = one_line_error(&report(&[], None));
+    assert!(line.contains("no stream given to report"), "{line}");
+    let line = one_line_error(&report(&[a.to_str().unwrap(), b.to_str().unwrap()], None));
+    assert!(
+        line.contains("from 2 hosts") && line.contains("report each host's files"),
+        "{line}"
+    );
+    let absent = dir.path("a.jsonl.1");
+    let line = one_line_error(&report(
+        &[a.to_str().unwrap(), absent.to_str().unwrap()],
+        None,
+    ));
+    assert!(
+        line.contains("cannot read") && line.contains("a.jsonl.1"),
+        "{line}"
+    );
+}
+
 fn one_line_error(out: &Output) -> String {
     assert_eq!(out.status.code(), Some(1), "exit status: {out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -224,7 +314,7 @@ fn one_line_error(out: &Output) -> String {
 fn what_cannot_be_reported_is_one_line_naming_the_problem_and_the_fix() {
     let dir = Scratch::new();
     let mut start: Value = serde_json::from_str(recorded().lines().next().unwrap()).unwrap();
-    start["schema"] = json!(2);
+    start["schema"] = json!(3);
     start["version"] = json!("3.0.0");
     let cases: Vec<(PathBuf, &[&str])> = vec![
         (
@@ -249,8 +339,8 @@ fn what_cannot_be_reported_is_one_line_naming_the_problem_and_the_fix() {
         (
             dir.write("newer.jsonl", &format!("{start}\n")),
             &[
-                "record schema 2 (by stalltrace 3.0.0)",
-                "reads schema 1",
+                "record schema 3 (by stalltrace 3.0.0)",
+                "reads schemas 1 and 2",
                 "report it with stalltrace 3.0.0",
             ],
         ),

@@ -31,6 +31,7 @@ pub mod kernel_objects;
 pub mod net;
 pub mod prometheus;
 pub mod records;
+pub mod rsyslog;
 pub mod scenario;
 pub mod sql;
 pub mod tracer;

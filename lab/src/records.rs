@@ -36,16 +36,46 @@ pub fn sum_field(records: &[&Value], field: &str) -> u64 {
     records.iter().map(|r| r[field].as_u64().unwrap()).sum()
 }
 
-/// A histogram rebuilt from the `[low, high, count]` buckets of many records.
-/// Percentiles here are computed independently of stalltrace's own code.
+/// A histogram rebuilt from the buckets of many records, keyed by each
+/// bucket's `[low, high]` in thousandths of the field's unit. Decoded here
+/// from the published format (docs/records.md, schema 2; schema 1 triples
+/// too) and percentiles computed independently of stalltrace's own code.
 #[derive(Default, Debug)]
 pub struct Buckets(std::collections::BTreeMap<(u64, u64), u64>);
+
+/// docs/records.md: bucket `i` holds kernel values `low..=high`.
+fn kernel_bucket(i: u64) -> (u64, u64) {
+    if i < 16 {
+        return (i, i);
+    }
+    let shift = i / 16 - 1;
+    let low = (16 + i % 16) << shift;
+    (low, low + (1 << shift) - 1)
+}
 
 impl Buckets {
     pub fn merge(records: &[&Value], field: &str) -> Self {
         let mut b = Self::default();
         for r in records {
-            for bucket in r[field]["buckets"].as_array().unwrap() {
+            let h = &r[field];
+            if let Some(counts) = h["counts"].as_array() {
+                let scale = h["scale"].as_f64().expect("a histogram without scale");
+                let milli = |v: u64| (v as f64 * scale * 1000.0).round() as u64;
+                let mut i = h["first_bucket"].as_u64().expect("without first_bucket");
+                for c in counts {
+                    let c = c.as_i64().unwrap();
+                    assert_ne!(c, 0, "a zero in counts: {h}");
+                    if c < 0 {
+                        i += c.unsigned_abs();
+                        continue;
+                    }
+                    let (lo, hi) = kernel_bucket(i);
+                    *b.0.entry((milli(lo), milli(hi))).or_default() += c as u64;
+                    i += 1;
+                }
+                continue;
+            }
+            for bucket in h["buckets"].as_array().unwrap() {
                 let lo = (bucket[0].as_f64().unwrap() * 1000.0).round() as u64;
                 let hi = (bucket[1].as_f64().unwrap() * 1000.0).round() as u64;
                 *b.0.entry((lo, hi)).or_default() += bucket[2].as_u64().unwrap();

@@ -78,9 +78,18 @@ pub struct RunArgs {
     /// Stop after this long (e.g. 30s, 5m); runs until SIGINT/SIGTERM when absent.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Write records to FILE (created or truncated) instead of stdout.
+    /// Append records to FILE (created if missing) instead of writing them to
+    /// stdout. On SIGHUP the run reopens FILE (logrotate `create` with
+    /// `postrotate kill -HUP`); each new file begins with a `start` record.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// Rotate --out when it would pass MB megabytes (MiB): FILE becomes FILE.1,
+    /// FILE.1 becomes FILE.2, and so on up to --out-keep.
+    #[arg(long, value_name = "MB", requires = "out", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub out_max_mb: Option<u64>,
+    /// Rotated files kept beside --out (FILE.1 … FILE.K) when --out-max-mb rotates.
+    #[arg(long, value_name = "K", default_value_t = 5, requires = "out_max_mb", value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub out_keep: u32,
     /// Most memory (KiB) the records waiting for the output may take. A reader
     /// that falls this far behind loses records, counted in `lost` (source
     /// `output.queue_full`) and seen as gaps in `seqno`; the tracer itself never waits.
@@ -199,9 +208,12 @@ pub struct CheckArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// A stream written by `stalltrace run` (JSON lines, gzip-compressed or not); `-` reads stdin.
+    /// A stream written by `stalltrace run` (JSON lines, gzip-compressed or
+    /// not), or all the files of a rotated set in any order (`FILE*`); `-`
+    /// reads stdin.
+    // Not `required`: no path is the report's own one-line error, not clap's usage text.
     #[arg(value_name = "FILE.jsonl")]
-    pub file: PathBuf,
+    pub files: Vec<PathBuf>,
     /// Also write the report as one self-contained HTML page (heatmaps, episode timeline).
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,

@@ -8,7 +8,8 @@
 //! 3.2% of any value the bucket holds.
 
 use crate::abi::{HIST_BUCKETS, HIST_GROUPING_POWER, HIST_SUBBUCKETS, hist};
-use serde::Serialize;
+
+mod record;
 
 pub const BUCKETS: usize = HIST_BUCKETS as usize;
 const GROUPING: u32 = HIST_GROUPING_POWER;
@@ -120,9 +121,13 @@ impl Histogram {
             p90: self.percentile(0.90).map(s),
             p99: self.percentile(0.99).map(s),
             max: self.max().map(|v| s(v as f64)),
+            scale,
             buckets: self
-                .nonzero_buckets()
-                .map(|(lo, hi, n)| (s(lo as f64), s(hi as f64), n))
+                .counts
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(i, &n)| (i, n))
                 .collect(),
         }
     }
@@ -137,18 +142,7 @@ fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-/// A histogram as it appears in JSON records (schema: `histogram` in docs/schema.json).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct HistogramRecord {
-    pub count: u64,
-    pub mean: Option<f64>,
-    pub p50: Option<f64>,
-    pub p90: Option<f64>,
-    pub p99: Option<f64>,
-    pub max: Option<f64>,
-    /// `[low, high, count]` for each non-empty bucket, in the field's unit.
-    pub buckets: Vec<(f64, f64, u64)>,
-}
+pub use record::{HistogramRecord, bucket_counts_of, buckets_of};
 
 /// Turns successive per-CPU snapshots of one kernel `struct hist` into
 /// interval histograms. Kernel counts are u32 and wrap; deltas are taken per
@@ -309,6 +303,8 @@ mod tests {
         let p50 = r.p50.unwrap();
         assert!((p50 - 2.0).abs() < 2.0 * 0.032);
         assert_eq!(r.buckets.len(), 1);
-        assert_eq!(r.buckets[0].2, 3);
+        assert_eq!(r.buckets[0], (bucket_index(2_000), 3));
+        let (low, high, _) = r.triples().next().unwrap();
+        assert!(low <= 2.0 && 2.0 <= high, "{low}..{high}");
     }
 }

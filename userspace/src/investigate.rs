@@ -124,6 +124,8 @@ impl Building {
     }
 }
 
+impl crate::output::file::Output for Tee {}
+
 impl Write for Tee {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         if let Some(f) = &mut self.file {

@@ -1,7 +1,7 @@
 //! `stalltrace run`: attach, stream records every interval, stop cleanly.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,9 +17,10 @@ use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
 use crate::netdev::{NETDEV_RX_MAPS, NetdevOptions, NetdevProbe};
+use crate::output::file::Output;
 pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
-use crate::output::{JsonWriter, OUTPUT_LOST, OutputQueue, SCHEMA_VERSION};
+use crate::output::{JsonWriter, OUTPUT_LOST, OutputQueue};
 use crate::probes::stats::program_stats;
 use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus, SharedMaps};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
@@ -32,7 +33,7 @@ use crate::tcp::{TcpOptions, TcpProbe};
 
 mod sink;
 
-use sink::{STOP_WITHIN, finish_output, open_output, output_failed};
+use sink::{STOP_WITHIN, file_budget, finish_output, open_output, output_failed};
 
 /// Per-event records (retransmits, slow I/Os) the stall detector reads per
 /// interval at most; past it, they are counted as lost (`stall.records`)
@@ -230,6 +231,33 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     run_into(args, open_output(args)?, &mut |_| {})
 }
 
+/// What the run's signals asked for.
+struct Signals {
+    /// SIGINT, SIGTERM: end the run.
+    stop: Arc<AtomicBool>,
+    /// SIGHUP: reopen `--out`. Registered whatever the output: a HUP
+    /// (logrotate, a closed terminal) must never end the run.
+    reopen: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        let signals = Self {
+            stop: Arc::new(AtomicBool::new(false)),
+            reopen: Arc::new(AtomicBool::new(false)),
+        };
+        for (sig, flag) in [
+            (signal_hook::consts::SIGINT, &signals.stop),
+            (signal_hook::consts::SIGTERM, &signals.stop),
+            (signal_hook::consts::SIGHUP, &signals.reopen),
+        ] {
+            signal_hook::flag::register(sig, Arc::clone(flag))
+                .context("installing signal handlers")?;
+        }
+        Ok(signals)
+    }
+}
+
 /// Where a run is, after each interval (`investigate` shows it).
 pub struct Progress {
     pub elapsed: Duration,
@@ -241,14 +269,10 @@ pub struct Progress {
 /// `run`, writing the records to `output`, calling `progress` after each interval.
 pub fn run_into(
     args: &RunArgs,
-    output: Box<dyn Write + Send>,
+    output: Box<dyn Output>,
     progress: &mut dyn FnMut(&Progress),
 ) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
+    let signals = Signals::install()?;
     let _stats_fd = if args.bpf_stats {
         Some(enable_bpf_stats()?)
     } else {
@@ -312,13 +336,15 @@ pub fn run_into(
     let queue = OutputQueue::start(output, args.out_buffer_kib as usize * 1024)
         .context("starting the output thread")?;
     let mut out = JsonWriter::queued(queue, host::hostname());
+    if let Some(budget) = file_budget(args) {
+        out.rotate_files(budget);
+    }
     if let Some((metrics, _)) = &metrics {
         out.feed(metrics.clone());
     }
     let started = Instant::now();
     let thresholds = args.stalls.thresholds();
     let start = StartRecord {
-        schema: SCHEMA_VERSION,
         version: env!("CARGO_PKG_VERSION"),
         kernel: host::kernel::release(),
         interval_ms: args.interval.as_millis() as u64,
@@ -351,7 +377,7 @@ pub fn run_into(
         &mut out,
         &start,
         started,
-        &stop,
+        &signals,
         &mut lost_total,
         progress,
     )
@@ -410,7 +436,7 @@ fn stream(
     out: &mut JsonWriter,
     start: &StartRecord,
     started: Instant,
-    stop: &AtomicBool,
+    signals: &Signals,
     lost_total: &mut BTreeMap<String, u64>,
     progress: &mut dyn FnMut(&Progress),
 ) -> io::Result<Stop> {
@@ -434,7 +460,10 @@ fn stream(
             .unwrap();
         std::thread::sleep(wake.saturating_duration_since(now).min(POLL));
 
-        let finished = if stop.load(Ordering::Relaxed) {
+        if signals.reopen.swap(false, Ordering::Relaxed) {
+            out.reopen(&Clock::now_rfc3339())?;
+        }
+        let finished = if signals.stop.load(Ordering::Relaxed) {
             Some(Stop::Signal(Instant::now()))
         } else if deadline.is_some_and(|d| Instant::now() >= d) {
             Some(Stop::Duration)

@@ -31,6 +31,9 @@ const APT_PACKAGES: &[&str] = &[
     "stress-ng",
     // tests/prometheus.rs: a real Prometheus scrapes `--prometheus`; promtool checks the scrape and the rules.
     "prometheus",
+    // tests/shipping.rs: a real rsyslog pair ships `--out` while logrotate rotates it.
+    "rsyslog",
+    "logrotate",
     "chromium",
     // `cargo xtask kernels`: QEMU, the guest's busybox, kmod's depmod/modprobe,
     // and the initramfs compressor; lz4/xz for module and package formats.

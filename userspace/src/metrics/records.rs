@@ -8,11 +8,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::registry::{Edges, Kind, Labels, Registry};
 use crate::abi;
-use crate::hist::{bucket_index, bucket_range};
+use crate::hist::{HistogramRecord, bucket_range};
 use crate::output::OUTPUT_LOST;
 use crate::tcp::record::kind_name;
 
@@ -365,29 +366,26 @@ fn text<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
     v.get(field).and_then(Value::as_str)
 }
 
-/// Adds one histogram object of a record (`{count, mean, buckets: [[low,
-/// high, count]]}`, in the field's unit).
+/// Adds one histogram object of a record (either schema: hist/record.rs).
 fn histogram(r: &mut Registry, name: &str, labels: Labels, h: &Value, unit: Unit) {
-    let buckets = h["buckets"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| {
-            let low = b.get(0)?.as_f64()?;
-            let count = b.get(2)?.as_u64()?;
-            // The kernel bucket's upper edge as recorded (exact, unlike the
-            // rounded figures in the record), and the octave that holds it.
-            let recorded = (low * unit.recorded_per_field()).round() as u64;
-            let (_, high) = bucket_range(bucket_index(recorded));
-            Some((unit.edge(u64::BITS - high.leading_zeros()), count))
-        });
-    let mean = h["mean"].as_f64().unwrap_or(0.0);
-    let sum = mean * h["count"].as_f64().unwrap_or(0.0) * unit.recorded_per_field()
-        / unit.recorded_per_exported();
+    let Ok(h) = HistogramRecord::deserialize(h) else {
+        return;
+    };
+    // The kernel bucket's upper edge (exact, unlike the rounded figures in
+    // the record), and the octave that holds it.
+    let buckets = h.buckets.iter().map(|&(index, count)| {
+        let (_, high) = bucket_range(index);
+        (unit.edge(u64::BITS - high.leading_zeros()), count)
+    });
+    let sum = h.mean() * h.count as f64 * unit.recorded_per_field() / unit.recorded_per_exported();
     r.observe(name, labels, buckets.collect::<Vec<_>>(), sum);
 }
 
 fn start(r: &mut Registry, v: &Value) {
+    // The start that opens a further file repeats the run's: the run began once.
+    if v.get("file").is_some() {
+        return;
+    }
     let info = vec![
         (
             "version",
@@ -494,15 +492,12 @@ mod tests {
     fn kernel_buckets_land_in_their_octave() {
         let (mut r, mut f) = registry();
         // 496-511 ns and 1024-1087 ns (the kernel's buckets, in µs), and 3 s.
-        let latency = hist(
-            json!([
-                [0.496, 0.511, 4],
-                [1.024, 1.087, 5],
-                [3000000.0, 3131071.0, 1]
-            ]),
-            10,
-            300000.0,
-        );
+        let mut kernel = crate::hist::Histogram::default();
+        kernel.record(500, 4);
+        kernel.record(1_050, 5);
+        kernel.record(3_000_000_000, 1);
+        let mut latency = serde_json::to_value(kernel.to_record(1e-3)).unwrap();
+        latency["mean"] = json!(300000.0);
         let empty = hist(json!([]), 0, 0.0);
         let record = json!({"ts": "2026-11-23T10:00:00Z", "dev": "sdb", "op": "read", "count": 10,
             "bytes": 40960, "bios": 10, "errors": 0, "requeues": 0, "latency_us": latency,

@@ -1,15 +1,21 @@
-//! JSON lines: one record per line, each with `ts`, `host`, `type` and `seqno`.
+//! JSON lines: one record per line, each with `ts`, `host`, `type`, `schema`,
+//! `run` and `seqno`, so that every line stands alone in a log pipeline.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
+use super::file::NextFile;
 use super::queue::OutputQueue;
+use super::split::{MAX_LINE_BYTES, split_body};
 use crate::metrics::{self, Metrics};
 
-/// Bumped when a field is removed or changes meaning; additions keep it.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bumped when a field is removed or changes meaning or encoding; additions
+/// keep it. 2: histograms by bucket index (hist/record.rs), `schema` and `run`
+/// on every record.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The `lost` source of records the output queue had no room for.
 pub const OUTPUT_LOST: &str = "output.queue_full";
@@ -17,6 +23,14 @@ pub const OUTPUT_LOST: &str = "output.queue_full";
 pub struct JsonWriter {
     sink: Sink,
     host: String,
+    /// This run's id, on every record: a shipper's lines from many hosts and
+    /// runs, and a run's rotated files, fall apart by it.
+    run: String,
+    /// The run's `start` body, repeated at the head of each further file.
+    start_body: Option<Map<String, Value>>,
+    files: Option<FileBudget>,
+    /// Records longer than a line that could not be split (written whole).
+    oversize: u64,
     /// The next record's `seqno`: every record made takes one, written or not,
     /// so a reader sees a gap wherever records were dropped.
     seq: u64,
@@ -64,12 +78,27 @@ pub enum Tapped {
     Event,
 }
 
+/// `--out FILE`: when the next file begins.
+pub struct FileBudget {
+    pub path: std::path::PathBuf,
+    /// `--out-max-mb` in bytes; None: only on SIGHUP.
+    pub max_bytes: Option<u64>,
+    /// `--out-keep`: rotated files kept.
+    pub keep: u32,
+    /// Bytes in the current file, those queued for it included.
+    pub bytes: u64,
+    /// Files begun after the first.
+    pub begun: u32,
+}
+
 #[derive(Serialize)]
 struct Envelope<'a, T: Serialize> {
     ts: &'a str,
     host: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
+    schema: u32,
+    run: &'a str,
     seqno: u64,
     #[serde(flatten)]
     body: &'a T,
@@ -90,6 +119,10 @@ impl JsonWriter {
         Self {
             sink,
             host,
+            run: new_run_id(),
+            start_body: None,
+            files: None,
+            oversize: 0,
             seq: 0,
             emitted: BTreeMap::new(),
             dropped: 0,
@@ -144,57 +177,140 @@ impl JsonWriter {
         ts: &str,
         body: &T,
     ) -> io::Result<bool> {
+        if kind == "start" && self.start_body.is_none() {
+            self.start_body = serde_json::to_value(body)?.as_object().cloned();
+        }
+        let mut lines = self.encode(kind, ts, body)?;
+        // A record goes whole into one file, after the `start` that opens
+        // it: seqnos stay in order within and across files. (A `start`
+        // itself opens a file: it never begins another.)
+        if let Some(f) = &self.files
+            && let Some(max) = f.max_bytes
+            && kind != "start"
+            && f.bytes > 0
+            && f.bytes + lines.iter().map(|l| l.len() as u64).sum::<u64>() > max
+        {
+            let keep = f.keep;
+            self.begin_file(NextFile::Rotate { keep }, ts)?;
+            lines = self.encode(kind, ts, body)?;
+        }
         let envelope = Envelope {
             ts,
             host: &self.host,
             kind,
+            schema: SCHEMA_VERSION,
+            run: &self.run,
             seqno: self.seq,
             body,
         };
-        self.seq += 1;
-        let mut line = serde_json::to_vec(&envelope)?;
-        line.push(b'\n');
-        let tapped = self.tap.as_mut().map(|tap| match (tap.wants)(kind) {
-            Tapped::Event if tap.events >= tap.event_cap => {
-                tap.dropped += 1;
-                false
+        hand_over(&mut self.tap, self.metrics.as_ref(), kind, &envelope)?;
+        self.seq += lines.len() as u64;
+        let mut dropped = 0;
+        for line in lines {
+            dropped += u64::from(!self.write_line(line)?);
+        }
+        self.count(kind, dropped == 0, dropped);
+        Ok(dropped == 0)
+    }
+
+    /// The record's lines, numbered from the next seqno: one, or its parts
+    /// when it is longer than a line (output/split.rs).
+    fn encode<T: Serialize>(
+        &mut self,
+        kind: &'static str,
+        ts: &str,
+        body: &T,
+    ) -> io::Result<Vec<Vec<u8>>> {
+        let (host, run) = (self.host.as_str(), self.run.as_str());
+        let whole = encode_line(ts, host, kind, run, self.seq, body)?;
+        if whole.len() <= MAX_LINE_BYTES {
+            return Ok(vec![whole]);
+        }
+        let value = serde_json::to_value(body)?;
+        let envelope_len = whole.len() - body_len(&value);
+        let Some(parts) = value
+            .as_object()
+            .and_then(|b| split_body(b, MAX_LINE_BYTES - envelope_len))
+        else {
+            self.oversize += 1;
+            if self.oversize == 1 {
+                eprintln!(
+                    "stalltrace: a {kind} record is {} bytes, over the {MAX_LINE_BYTES}-byte line log shippers take by default, and has no list to split: written whole",
+                    whole.len()
+                );
             }
-            Tapped::No => false,
-            wanted => {
-                tap.events += usize::from(wanted == Tapped::Event);
-                true
-            }
-        });
-        let measured = self.metrics.as_ref().map(|_| metrics::wanted(kind));
-        // One JSON value for whichever reader wants it: per-event records come by the thousand.
-        let value = if tapped == Some(true) || measured == Some(true) {
-            Some(serde_json::to_value(&envelope)?)
-        } else {
-            None
+            return Ok(vec![whole]);
         };
-        if let Some(metrics) = &self.metrics {
-            match &value {
-                Some(v) if measured == Some(true) => metrics.record(kind, v),
-                _ => metrics.count(kind),
-            }
-        }
-        if let (Some(tap), Some(true), Some(v)) = (&mut self.tap, tapped, value) {
-            tap.records.push(v);
-        }
+        (0..)
+            .zip(&parts)
+            .map(|(i, part)| encode_line(ts, host, kind, run, self.seq + i, part))
+            .collect()
+    }
+
+    /// One line to the sink; false: the queue had no room.
+    fn write_line(&mut self, line: Vec<u8>) -> io::Result<bool> {
+        let len = line.len() as u64;
         let written = match &mut self.sink {
             Sink::Direct(out) => out.write_all(&line).map(|()| true)?,
             Sink::Queued(queue) => queue.push(line)?,
         };
+        if let (true, Some(f)) = (written, &mut self.files) {
+            f.bytes += len;
+        }
+        Ok(written)
+    }
+
+    fn count(&mut self, kind: &'static str, written: bool, dropped_lines: u64) {
         if written {
             *self.emitted.entry(kind).or_default() += 1;
-        } else {
-            self.dropped += 1;
-            self.dropped_unreported += 1;
-            if let Some(metrics) = &self.metrics {
+        }
+        self.dropped += dropped_lines;
+        self.dropped_unreported += dropped_lines;
+        if let Some(metrics) = &self.metrics {
+            for _ in 0..dropped_lines {
                 metrics.dropped();
             }
         }
-        Ok(written)
+    }
+
+    /// `--out FILE`: begin new files as `budget` says (and on `reopen`).
+    pub fn rotate_files(&mut self, budget: FileBudget) {
+        self.files = Some(budget);
+    }
+
+    /// SIGHUP: the lines from here go to the file now at the output's path.
+    /// Nothing to do when the output is no file.
+    pub fn reopen(&mut self, ts: &str) -> io::Result<()> {
+        if self.files.is_some() {
+            self.begin_file(NextFile::Reopen, ts)?;
+        }
+        Ok(())
+    }
+
+    /// Hand the writer the file change, then open the new file with the
+    /// run's `start` (its own `seqno`, and `file`: its number in the run).
+    fn begin_file(&mut self, how: NextFile, ts: &str) -> io::Result<()> {
+        let Sink::Queued(queue) = &self.sink else {
+            return Ok(());
+        };
+        queue.push_next_file(how);
+        let Some(f) = self.files.as_mut() else {
+            return Ok(());
+        };
+        // A reopened path may be the same file (a HUP with nothing moved):
+        // the size counts from what is there, give or take what the queue
+        // still holds for it.
+        f.bytes = match how {
+            NextFile::Rotate { .. } => 0,
+            NextFile::Reopen => std::fs::metadata(&f.path).map_or(0, |m| m.len()),
+        };
+        f.begun += 1;
+        let file = f.begun;
+        if let Some(mut body) = self.start_body.clone() {
+            body.insert("file".into(), file.into());
+            self.emit("start", ts, &body)?;
+        }
+        Ok(())
     }
 
     /// Make what was written visible to the reader (direct), or say whether
@@ -259,10 +375,85 @@ impl JsonWriter {
         }
     }
 
+    /// This run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run
+    }
+
     /// Records written so far, by type.
     pub fn emitted(&self) -> &BTreeMap<&'static str, u64> {
         &self.emitted
     }
+}
+
+/// The tap and the metrics read every record whole, written or not.
+fn hand_over<T: Serialize>(
+    tap: &mut Option<Tap>,
+    metrics: Option<&Metrics>,
+    kind: &'static str,
+    envelope: &Envelope<'_, T>,
+) -> io::Result<()> {
+    let tapped = tap.as_mut().map(|tap| match (tap.wants)(kind) {
+        Tapped::Event if tap.events >= tap.event_cap => {
+            tap.dropped += 1;
+            false
+        }
+        Tapped::No => false,
+        wanted => {
+            tap.events += usize::from(wanted == Tapped::Event);
+            true
+        }
+    });
+    let measured = metrics.map(|_| metrics::wanted(kind));
+    // One JSON value for whichever reader wants it: per-event records come by the thousand.
+    let value = if tapped == Some(true) || measured == Some(true) {
+        Some(serde_json::to_value(envelope)?)
+    } else {
+        None
+    };
+    if let Some(metrics) = metrics {
+        match &value {
+            Some(v) if measured == Some(true) => metrics.record(kind, v),
+            _ => metrics.count(kind),
+        }
+    }
+    if let (Some(tap), Some(true), Some(v)) = (tap, tapped, value) {
+        tap.records.push(v);
+    }
+    Ok(())
+}
+
+/// One record's line, newline included.
+fn encode_line<T: Serialize>(
+    ts: &str,
+    host: &str,
+    kind: &str,
+    run: &str,
+    seqno: u64,
+    body: &T,
+) -> io::Result<Vec<u8>> {
+    let envelope = Envelope {
+        ts,
+        host,
+        kind,
+        schema: SCHEMA_VERSION,
+        run,
+        seqno,
+        body,
+    };
+    let mut line = serde_json::to_vec(&envelope)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// A random UUID (v4), from the kernel's generator.
+fn new_run_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Bytes `body` takes inside its line (what a part's budget leaves out).
+fn body_len(body: &Value) -> usize {
+    serde_json::to_vec(body).map_or(0, |b| b.len().saturating_sub(2))
 }
 
 /// An in-memory sink for tests: clones share one buffer, so a test keeps a
@@ -364,11 +555,24 @@ mod tests {
         let text = buf.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
+        let run = w.run_id().to_string();
+        assert_eq!(run.len(), 36, "a UUID: {run}");
         assert_eq!(
             lines[0],
-            r#"{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","seqno":0,"dev":"loop3","count":7}"#
+            format!(
+                r#"{{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","schema":2,"run":"{run}","seqno":0,"dev":"loop3","count":7}}"#
+            )
         );
-        assert!(lines[1].contains(r#""seqno":1,"#), "{}", lines[1]);
+        assert!(
+            lines[1].contains(&format!(r#""run":"{run}","seqno":1,"#)),
+            "{}",
+            lines[1]
+        );
+        assert_ne!(
+            JsonWriter::new(Box::new(io::sink()), "db1".into()).run_id(),
+            run,
+            "each run its own id"
+        );
         assert_eq!(w.emitted().get("block"), Some(&2));
     }
 }

@@ -1,12 +1,15 @@
-//! Record output. `json` is the stream contract (schema v1, docs/schema.json).
+//! Record output. `json` is the stream contract (schema v2, docs/schema.json).
 
+pub mod file;
 mod json;
 mod queue;
 pub mod records;
 #[cfg(test)]
 mod schema_check;
+mod split;
 
 #[cfg(test)]
 pub(crate) use json::SharedBuffer;
-pub use json::{JsonWriter, OUTPUT_LOST, SCHEMA_VERSION, Tapped};
+pub use json::{FileBudget, JsonWriter, OUTPUT_LOST, SCHEMA_VERSION, Tapped};
 pub use queue::{OutputQueue, Unwritten};
+pub use split::MAX_LINE_BYTES;

@@ -14,6 +14,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::file::{NextFile, Output};
+
 /// What a queued line costs beyond its bytes (the Vec and the deque slot):
 /// counted so that a flood of tiny lines cannot exceed the bound either.
 const LINE_OVERHEAD: usize = 32;
@@ -24,7 +26,7 @@ const BATCH_LINES: usize = 256;
 
 pub struct OutputQueue {
     shared: Arc<Shared>,
-    writer: Option<JoinHandle<Box<dyn Write + Send>>>,
+    writer: Option<JoinHandle<Box<dyn Output>>>,
     limit: usize,
 }
 
@@ -36,9 +38,16 @@ struct Shared {
     progress: Condvar,
 }
 
+/// What the writer takes from the queue, in order.
+enum Item {
+    Line(Vec<u8>),
+    /// Lines after this go to a new file (output/file.rs).
+    NextFile(NextFile),
+}
+
 #[derive(Default)]
 struct State {
-    lines: VecDeque<Vec<u8>>,
+    lines: VecDeque<Item>,
     /// Bytes queued or being written, overhead included.
     bytes: usize,
     /// Lines the writer has taken and not finished writing.
@@ -64,7 +73,7 @@ pub struct Unwritten {
 
 impl OutputQueue {
     /// Start the writer thread on `out`, holding at most `limit` bytes.
-    pub fn start(out: Box<dyn Write + Send>, limit: usize) -> io::Result<Self> {
+    pub fn start(out: Box<dyn Output>, limit: usize) -> io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -94,12 +103,21 @@ impl OutputQueue {
             return Ok(false);
         }
         state.bytes += cost;
-        state.lines.push_back(line);
+        state.lines.push_back(Item::Line(line));
         self.shared.work.notify_one();
         Ok(true)
     }
 
     /// The writer's error, once it has failed.
+    /// The lines pushed after this go to the next file. Never refused: it
+    /// costs no more than the overhead of a line.
+    pub fn push_next_file(&self, how: NextFile) {
+        let mut state = self.shared.lock();
+        state.bytes += LINE_OVERHEAD;
+        state.lines.push_back(Item::NextFile(how));
+        self.shared.work.notify_one();
+    }
+
     pub fn failed(&self) -> Option<io::Error> {
         let state = self.shared.lock();
         state
@@ -131,7 +149,7 @@ impl OutputQueue {
         mut self,
         stuck: Duration,
         deadline: Instant,
-    ) -> Result<Box<dyn Write + Send>, Unwritten> {
+    ) -> Result<Box<dyn Output>, Unwritten> {
         let mut state = self.shared.lock();
         state.closing = true;
         self.shared.work.notify_one();
@@ -199,7 +217,7 @@ impl Shared {
 /// The writer thread: take everything queued, write it, flush when the queue
 /// is empty (so a reader sees each interval's records as they are made), and
 /// return the sink when closed or failed.
-fn write_loop(shared: &Shared, mut out: Box<dyn Write + Send>) -> Box<dyn Write + Send> {
+fn write_loop(shared: &Shared, mut out: Box<dyn Output>) -> Box<dyn Output> {
     let mut state = shared.lock();
     loop {
         if state.lines.is_empty() {
@@ -213,17 +231,20 @@ fn write_loop(shared: &Shared, mut out: Box<dyn Write + Send>) -> Box<dyn Write 
             continue;
         }
         let take = state.lines.len().min(BATCH_LINES);
-        let batch: Vec<Vec<u8>> = state.lines.drain(..take).collect();
+        let batch: Vec<Item> = state.lines.drain(..take).collect();
         state.in_hand = take;
         drop(state);
         let mut written = 0;
         let mut result = Ok(());
-        for line in &batch {
-            result = out.write_all(line);
+        for item in &batch {
+            result = match item {
+                Item::Line(line) => out.write_all(line).map(|()| line.len()),
+                Item::NextFile(how) => out.next_file(*how).map(|()| 0),
+            }
+            .map(|bytes| written += bytes + LINE_OVERHEAD);
             if result.is_err() {
                 break;
             }
-            written += line.len() + LINE_OVERHEAD;
         }
         state = shared.lock();
         if result.is_ok() && state.lines.is_empty() {
@@ -254,6 +275,7 @@ mod tests {
 
     /// A sink that takes each write only when the test says so.
     struct Gate(mpsc::Receiver<()>, Arc<Mutex<Vec<u8>>>);
+    impl Output for Gate {}
     impl Write for Gate {
         fn write(&mut self, b: &[u8]) -> io::Result<usize> {
             self.0

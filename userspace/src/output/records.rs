@@ -1,4 +1,4 @@
-//! The run-level JSON records (schema v1: `start`, `lost`, `stop`), written by
+//! The run-level JSON records ( `start`, `lost`, `stop`), written by
 //! `stalltrace run` (run.rs). Each probe family keeps its own records next to
 //! its code (`block::record`); docs/schema.json describes them all.
 
@@ -23,7 +23,6 @@ pub struct FamilyReport {
 
 #[derive(Serialize)]
 pub struct StartRecord<'a> {
-    pub schema: u32,
     pub version: &'static str,
     pub kernel: String,
     pub interval_ms: u64,

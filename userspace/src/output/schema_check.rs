@@ -74,6 +74,10 @@ const OPTIONAL: &[(&str, &str)] = &[
     ("slow_io", "sql"),
     ("slow_io", "file"),
     ("sql_instance", "watchdog_pid"),
+    ("sql_instance", "part"),
+    ("sql_instance", "parts"),
+    ("sql_instance", "split"),
+    ("start", "file"),
     ("sql_session", "spid"),
     ("sql_session", "dmv"),
     ("netdev", "rx_packets"),
@@ -231,7 +235,6 @@ fn emitted_lines() -> Vec<String> {
     let ifaces = ["eth0".to_string()];
     let thresholds = crate::stall::Thresholds::default();
     let start = StartRecord {
-        schema: super::SCHEMA_VERSION,
         version: env!("CARGO_PKG_VERSION"),
         kernel: "6.18.0-stalltrace".into(),
         interval_ms: 1000,
@@ -277,6 +280,10 @@ fn emitted_lines() -> Vec<String> {
         ..start
     };
     w.emit("start", &now(), &start).unwrap();
+    // The start that opens a run's further file after rotation or SIGHUP.
+    let mut continued = serde_json::to_value(&start).unwrap();
+    continued["file"] = json!(1);
+    w.emit("start", &now(), &continued).unwrap();
 
     // block: a busy disk with every queue limit known and a role.
     let ts = now();
@@ -528,6 +535,25 @@ fn emitted_lines() -> Vec<String> {
         &SqlInstanceRecord { instance: &orphan },
     )
     .unwrap();
+    // An instance of 150 databases: longer than a line, written in parts.
+    let many_files = Instance {
+        files: (0..300)
+            .map(|i| FileSummary {
+                path: format!("/var/opt/mssql/data/tenant_{i:04}.mdf").into(),
+                role: "data",
+                disks: vec!["259:0".into()],
+            })
+            .collect(),
+        ..instance.clone()
+    };
+    w.emit(
+        "sql_instance",
+        &ts,
+        &SqlInstanceRecord {
+            instance: &many_files,
+        },
+    )
+    .unwrap();
     let mut session = Session {
         pid: 4242,
         netns: 4026531840,
@@ -757,10 +783,7 @@ fn schema_is_a_valid_draft_2020_12_schema() {
         assert_eq!(def["properties"]["type"]["const"], t, "$defs/{t}");
         assert_eq!(def["additionalProperties"], false, "$defs/{t}");
     }
-    assert_eq!(
-        s["$defs"]["start"]["properties"]["schema"]["const"],
-        super::SCHEMA_VERSION
-    );
+    assert_eq!(s["$defs"]["schema_version"]["const"], super::SCHEMA_VERSION);
 }
 
 #[test]
@@ -930,10 +953,8 @@ fn a_missing_field_fails() {
         "a block record without latency_us was accepted"
     );
 
-    // Every top-level field that is always serialized is required, but for
-    // `seqno`: always written, yet optional in the schema so that streams of
-    // builds before it still validate; here it must be on every record, in
-    // order.
+    // Every record is numbered, in order, and every top-level field that is
+    // always serialized is required.
     for (n, record) in records.iter().enumerate() {
         assert_eq!(record["seqno"], n, "{record}");
     }
@@ -942,7 +963,7 @@ fn a_missing_field_fails() {
         for field in record.as_object().unwrap().keys() {
             let mut without = record.clone();
             without.as_object_mut().unwrap().remove(field);
-            let optional = OPTIONAL.contains(&(t, field.as_str())) || field == "seqno";
+            let optional = OPTIONAL.contains(&(t, field.as_str()));
             assert_eq!(
                 v.is_valid(&without),
                 optional,
@@ -951,7 +972,17 @@ fn a_missing_field_fails() {
         }
     }
     // ... and every histogram field.
-    for field in ["count", "mean", "p50", "p90", "p99", "max", "buckets"] {
+    for field in [
+        "count",
+        "mean",
+        "p50",
+        "p90",
+        "p99",
+        "max",
+        "scale",
+        "first_bucket",
+        "counts",
+    ] {
         let mut bad = first_of(&records, "block");
         bad["device_us"].as_object_mut().unwrap().remove(field);
         assert!(
@@ -972,13 +1003,13 @@ fn wrong_values_fail() {
     };
     // A type the schema does not know (not emitted yet) fails.
     bad("lost", &|r| r["type"] = json!("netdev_stall"));
-    bad("start", &|r| r["schema"] = json!(2));
+    bad("start", &|r| r["schema"] = json!(1));
+    bad("block", &|r| r["run"] = json!("run-1"));
     bad("block", &|r| r["op"] = json!("readwrite"));
     bad("block", &|r| r["count"] = json!(-1));
     bad("block", &|r| r["latency_us"]["p99"] = json!("12"));
-    bad("block", &|r| {
-        r["latency_us"]["buckets"][0] = json!([1.0, 2.0])
-    });
+    bad("block", &|r| r["latency_us"]["counts"][0] = json!(0));
+    bad("block", &|r| r["latency_us"]["first_bucket"] = json!(976));
     // An empty histogram has no statistics.
     bad("block", &|r| r["latency_us"]["count"] = json!(0));
     bad("slow_io", &|r| r["pid"] = json!(-1));

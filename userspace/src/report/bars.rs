@@ -201,7 +201,7 @@ mod tests {
 
     fn latency(buckets: Value) -> MergedHist {
         let mut h = MergedHist::new(Unit::Micros);
-        h.add(&json!({ "buckets": buckets })).unwrap();
+        h.add(&crate::report::fixtures::hist(buckets, 1.0)).unwrap();
         h
     }
     use serde_json::Value;
@@ -211,8 +211,8 @@ mod tests {
         // 90 values at ~1.06 µs, 9 at ~3.1 µs, 1 at ~700 µs.
         let h = latency(json!([
             [1.024, 1.087, 90],
-            [3.072, 3.135, 9],
-            [696.32, 700.415, 1]
+            [3.072, 3.199, 9],
+            [688.128, 720.895, 1]
         ]));
         let rows = rows(&h, None);
         let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn in_flight_ranges_are_powers_of_two_and_mark_the_limit() {
         let mut h = MergedHist::new(Unit::Count);
-        h.add(&json!({"buckets": [[1.0, 1.0, 10], [3.0, 3.0, 5], [4.0, 4.0, 40]]}))
+        h.add(&json!({"count": 55, "mean": 3.3, "buckets": [[1.0, 1.0, 10], [3.0, 3.0, 5], [4.0, 4.0, 40]]}))
             .unwrap();
         let rows_to = |limit| rows(&h, Some(limit));
         let near = rows_to(8.0);

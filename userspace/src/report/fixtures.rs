@@ -102,6 +102,60 @@ pub fn lines(records: &[Value]) -> String {
     records.iter().map(|r| format!("{r}\n")).collect()
 }
 
+// ---- schema 2 -------------------------------------------------------------------
+
+/// A run id, as schema 2 writes one (a UUID).
+pub const RUN: &str = "5f0c6a52-3b1e-4c7d-9a8e-2d4f6b8c1a90";
+
+/// Schema 1 records as schema 2 writes them: `schema` and `run` on every
+/// record, seqnos from `first_seqno`, and histograms by bucket index.
+pub fn as_v2(records: &[Value], run: &str, first_seqno: u64) -> Vec<Value> {
+    (first_seqno..)
+        .zip(records)
+        .map(|(seqno, r)| {
+            let mut r = r.clone();
+            let o = r.as_object_mut().expect("a record is an object");
+            for (key, value) in o.iter_mut() {
+                if value.get("buckets").is_some() {
+                    let scale = if key.ends_with("_us") { 1e-3 } else { 1.0 };
+                    *value = hist_v2(value, scale);
+                }
+            }
+            o.insert("schema".into(), json!(2));
+            o.insert("run".into(), json!(run));
+            o.insert("seqno".into(), json!(seqno));
+            r
+        })
+        .collect()
+}
+
+/// A schema 1 histogram object in schema 2's form, encoded here from its
+/// `[low, high, count]` triples (not by the writer's own encoder, so that the
+/// two are checked against each other): bucket indexes from the kernel's
+/// geometry, counts run-length coded.
+pub fn hist_v2(h: &Value, scale: f64) -> Value {
+    let mut out = h.clone();
+    let o = out.as_object_mut().unwrap();
+    let triples = o.remove("buckets").unwrap();
+    let mut counts = Vec::new();
+    let mut first = None;
+    let mut next = 0;
+    for t in triples.as_array().unwrap() {
+        let low = (t[0].as_f64().unwrap() / scale).round() as u64;
+        let index = crate::hist::bucket_index(low);
+        let first = *first.get_or_insert(index);
+        if index > next && index > first {
+            counts.push(json!(-((index - next) as i64)));
+        }
+        counts.push(t[2].clone());
+        next = index + 1;
+    }
+    o.insert("scale".into(), json!(scale));
+    o.insert("first_bucket".into(), json!(first.unwrap_or(0)));
+    o.insert("counts".into(), json!(counts));
+    out
+}
+
 // ---- the recorded stream -------------------------------------------------------
 
 const RECORDED_GZ: &[u8] = include_bytes!("fixtures/recorded.jsonl.gz");
@@ -138,13 +192,24 @@ pub fn recorded_with_episodes() -> Vec<String> {
     lines
 }
 
+/// The contract of the stream this version writes (docs/schema.json).
 pub fn schema_validator() -> jsonschema::Validator {
-    let schema: Value =
-        serde_json::from_str(include_str!("../../../docs/schema.json")).expect("schema is JSON");
+    validator(include_str!("../../../docs/schema.json"))
+}
+
+/// Schema 1's contract, as docs/schema.json was when stalltrace wrote it: the
+/// report still reads such streams (the recording and the synthetic records
+/// here are schema 1).
+pub fn schema_1_validator() -> jsonschema::Validator {
+    validator(include_str!("fixtures/schema-1.json"))
+}
+
+fn validator(schema: &str) -> jsonschema::Validator {
+    let schema: Value = serde_json::from_str(schema).expect("schema is JSON");
     jsonschema::draft202012::options()
         .should_validate_formats(true)
         .build(&schema)
-        .expect("docs/schema.json compiles")
+        .expect("the schema compiles")
 }
 
 /// Panics with every violation when `record` breaks docs/schema.json.

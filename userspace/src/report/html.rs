@@ -169,6 +169,9 @@ fn header(o: &mut String, report: &Report) {
             "losses ok",
         );
     }
+    if let Some(files) = report.stream.files_summary() {
+        dd(o, "files", &esc(&files), "");
+    }
     let warnings = report.stream.warnings(run);
     if warnings.is_empty() {
         dd(

@@ -1,24 +1,27 @@
-//! `stalltrace report FILE [--html OUT]`: read a recorded stream (a file, `-`
-//! for stdin, gzip-compressed or not: rotated logs usually are), print the text
-//! report, and write the HTML page.
+//! `stalltrace report FILE... [--html OUT]`: read a recorded stream (a file,
+//! `-` for stdin, or a rotated set of files in any order; each gzip-compressed
+//! or not: rotated logs usually are), print the text report, and write the
+//! HTML page.
 
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use flate2::bufread::MultiGzDecoder;
 
 use super::html::render_html;
-use super::model::{Report, ReportError};
+use super::model::{Report, ReportBuilder, ReportError};
 use super::text::render_text;
 use crate::cli::ReportArgs;
 use crate::error::UserError;
 
 mod lines;
+mod set;
+#[cfg(test)]
+mod set_tests;
 #[cfg(test)]
 mod tests;
 
-use lines::LineCap;
+use lines::{LineCap, SkipLeadingNuls};
 pub use lines::{LineTooLong, MAX_LINE};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
@@ -28,84 +31,140 @@ const READ_BUFFER: usize = 1 << 16;
 /// or corrupt part-way is reported up to the damage, as a cut plain file is,
 /// with a line on stderr saying so.
 pub fn read_report(path: &Path) -> Result<Report, UserError> {
-    let stdin = path.as_os_str() == "-";
-    let name = if stdin {
-        "stdin".to_string()
-    } else {
-        path.display().to_string()
+    read_reports(&[path.to_path_buf()])
+}
+
+/// Read and build the report of one stream or of a rotated set of files, in
+/// any order (see `set`); notes on damaged gzip data go to stderr.
+pub fn read_reports(paths: &[PathBuf]) -> Result<Report, UserError> {
+    let (report, notes) = match paths {
+        [] => return Err(set::no_path()),
+        [path] => {
+            let (report, note) = read_path(path)?;
+            (report, note.into_iter().collect())
+        }
+        paths => set::read_set(paths)?,
     };
-    let reader: Box<dyn BufRead> = if stdin {
-        Box::new(BufReader::with_capacity(READ_BUFFER, std::io::stdin()))
-    } else {
-        let file = File::open(path).map_err(|e| ReportError::Read(e).to_user_error(&name))?;
-        Box::new(BufReader::with_capacity(READ_BUFFER, file))
-    };
-    let (report, note) = read_stream(reader, &name)?;
-    if let Some(note) = note {
+    for note in notes {
         eprintln!("stalltrace: {note}");
     }
     Ok(report)
+}
+
+/// One path (`-`: stdin) as a stream of its own.
+fn read_path(path: &Path) -> Result<(Report, Option<String>), UserError> {
+    if path.as_os_str() == "-" {
+        let stdin = BufReader::with_capacity(READ_BUFFER, std::io::stdin());
+        return read_stream(stdin, "stdin");
+    }
+    let name = path.display().to_string();
+    let (file, hole) = set::open(path, &name)?;
+    read_one(file, &name, hole)
 }
 
 /// The report of a stream, plain or gzip, named `name` in messages; with a
 /// note when its gzip data stopped early. Memory is bounded by
 /// [`MAX_LINE`] whatever the input, and every failure is one [`UserError`].
 pub fn read_stream(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     name: &str,
 ) -> Result<(Report, Option<String>), UserError> {
+    read_one(reader, name, 0)
+}
+
+/// [`read_stream`] of a file whose first `hole` bytes, NULs, were seeked past.
+fn read_one(
+    reader: impl BufRead,
+    name: &str,
+    hole: u64,
+) -> Result<(Report, Option<String>), UserError> {
+    let mut builder = ReportBuilder::default();
+    let fed = feed(&mut builder, reader, name, hole);
+    let stopped = match &fed {
+        Ok(stopped) | Err((_, stopped)) => stopped.as_ref().map(|(e, at)| (e.to_string(), *at)),
+    };
+    let result = fed.map_err(|(e, _)| e).and_then(|_| builder.build());
+    match result {
+        Ok(report) => Ok((report, stopped.map(|(e, at)| gzip_note(name, &e, at)))),
+        Err(e) => Err(user_error(e, stopped.as_ref(), name)),
+    }
+}
+
+/// Where a gzip stream stopped: the error, and the decompressed bytes before it.
+type GzFailure = (io::Error, u64);
+
+/// Read one file (or stdin), plain or gzip, into `builder` as the next file
+/// of the stream (`hole`: the NUL bytes at its head already seeked past);
+/// the gzip failure that ended it early, if any, either way.
+fn feed(
+    builder: &mut ReportBuilder,
+    mut reader: impl BufRead,
+    name: &str,
+    hole: u64,
+) -> Result<Option<GzFailure>, (ReportError, Option<GzFailure>)> {
+    let mut source = decoded(&mut reader).map_err(|e| (ReportError::Read(e), None))?;
+    let mut unholed = SkipLeadingNuls::new(&mut source, hole);
+    let result = builder.read_file(name, LineCap::new(&mut unholed, MAX_LINE));
+    builder.file_hole(unholed.skipped);
+    let stopped = match source {
+        Source::Gzip(r) => r.into_inner().failure,
+        Source::Plain(_) => None,
+    };
+    match result {
+        Ok(()) => Ok(stopped),
+        Err(e) => Err((e, stopped)),
+    }
+}
+
+/// `reader` decompressed when it begins with gzip's magic bytes.
+fn decoded<R: BufRead>(mut reader: R) -> io::Result<Source<io::Chain<io::Cursor<Vec<u8>>, R>>> {
     // Two bytes, even from a pipe that hands them over one at a time.
     let mut head = Vec::with_capacity(2);
-    (&mut reader)
-        .take(2)
-        .read_to_end(&mut head)
-        .map_err(|e| ReportError::Read(e).to_user_error(name))?;
+    (&mut reader).take(2).read_to_end(&mut head)?;
     let gzip = head == GZIP_MAGIC;
     let reader = io::Cursor::new(head).chain(reader);
-    let mut source = if gzip {
+    Ok(if gzip {
         Source::Gzip(Box::new(BufReader::with_capacity(
             READ_BUFFER,
             GzStop::new(MultiGzDecoder::new(reader)),
         )))
     } else {
         Source::Plain(reader)
-    };
-    let mut capped = LineCap::new(&mut source, MAX_LINE);
-    let result = Report::from_reader(&mut capped);
-    let stopped = match &source {
-        Source::Gzip(r) => r.get_ref().failure.as_ref(),
-        Source::Plain(_) => None,
-    };
-    match (result, stopped) {
-        (Ok(report), None) => Ok((report, None)),
-        (Ok(report), Some((e, at))) => Ok((
-            report,
-            Some(format!(
-                "{name}: its gzip data stops after {at} decompressed bytes ({e}): the report covers those; `gzip -t {name}` checks the file"
-            )),
-        )),
-        (Err(ReportError::Read(e)), _) if too_long(&e).is_some() => Err(UserError::new(
+    })
+}
+
+fn gzip_note(name: &str, e: &str, at: u64) -> String {
+    format!(
+        "{name}: its gzip data stops after {at} decompressed bytes ({e}): the report covers those; `gzip -t {name}` checks the file"
+    )
+}
+
+/// The one line for a stream that cannot be reported, named `name`, whose
+/// gzip data may have stopped early.
+fn user_error(e: ReportError, stopped: Option<&(String, u64)>, name: &str) -> UserError {
+    match (e, stopped) {
+        (ReportError::Read(e), _) if too_long(&e).is_some() => UserError::new(
             format!(
                 "{name} is not a stalltrace record stream: {}",
                 too_long(&e).unwrap()
             ),
             "give a file written by `stalltrace run --out FILE` (or its stdout saved to a file)",
-        )),
+        ),
         // A newer schema is the problem to name even when the rest is damaged.
-        (Err(ReportError::Schema { found, writer }), _) => Err(ReportError::Schema {
+        (ReportError::Schema { found, writer }, _) => ReportError::Schema {
             found: quoted(&found),
             writer: writer.as_deref().map(quoted),
         }
-        .to_user_error(name)),
-        (Err(e), None) => Err(e.to_user_error(name)),
-        (Err(_), Some((e, at))) => Err(UserError::new(
+        .to_user_error(name),
+        (e, None) => e.to_user_error(name),
+        (_, Some((e, at))) => UserError::new(
             format!(
                 "{name} is gzip-compressed, but its gzip data is cut or corrupt after {at} decompressed bytes ({e}), and those are no stalltrace stream"
             ),
             format!(
                 "check the copy with `gzip -t {name}`; if part of it is good, `zcat {name} > part.jsonl` keeps that part for `stalltrace report part.jsonl`"
             ),
-        )),
+        ),
     }
 }
 
@@ -204,7 +263,7 @@ impl<R: Read> Read for GzStop<R> {
 
 /// The `report` subcommand.
 pub fn command(args: &ReportArgs) -> anyhow::Result<()> {
-    let report = read_report(&args.file)?;
+    let report = read_reports(&args.files)?;
     // The page first: an unwritable --html fails before anything is printed.
     if let Some(out) = &args.html {
         std::fs::write(out, render_html(&report)).map_err(|e| {

@@ -1,5 +1,7 @@
 //! Histograms of a whole run, merged from the per-interval histogram objects
-//! of the stream (`{count, mean, p50, ..., buckets: [[low, high, count]]}`).
+//! of the stream: `{count, mean, p50, ..., buckets: [[low, high, count]]}` in
+//! schema 1, `{..., scale, first_bucket, counts}` in schema 2 (both read by
+//! `hist::buckets_of`).
 //!
 //! The buckets are put back into `hist::Histogram`, the same log-linear
 //! geometry the kernel side records with, so the run's percentiles come from
@@ -8,7 +10,7 @@
 
 use serde_json::Value;
 
-use crate::hist::{BUCKETS, Histogram, bucket_index, bucket_range};
+use crate::hist::{BUCKETS, Histogram, bucket_index, bucket_range, buckets_of};
 
 /// What a histogram field's values were recorded in. Every `_us` histogram is
 /// timed in nanoseconds and written in µs (`to_record(1e-3)`); `inflight`
@@ -60,22 +62,27 @@ impl MergedHist {
         bucket_index(recorded as u64)
     }
 
-    /// Merge one histogram object; returns its non-empty buckets (for a series),
-    /// or `None` when it is not a histogram object (then nothing is merged).
+    /// Bucket index of a `[low, high]` bucket in the field's unit, by its
+    /// midpoint: far from either edge, so the rounding of edges written to
+    /// 0.001 (schema 1) or scaled in f64 never moves it to a neighbour.
+    fn index_of_bucket(unit: Unit, low: f64, high: f64) -> usize {
+        Self::index_of(unit, low + (high - low).max(0.0) / 2.0)
+    }
+
+    /// Merge one histogram object of either schema (schema 1's `[low, high,
+    /// count]` triples, schema 2's run-length bucket counts); returns its
+    /// non-empty buckets (for a series), or `None` when it is not a histogram
+    /// object (then nothing is merged).
     pub fn add(&mut self, h: &Value) -> Option<Sparse> {
-        let buckets = h.get("buckets")?.as_array()?;
+        // Triples in the field's unit whatever the object's own scale: its
+        // buckets are put into this field's geometry by value.
+        let buckets = buckets_of(h)?;
         let mut sparse = Sparse::with_capacity(buckets.len());
-        for b in buckets {
-            let (Some(low), Some(count)) = (
-                b.get(0).and_then(Value::as_f64),
-                b.get(2).and_then(Value::as_u64),
-            ) else {
-                continue;
-            };
+        for (low, high, count) in buckets {
             if count == 0 {
                 continue;
             }
-            let index = Self::index_of(self.unit, low);
+            let index = Self::index_of_bucket(self.unit, low, high);
             self.add_index(index, count);
             sparse.push((index as u16, count));
         }

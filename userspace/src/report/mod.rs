@@ -9,24 +9,31 @@
 mod bars;
 mod episodes;
 mod fields;
+mod health;
 pub mod html;
 mod input;
 mod merge;
 pub mod model;
 mod network;
+mod run;
+mod sequence;
 mod series;
 mod sessions;
+mod split;
 mod storage;
 pub mod text;
 mod time;
 
 pub use episodes::{Episode, EpisodeState, Evidence};
+pub use health::{FileRead, LineRef, StreamFile, StreamHealth};
 pub use html::render_html;
 pub use input::{command, read_report, terminal_width};
 pub use merge::{MergedHist, Unit};
-pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo, StreamHealth};
+pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
+pub use sequence::{SeqRange, SeqRanges, Sequence};
 pub use sessions::{Instance, SessionImpact, SqlTag};
+pub use split::SplitHealth;
 pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};
 pub use text::render_text;
 

@@ -13,53 +13,18 @@ use std::io::BufRead;
 use serde_json::Value;
 
 use super::episodes::{Episode, Episodes};
-use super::fields::{bool_of, f64_of, str_of, u64_of};
+use super::fields::{str_of, u64_of};
+use super::health::{LineRef, StreamHealth};
 use super::network::{BulkFlow, Interface, Network, Retransmits, TcpPeer};
+use super::run::readable_schemas;
+pub use super::run::{FamilyStatus, RunInfo};
 use super::sessions::{Instance, SessionImpact, Sessions, SqlTag};
+use super::split::Reassembly;
 use super::storage::{Disk, Disks};
-use super::time::{clock, parse_us};
+use super::time::parse_us;
 use crate::error::UserError;
-use crate::output::SCHEMA_VERSION;
 
-/// One probe family as `start` reports it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FamilyStatus {
-    pub family: String,
-    pub attached: bool,
-    pub mode: Option<String>,
-    /// Why it fell back to raw_tp, or why it did not attach.
-    pub note: Option<String>,
-}
-
-/// What the run was (`start`, `stop`).
-#[derive(Clone, Debug, Default)]
-pub struct RunInfo {
-    pub host: String,
-    pub kernel: String,
-    pub version: String,
-    pub schema: u64,
-    pub start_us: i64,
-    /// `stop`'s time, or the last time in the stream when it has no `stop`.
-    pub end_us: i64,
-    /// `stop.reason` (`duration`, `signal`); `None` without a `stop`.
-    pub stop_reason: Option<String>,
-    pub interval_ms: u64,
-    pub duration_ms: Option<u64>,
-    pub slow_io_ms: f64,
-    pub families: Vec<FamilyStatus>,
-    /// Optional hooks that did not attach: `family hook: why`.
-    pub missing_hooks: Vec<String>,
-    /// What the run was limited to, in words (`ports 1433, 5022`); empty: everything.
-    pub filters: Vec<String>,
-    /// Intervals seen (distinct `ts` of interval records).
-    pub intervals: u64,
-}
-
-impl RunInfo {
-    pub fn window_ms(&self) -> f64 {
-        (self.end_us - self.start_us).max(0) as f64 / 1000.0
-    }
-}
+mod envelope;
 
 /// Events and measurements the run could not deliver (`lost`, `stop.lost`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,87 +44,6 @@ impl Losses {
     pub fn any(&self) -> bool {
         self.total() > 0
     }
-}
-
-/// Whether the stream is whole.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct StreamHealth {
-    /// Non-empty lines read (`from_reader`) or records given (`from_records`).
-    pub lines: usize,
-    /// Lines in the middle that were not JSON records, skipped.
-    pub bad_lines: usize,
-    /// Line numbers of the first few of those.
-    pub first_bad_lines: Vec<usize>,
-    /// The last line stops mid-record (no newline, not JSON): an interrupted write.
-    pub truncated_last_line: bool,
-    pub has_stop: bool,
-    /// `(type, written according to stop.records, found here)` where fewer were found.
-    pub missing: Vec<(String, u64, u64)>,
-    /// Record types this version does not know, and how many were ignored.
-    pub unknown_types: BTreeMap<String, u64>,
-    /// Records before the `start` record, ignored.
-    pub before_start: usize,
-    /// Line where another run's `start` begins; everything from it is ignored.
-    pub next_run_line: Option<usize>,
-}
-
-impl StreamHealth {
-    /// What is wrong with the stream, one sentence each; empty when it is whole.
-    pub fn warnings(&self, run: &RunInfo) -> Vec<String> {
-        let mut w = Vec::new();
-        if !self.has_stop {
-            w.push(format!(
-                "no `stop` record: the recording was cut short (killed, crashed, or still being written); this report covers it up to {}",
-                clock(run.end_us)
-            ));
-        }
-        if self.truncated_last_line {
-            w.push("the last line stops mid-record (an interrupted write): it was skipped".into());
-        }
-        if self.bad_lines > 0 {
-            let at: Vec<String> = self.first_bad_lines.iter().map(usize::to_string).collect();
-            w.push(format!(
-                "{} line{} in the middle of the stream {} not a JSON record (line {}{}): skipped",
-                self.bad_lines,
-                plural(self.bad_lines),
-                if self.bad_lines == 1 { "is" } else { "are" },
-                at.join(", "),
-                if self.bad_lines > at.len() {
-                    ", ..."
-                } else {
-                    ""
-                }
-            ));
-        }
-        if !self.missing.is_empty() {
-            let parts: Vec<String> = self
-                .missing
-                .iter()
-                .map(|(t, written, found)| format!("{t} {found} of {written}"))
-                .collect();
-            w.push(format!(
-                "fewer records than the run wrote (found of written, per `stop`): {}",
-                parts.join(", ")
-            ));
-        }
-        if self.before_start > 0 {
-            w.push(format!(
-                "{} record{} before the `start` record ignored",
-                self.before_start,
-                plural(self.before_start)
-            ));
-        }
-        if let Some(line) = self.next_run_line {
-            w.push(format!(
-                "another run starts at line {line}: only the first run is reported (split the file to report the others)"
-            ));
-        }
-        w
-    }
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }
 
 /// Everything the renderers show, for one run.
@@ -235,12 +119,13 @@ impl ReportError {
             ),
             ReportError::Schema { found, writer } => UserError::new(
                 format!(
-                    "{source} was written with record schema {found}{}; this stalltrace ({}) reads schema {SCHEMA_VERSION}",
+                    "{source} was written with record schema {found}{}; this stalltrace ({}) reads {}",
                     writer
                         .as_ref()
                         .map(|w| format!(" (by stalltrace {w})"))
                         .unwrap_or_default(),
                     env!("CARGO_PKG_VERSION"),
+                    readable_schemas(),
                 ),
                 match writer {
                     Some(w) => format!(
@@ -277,7 +162,23 @@ pub struct ReportBuilder {
     stop_lost: Option<BTreeMap<String, u64>>,
     interval_ends: std::collections::BTreeSet<i64>,
     last_ts_us: i64,
+    /// Another run began: nothing more is read.
     done: bool,
+    /// `run` of the run being reported (schema 2), from its `start`.
+    run_id: Option<String>,
+    /// The run's `start` came from a later file than the records read first
+    /// (a copytruncate tail placed before it): the run began before it.
+    primed: bool,
+    /// The file being read: an index into `health.files`.
+    file: usize,
+    /// Nothing read yet from the current file: no record, no record with a seqno.
+    first_record_in_file: bool,
+    first_seqno_in_file: bool,
+    /// A file's last line that stopped mid-record: a bad line once another file follows.
+    cut_line: Option<LineRef>,
+    /// `run` of the record where another run began.
+    next_run_id: Option<String>,
+    split: Reassembly,
     disks: Disks,
     network: Network,
     episodes: Episodes,
@@ -292,37 +193,26 @@ impl Report {
         records: impl IntoIterator<Item = &'a Value>,
     ) -> Result<Self, ReportError> {
         let mut b = ReportBuilder::default();
-        for r in records {
+        for (i, r) in records.into_iter().enumerate() {
             b.health.lines += 1;
-            b.record(r, b.health.lines)?;
+            b.current_file().lines += 1;
+            b.record(
+                r,
+                LineRef {
+                    file: 0,
+                    line: i + 1,
+                },
+                0,
+            )?;
         }
         b.finish()
     }
 
     /// A report from JSON lines. A line that is not JSON is counted and
     /// skipped (a stream cut by a crash is normal), not an error.
-    pub fn from_reader(mut reader: impl BufRead) -> Result<Self, ReportError> {
+    pub fn from_reader(reader: impl BufRead) -> Result<Self, ReportError> {
         let mut b = ReportBuilder::default();
-        let mut buf = Vec::new();
-        let mut n = 0;
-        loop {
-            buf.clear();
-            if reader
-                .read_until(b'\n', &mut buf)
-                .map_err(ReportError::Read)?
-                == 0
-            {
-                break;
-            }
-            n += 1;
-            let terminated = buf.last() == Some(&b'\n');
-            // Invalid UTF-8 is a bad line like any other.
-            let line = String::from_utf8_lossy(&buf);
-            b.line(n, &line, terminated)?;
-            if b.done {
-                break;
-            }
-        }
+        b.read_lines(reader)?;
         b.finish()
     }
 
@@ -347,55 +237,32 @@ impl ReportBuilder {
         self.finish()
     }
 
-    fn line(&mut self, n: usize, line: &str, terminated: bool) -> Result<(), ReportError> {
-        let line = line.trim();
-        if line.is_empty() {
-            return Ok(());
-        }
-        self.health.lines += 1;
-        match serde_json::from_str::<Value>(line) {
-            Ok(v) if v.get("type").and_then(Value::as_str).is_some() => {
-                self.parsed += 1;
-                self.record(&v, n)
-            }
-            _ => {
-                self.first_bad_line.get_or_insert(n);
-                // Only the file's last line can lack its newline: a record
-                // cut mid-write, which a crash leaves behind.
-                if terminated {
-                    self.note_bad(n);
-                } else {
-                    self.health.truncated_last_line = true;
-                }
-                if self.parsed == 0 && self.health.lines >= GIVE_UP_AFTER_BAD_LINES {
-                    return Err(ReportError::NotJsonLines {
-                        line: self.first_bad_line.unwrap_or(n),
-                    });
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn note_bad(&mut self, n: usize) {
+    fn note_bad(&mut self, at: LineRef) {
         self.health.bad_lines += 1;
         if self.health.first_bad_lines.len() < BAD_LINES_LISTED {
-            self.health.first_bad_lines.push(n);
+            self.health.first_bad_lines.push(at);
         }
     }
 
-    fn record(&mut self, r: &Value, n: usize) -> Result<(), ReportError> {
+    /// A whole record of the run (put back together when it was written in
+    /// parts), past the envelope's checks (see `envelope`).
+    fn whole(&mut self, r: &Value, at: LineRef) -> Result<(), ReportError> {
         let Some(kind) = r.get("type").and_then(Value::as_str) else {
-            self.note_bad(n);
+            self.note_bad(at);
             return Ok(());
         };
-        if kind == "start" {
-            if self.run.is_some() {
-                self.health.next_run_line = Some(n);
-                self.done = true;
-                return Ok(());
-            }
-            self.run = Some(start(r)?);
+        if kind == "start" && self.run.is_none() {
+            self.run = Some(super::run::run_info(r)?);
+            self.run_id = str_of(r, "run");
+            self.health
+                .sequence
+                .run_file(u64_of(r, "file").unwrap_or(0), at);
+        } else if kind == "start" {
+            // The same run's `start` repeated at the head of a new file
+            // (`envelope` sent another run's elsewhere).
+            self.health
+                .sequence
+                .run_file(u64_of(r, "file").unwrap_or(0), at);
         }
         let Some(run) = self.run.as_mut() else {
             self.health.before_start += 1;
@@ -406,6 +273,10 @@ impl ReportBuilder {
             .and_then(parse_us)
             .unwrap_or(self.last_ts_us);
         self.last_ts_us = self.last_ts_us.max(ts_us);
+        if self.primed {
+            run.start_us = run.start_us.min(ts_us);
+        }
+        // Counted as `stop.records` counts: a record written in parts once.
         if kind != "stop" {
             *self.found.entry(kind.to_string()).or_default() += 1;
         }
@@ -443,7 +314,7 @@ impl ReportBuilder {
             "sql_session" => self.sessions.session(r),
             "stall" => {
                 if !self.episodes.add(r) {
-                    self.note_bad(n);
+                    self.note_bad(at);
                 }
             }
             "lost" => {
@@ -473,6 +344,8 @@ impl ReportBuilder {
     }
 
     fn finish(mut self) -> Result<Report, ReportError> {
+        self.split.finish();
+        self.health.split = std::mem::take(&mut self.split.health);
         let Some(mut run) = self.run.take() else {
             return Err(
                 match (self.health.lines, self.parsed, self.first_bad_line) {
@@ -502,6 +375,11 @@ impl ReportBuilder {
             by_source: merge_max(self.lost_sum, self.stop_lost.unwrap_or_default()),
             intervals: self.found.get("lost").copied().unwrap_or(0),
         };
+        self.health.sequence.queue_full = losses
+            .by_source
+            .get(crate::output::OUTPUT_LOST)
+            .copied()
+            .unwrap_or(0);
         let mut episodes = self.episodes.finish(run.end_us);
         for e in &mut episodes {
             for s in &mut e.sessions {
@@ -529,108 +407,6 @@ impl ReportBuilder {
             sessions,
         })
     }
-}
-
-/// The schema major of a `start` record: `1`, `1.2` and `"1.2"` are all 1.
-fn schema_major(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => n.as_u64().or_else(|| n.as_f64().map(|f| f.trunc() as u64)),
-        Value::String(s) => s.split('.').next()?.trim().parse().ok(),
-        _ => None,
-    }
-}
-
-fn start(r: &Value) -> Result<RunInfo, ReportError> {
-    let schema = r.get("schema");
-    let major = schema.and_then(schema_major);
-    if major != Some(u64::from(SCHEMA_VERSION)) {
-        return Err(ReportError::Schema {
-            found: schema
-                .map(|s| s.to_string().trim_matches('"').to_string())
-                .unwrap_or_else(|| "(none)".into()),
-            writer: str_of(r, "version"),
-        });
-    }
-    let families = r
-        .get("families")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| {
-                    Some(FamilyStatus {
-                        family: str_of(f, "family")?,
-                        attached: bool_of(f, "attached").unwrap_or(false),
-                        mode: str_of(f, "mode"),
-                        note: str_of(f, "error").or_else(|| str_of(f, "fallback_reason")),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let missing_hooks = r
-        .get("probes")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter(|p| {
-                    bool_of(p, "optional") == Some(true) && bool_of(p, "attached") == Some(false)
-                })
-                .filter_map(|p| {
-                    Some(format!(
-                        "{} {}: {}",
-                        str_of(p, "family")?,
-                        str_of(p, "hook")?,
-                        str_of(p, "error").unwrap_or_else(|| "not attached".into())
-                    ))
-                })
-                .collect::<Vec<_>>()
-        })
-        .map(|mut v| {
-            v.dedup();
-            v
-        })
-        .unwrap_or_default();
-    let start_us = str_of(r, "ts").as_deref().and_then(parse_us).unwrap_or(0);
-    Ok(RunInfo {
-        host: str_of(r, "host").unwrap_or_else(|| "unknown".into()),
-        kernel: str_of(r, "kernel").unwrap_or_else(|| "unknown".into()),
-        version: str_of(r, "version").unwrap_or_else(|| "unknown".into()),
-        schema: major.unwrap_or(0),
-        start_us,
-        end_us: start_us,
-        stop_reason: None,
-        interval_ms: u64_of(r, "interval_ms").unwrap_or(0),
-        duration_ms: u64_of(r, "duration_ms"),
-        slow_io_ms: f64_of(r, "slow_io_ms").unwrap_or(0.0),
-        families,
-        missing_hooks,
-        filters: filters(r.get("filters")),
-        intervals: 0,
-    })
-}
-
-fn filters(f: Option<&Value>) -> Vec<String> {
-    let Some(f) = f else { return Vec::new() };
-    let list = |key: &str, each: &dyn Fn(&Value) -> Option<String>| -> Vec<String> {
-        f.get(key)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(each).collect())
-            .unwrap_or_default()
-    };
-    let mut out = Vec::new();
-    let ports = list("ports", &|v| v.as_u64().map(|p| p.to_string()));
-    if !ports.is_empty() {
-        out.push(format!("TCP ports {}", ports.join(", ")));
-    }
-    let netns = list("netns", &|v| str_of(v, "spec"));
-    if !netns.is_empty() {
-        out.push(format!("netns {}", netns.join(", ")));
-    }
-    let ifaces = list("ifaces", &|v| v.as_str().map(String::from));
-    if !ifaces.is_empty() {
-        out.push(format!("interfaces {}", ifaces.join(", ")));
-    }
-    out
 }
 
 fn add_counts(into: &mut BTreeMap<String, u64>, map: Option<&Value>) {

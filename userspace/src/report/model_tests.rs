@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::episodes::EpisodeState;
 use super::fixtures::*;
+use super::health::LineRef;
 use super::model::{Report, ReportError};
 use super::{render_html, render_text};
 
@@ -21,7 +22,7 @@ fn flat(text: &str) -> String {
 
 #[test]
 fn synthetic_records_follow_the_schema() {
-    let v = schema_validator();
+    let v = schema_1_validator();
     for r in [
         start(),
         block(
@@ -386,12 +387,14 @@ fn unknown_record_types_and_fields_are_ignored() {
 #[test]
 fn a_different_schema_major_is_refused_and_a_minor_is_not() {
     for (schema, refused) in [
-        (json!(2), true),
+        (json!(3), true),
         (json!(0), true),
-        (json!("2.0"), true),
+        (json!("3.0"), true),
         (Value::Null, true),
         (json!(1), false),
         (json!("1.4"), false),
+        (json!(2), false),
+        (json!("2.1"), false),
     ] {
         let mut s = start();
         s["schema"] = schema.clone();
@@ -406,14 +409,14 @@ fn a_different_schema_major_is_refused_and_a_minor_is_not() {
     }
     let err = Report::from_records(&[{
         let mut s = start();
-        s["schema"] = json!(2);
+        s["schema"] = json!(3);
         s
     }])
     .unwrap_err()
     .to_user_error("x.jsonl")
     .to_string();
     assert!(
-        err.contains("schema 2") && err.contains("reads schema 1"),
+        err.contains("schema 3") && err.contains("reads schemas 1 and 2"),
         "{err}"
     );
 }
@@ -451,7 +454,7 @@ fn a_truncated_last_line_and_bad_middle_lines_are_counted_not_fatal() {
     let r = Report::from_text(&text).unwrap();
     assert!(r.stream.truncated_last_line);
     assert_eq!(r.stream.bad_lines, 1);
-    assert_eq!(r.stream.first_bad_lines, [3]);
+    assert_eq!(r.stream.first_bad_lines, [LineRef { file: 0, line: 3 }]);
     assert!(!r.stream.has_stop);
     assert_eq!(r.disks[0].ops[0].requests, 10);
     let warnings = r.stream.warnings(&r.run).join("\n");
@@ -521,7 +524,7 @@ fn records_before_start_and_a_second_run_are_reported_not_mixed_in() {
     let devs: Vec<&str> = r.disks.iter().map(|d| d.dev.as_str()).collect();
     assert_eq!(devs, ["sda"]);
     assert_eq!(r.stream.before_start, 1);
-    assert_eq!(r.stream.next_run_line, Some(4));
+    assert_eq!(r.stream.next_run, Some(LineRef { file: 0, line: 4 }));
 }
 
 #[test]
@@ -679,7 +682,7 @@ fn the_recorded_stream_renders_every_section_within_the_width() {
 
 #[test]
 fn every_fixture_line_follows_the_schema() {
-    let v = schema_validator();
+    let v = schema_1_validator();
     for line in recorded_with_episodes() {
         assert_valid(&v, &serde_json::from_str(&line).unwrap());
     }

@@ -222,6 +222,9 @@ fn header(o: &mut String, report: &Report, width: usize) {
             "losses     none: every event and measurement was delivered"
         );
     }
+    if let Some(files) = report.stream.files_summary() {
+        o.push_str(&wrap(&clean(&files), width, "files      ", "           "));
+    }
     let warnings = report.stream.warnings(run);
     if warnings.is_empty() {
         let _ = writeln!(

@@ -4,14 +4,15 @@
 //! failure becomes the run's one-line error.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
 use crate::error::UserError;
+use crate::output::file::{LogFile, Output};
 use crate::output::records::StopRecord;
-use crate::output::{JsonWriter, Unwritten};
+use crate::output::{FileBudget, JsonWriter, Unwritten};
 
 /// How long after a signal the run may take to end, whatever its output does:
 /// what the output has not taken by then is given up (and said so on
@@ -23,22 +24,22 @@ pub(super) const STOP_WITHIN: Duration = Duration::from_millis(1000);
 /// for, a stuck one is not.
 const OUTPUT_STUCK: Duration = Duration::from_millis(1500);
 
-pub(super) fn open_output(args: &RunArgs) -> Result<Box<dyn Write + Send>, UserError> {
+pub(super) fn open_output(args: &RunArgs) -> Result<Box<dyn Output>, UserError> {
     match &args.out {
         // A descriptor of our own: std's stdout takes a lock per write that
         // a blocked write would hold at exit.
         None => io::stdout()
             .as_fd()
             .try_clone_to_owned()
-            .map(|fd| Box::new(BufWriter::new(File::from(fd))) as Box<dyn Write + Send>)
+            .map(|fd| Box::new(BufWriter::new(File::from(fd))) as Box<dyn Output>)
             .map_err(|e| {
                 UserError::new(
                     format!("cannot use stdout: {e}"),
                     "run with a standard output, or pass --out FILE",
                 )
             }),
-        Some(path) => File::create(path)
-            .map(|f| Box::new(BufWriter::new(f)) as Box<dyn Write + Send>)
+        Some(path) => LogFile::open(path)
+            .map(|f| Box::new(f) as Box<dyn Output>)
             .map_err(|e| {
                 UserError::new(
                     format!("cannot write {}: {e}", path.display()),
@@ -46,6 +47,19 @@ pub(super) fn open_output(args: &RunArgs) -> Result<Box<dyn Write + Send>, UserE
                 )
             }),
     }
+}
+
+/// When `--out`'s next file begins: on SIGHUP, and at `--out-max-mb`
+/// counted from what the file already holds.
+pub(super) fn file_budget(args: &RunArgs) -> Option<FileBudget> {
+    let path = args.out.as_ref()?;
+    Some(FileBudget {
+        path: path.clone(),
+        max_bytes: args.out_max_mb.map(|mb| mb << 20),
+        keep: args.out_keep,
+        bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+        begun: 0,
+    })
 }
 
 /// Write the `stop` record and what is queued before it, giving up at

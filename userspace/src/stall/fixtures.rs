@@ -4,11 +4,27 @@
 
 use serde_json::{Value, json};
 
-/// A histogram object from (value, count) pairs, as the daemon writes one.
+/// A histogram object of times in µs from (value, count) pairs, as the
+/// daemon writes one: kernel buckets (timed in ns), with the percentiles and
+/// mean exact so that a test states its figures plainly.
 pub fn hist(values: &[(f64, u64)]) -> Value {
+    histogram(values, 1e-3)
+}
+
+/// The same for in-flight depths (counted, scale 1).
+pub fn depths(values: &[(f64, u64)]) -> Value {
+    histogram(values, 1.0)
+}
+
+fn histogram(values: &[(f64, u64)], scale: f64) -> Value {
+    let mut kernel = crate::hist::Histogram::default();
+    for &(v, n) in values {
+        kernel.record((v / scale).round() as u64, n);
+    }
+    let mut h = serde_json::to_value(kernel.to_record(scale)).unwrap();
     let count: u64 = values.iter().map(|v| v.1).sum();
     if count == 0 {
-        return json!({"count": 0, "mean": null, "p50": null, "p90": null, "p99": null, "max": null, "buckets": []});
+        return h;
     }
     let mut sorted = values.to_vec();
     sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -23,11 +39,16 @@ pub fn hist(values: &[(f64, u64)]) -> Value {
         sorted.last().unwrap().0
     };
     let sum: f64 = values.iter().map(|(v, n)| v * *n as f64).sum();
-    json!({
-        "count": count, "mean": sum / count as f64, "p50": pct(0.5), "p90": pct(0.9),
-        "p99": pct(0.99), "max": sorted.last().unwrap().0,
-        "buckets": sorted.iter().map(|(v, n)| json!([v, v, n])).collect::<Vec<_>>(),
-    })
+    for (field, value) in [
+        ("mean", sum / count as f64),
+        ("p50", pct(0.5)),
+        ("p90", pct(0.9)),
+        ("p99", pct(0.99)),
+        ("max", sorted.last().unwrap().0),
+    ] {
+        h[field] = json!(value);
+    }
+    h
 }
 
 pub fn block(
@@ -43,7 +64,7 @@ pub fn block(
         "interval_ms": 1000, "count": count, "bytes": count * 4096, "bios": count, "requeues": 0,
         "completions_unseen": 0, "errors": 0,
         "latency_us": hist(device), "tag_wait_us": hist(tag_wait), "queue_us": hist(&[(1.0, count)]),
-        "device_us": hist(device), "inflight": hist(inflight), "inflight_now": 0,
+        "device_us": hist(device), "inflight": depths(inflight), "inflight_now": 0,
         "queue_limit": {"scheduler": "none", "nr_requests": nr_requests, "hw_queue_depth": 128, "nr_hw_queues": 1},
         "role": "log",
     })

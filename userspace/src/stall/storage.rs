@@ -46,8 +46,8 @@ impl Disk<'_> {
     fn inflight(&self) -> (f64, f64, u64, u64) {
         let mut at = BTreeMap::<u64, u64>::new();
         for b in &self.ops {
-            for (low, _, n) in &b.inflight.buckets {
-                *at.entry(*low as u64).or_default() += n;
+            for (low, _, n) in b.inflight.triples() {
+                *at.entry(low as u64).or_default() += n;
             }
         }
         let total: u64 = at.values().sum();

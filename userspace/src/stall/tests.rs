@@ -228,7 +228,14 @@ fn a_slow_device_with_few_in_flight() {
     let e = first_closed(run(&[vec![slow]]));
     assert_eq!(e.cause, Cause::SlowDevice);
     assert!(e.next_step.contains("few requests in flight"));
-    assert_eq!(e.impact_ms, 50.0 * 400.0);
+    // Impact is read off the buckets: 50 I/Os at the midpoint of 400 ms's.
+    let (low, high) = crate::hist::bucket_range(crate::hist::bucket_index(400_000_000));
+    let midpoint_ms = (low + high) as f64 / 2.0 / 1e6;
+    assert!(
+        (e.impact_ms - 50.0 * midpoint_ms).abs() < 0.01,
+        "{}",
+        e.impact_ms
+    );
     // Too few I/Os for a percentile to mean anything.
     let few = block("loop3", 3, &[(2.0, 3)], &[(400_000.0, 3)], &[(1.0, 3)], 128);
     assert!(run(&[vec![few]]).is_empty());

@@ -5,57 +5,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-/// A histogram object (`count`, `mean`, percentiles, `buckets`).
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Hist {
-    pub count: u64,
-    pub mean: Option<f64>,
-    pub p50: Option<f64>,
-    pub p90: Option<f64>,
-    pub p99: Option<f64>,
-    pub max: Option<f64>,
-    /// `[low, high, count]`.
-    #[serde(default)]
-    pub buckets: Vec<(f64, f64, u64)>,
-}
-
-impl Hist {
-    pub fn mean(&self) -> f64 {
-        self.mean.unwrap_or(0.0)
-    }
-    pub fn p50(&self) -> f64 {
-        self.p50.unwrap_or(0.0)
-    }
-    pub fn p90(&self) -> f64 {
-        self.p90.unwrap_or(0.0)
-    }
-    pub fn p99(&self) -> f64 {
-        self.p99.unwrap_or(0.0)
-    }
-    pub fn max(&self) -> f64 {
-        self.max.unwrap_or(0.0)
-    }
-    /// Values at or above `v` (buckets whose low end is).
-    pub fn count_at_least(&self, v: f64) -> u64 {
-        self.buckets
-            .iter()
-            .filter(|(low, _, _)| *low >= v)
-            .map(|(_, _, n)| n)
-            .sum()
-    }
-    /// Sum of the values at or above `v`, from bucket midpoints.
-    pub fn sum_at_least(&self, v: f64) -> f64 {
-        self.buckets
-            .iter()
-            .filter(|(low, _, _)| *low >= v)
-            .map(|(low, high, n)| (low + high) / 2.0 * *n as f64)
-            .sum()
-    }
-    /// Total of all values (count × mean).
-    pub fn total(&self) -> f64 {
-        self.count as f64 * self.mean()
-    }
-}
+/// A histogram object of either schema (hist/record.rs).
+pub type Hist = crate::hist::HistogramRecord;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct QueueLimit {

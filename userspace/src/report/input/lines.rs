@@ -110,11 +110,7 @@ impl<R: BufRead> LineCap<R> {
 
 impl<R: BufRead> Read for LineCap<R> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_buf()?;
-        let n = available.len().min(out.len());
-        out[..n].copy_from_slice(&available[..n]);
-        self.consume(n);
-        Ok(n)
+        read_through_buffer(self, out)
     }
 }
 
@@ -192,6 +188,74 @@ impl<R: BufRead> BufRead for LineCap<R> {
     }
 }
 
+/// The most NUL bytes [`SkipLeadingNuls`] reads past: a hole in a plain
+/// file is seeked past instead (`SEEK_DATA`), so this bounds only what a
+/// compressed copy of one costs to decompress, and keeps a gzip bomb of
+/// zeros refused after a few seconds.
+pub const MAX_HOLE_READ: u64 = 64 << 20;
+
+/// `inner` without the NUL bytes it begins with. logrotate's copytruncate
+/// truncates a file under a writer that keeps its offset; without O_APPEND
+/// (schema 1 runs opened `--out` that way) the next write lands at the old
+/// offset and the file begins with a hole that reads as NUL bytes. No JSON
+/// text holds a NUL, so up to [`MAX_HOLE_READ`] of them are skipped (in the
+/// inner reader's buffer, never held) and counted; past that, they are the
+/// file's first line, which [`LineCap`] refuses.
+pub struct SkipLeadingNuls<R> {
+    inner: R,
+    at_start: bool,
+    /// NUL bytes skipped, those seeked past before included.
+    pub skipped: u64,
+    read: u64,
+}
+
+impl<R: BufRead> SkipLeadingNuls<R> {
+    /// `seeked`: the hole's bytes already skipped by seeking.
+    pub fn new(inner: R, seeked: u64) -> Self {
+        Self {
+            inner,
+            at_start: true,
+            skipped: seeked,
+            read: 0,
+        }
+    }
+}
+
+impl<R: BufRead> Read for SkipLeadingNuls<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        read_through_buffer(self, out)
+    }
+}
+
+impl<R: BufRead> BufRead for SkipLeadingNuls<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.at_start {
+            let buf = self.inner.fill_buf()?;
+            let nuls = buf.iter().take_while(|&&b| b == 0).count();
+            // The hole ends inside this buffer, or the input does, or the
+            // most this reads past is reached.
+            self.read += nuls as u64;
+            self.at_start = nuls == buf.len() && !buf.is_empty() && self.read < MAX_HOLE_READ;
+            self.skipped += nuls as u64;
+            self.inner.consume(nuls);
+        }
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.inner.consume(amt);
+    }
+}
+
+/// `Read` for a reader whose `BufRead` side does the work.
+fn read_through_buffer(r: &mut impl BufRead, out: &mut [u8]) -> io::Result<usize> {
+    let available = r.fill_buf()?;
+    let n = available.len().min(out.len());
+    out[..n].copy_from_slice(&available[..n]);
+    r.consume(n);
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +320,28 @@ mod tests {
             let expected = if input[0] == 0 { 1 } else { 3 };
             assert_eq!(why.line, expected, "{e}");
         }
+    }
+
+    #[test]
+    fn a_hole_of_nul_bytes_at_the_start_is_skipped_and_counted() {
+        let mut input = vec![0u8; 100];
+        input.extend(b"{\"type\":\"block\"}\n\0\n");
+        for chunk in [1, 7, 100, 1000] {
+            let mut r = SkipLeadingNuls::new(io::BufReader::with_capacity(chunk, &input[..]), 0);
+            let mut out = Vec::new();
+            r.read_to_end(&mut out).unwrap();
+            // Only the leading ones: a NUL later is the stream's own (a bad line).
+            assert_eq!(out, b"{\"type\":\"block\"}\n\0\n", "chunk {chunk}");
+            assert_eq!(r.skipped, 100);
+        }
+        let mut r = SkipLeadingNuls::new(&[0u8; 10][..], 4096);
+        assert_eq!(r.fill_buf().unwrap(), b"");
+        assert_eq!(r.skipped, 4096 + 10);
+        // Past the most it reads, the rest is the file's to show.
+        let zeros = vec![0u8; MAX_HOLE_READ as usize + 3];
+        let mut r = SkipLeadingNuls::new(io::BufReader::with_capacity(1 << 16, &zeros[..]), 0);
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).unwrap();
+        assert_eq!((out.len(), r.skipped), (3, MAX_HOLE_READ));
     }
 }
