@@ -123,9 +123,9 @@ fn a_real_prometheus_reads_block_figures_that_match_diskstats_and_the_stream() {
 }
 
 /// Loss on a veth pair while Prometheus scrapes: retransmitted segments by kind
-/// and retransmission timeouts are exactly what the stream's records carry,
-/// and the segments, with those `lost` says had no record, are the sender
-/// namespace's RetransSegs.
+/// and by peer (`--prometheus-peers`) and retransmission timeouts are exactly
+/// what the stream's records carry, and the segments, with those `lost` says
+/// had no record, are the sender namespace's RetransSegs.
 #[test]
 fn a_real_prometheus_counts_the_retransmissions_the_stream_records() {
     require_root();
@@ -145,6 +145,8 @@ fn a_real_prometheus_counts_the_retransmissions_the_stream_records() {
         &port,
         "--prometheus",
         &listen,
+        "--prometheus-peers",
+        "4",
     ]);
     let prometheus = Prometheus::start(&listen);
     let before = pair.counters(Side::A);
@@ -176,6 +178,10 @@ fn a_real_prometheus_counts_the_retransmissions_the_stream_records() {
         .query("sum(stalltrace_tcp_retransmission_timeouts_total)")
         .first()
         .map_or(0.0, |(_, v)| *v);
+    let segs_by_peer =
+        prometheus.query("sum by (peer) (stalltrace_tcp_peer_retransmitted_segments_total)");
+    let timeouts_by_peer =
+        prometheus.query("sum by (peer) (stalltrace_tcp_peer_retransmission_timeouts_total)");
     let records = tracer.stop();
 
     let events = of_type(&records, "tcp_retransmit");
@@ -229,6 +235,38 @@ fn a_real_prometheus_counts_the_retransmissions_the_stream_records() {
         timeouts, sent_timer_rtos as f64,
         "retransmission timeouts: metrics vs stream"
     );
+    // Per peer: one peer here (the iperf3 server), under the cap of 4.
+    let mut peers: Vec<&str> = events.iter().filter_map(|r| r["daddr"].as_str()).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let mut scraped_peers: Vec<&str> = segs_by_peer
+        .iter()
+        .filter_map(|(labels, _)| labels["peer"].as_str())
+        .collect();
+    scraped_peers.sort_unstable();
+    assert_eq!(scraped_peers, peers, "peers in the metrics vs the stream");
+    for peer in peers {
+        let of_peer = |labels: &Value| labels["peer"] == peer;
+        let sent = |r: &Value| r["daddr"] == peer && r["err"] == 0;
+        let scraped = segs_by_peer
+            .iter()
+            .find(|(l, _)| of_peer(l))
+            .map(|(_, v)| *v);
+        assert_eq!(
+            scraped,
+            Some(sum_segs(&events, sent) as f64),
+            "segments to {peer}"
+        );
+        let rtos = events
+            .iter()
+            .filter(|r| sent(r) && r["kind"] == "rto" && r["timer"] == true)
+            .count();
+        let scraped = timeouts_by_peer
+            .iter()
+            .find(|(l, _)| of_peer(l))
+            .map(|(_, v)| *v);
+        assert_eq!(scraped, Some(rtos as f64), "timeouts to {peer}");
+    }
     assert!(
         sent_timer_rtos as u64 <= k.get("TcpExt.TCPTimeouts"),
         "{sent_timer_rtos} timer retransmissions, the kernel counted {} timeouts",

@@ -66,7 +66,7 @@ impl Buckets {
                     let c = c.as_i64().unwrap();
                     assert_ne!(c, 0, "a zero in counts: {h}");
                     if c < 0 {
-                        i += c.unsigned_abs();
+                        i = i.saturating_add(c.unsigned_abs());
                         continue;
                     }
                     let (lo, hi) = kernel_bucket(i);

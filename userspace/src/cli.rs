@@ -101,6 +101,12 @@ pub struct RunArgs {
     /// before anything attaches; a port in use is an error.
     #[arg(long, value_name = "ADDR:PORT")]
     pub prometheus: Option<std::net::SocketAddr>,
+    /// With --prometheus: retransmitted segments and retransmission timeouts per
+    /// TCP peer for the first N peers (by namespace and address; a peer quiet for
+    /// 10 minutes gives its place up); the rest are summed as peer="other".
+    /// Off (0) by default: every peer is a series in every Prometheus that scrapes.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "prometheus", value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::metrics::MAX_PEERS)))]
+    pub prometheus_peers: u32,
     /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
     #[arg(long, default_value_t = 50.0, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
     pub slow_io_ms: f64,

@@ -228,6 +228,13 @@ enum Stop {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    // Before anything else: a HUP's default action ends the process, and
+    // logrotate may send one at any moment. run_into takes it over.
+    signal_hook::flag::register(
+        signal_hook::consts::SIGHUP,
+        Arc::new(AtomicBool::new(false)),
+    )
+    .context("installing signal handlers")?;
     run_into(args, open_output(args)?, &mut |_| {})
 }
 
@@ -300,7 +307,7 @@ pub fn run_into(
     let metrics = args
         .prometheus
         .map(|addr| {
-            let metrics = Metrics::default();
+            let metrics = Metrics::new(args.prometheus_peers);
             Server::start(addr, metrics.clone()).map(|server| (metrics, server))
         })
         .transpose()?;

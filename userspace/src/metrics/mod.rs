@@ -6,6 +6,8 @@
 //! Counters count from the start of the run: Prometheus' `rate()` handles the
 //! restart of a new run.
 
+mod peers;
+pub use peers::MAX_PEERS;
 mod records;
 mod registry;
 mod server;
@@ -47,8 +49,15 @@ const RENDER_EVERY: Duration = Duration::from_millis(500);
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl Metrics {
+    /// `peers`: how many TCP peers get series of their own (`--prometheus-peers`).
+    pub fn new(peers: u32) -> Self {
         let mut registry = Registry::default();
-        let from_records = FromRecords::new(&mut registry);
+        let from_records = FromRecords::new(&mut registry, peers);
         registry.declare(
             "stalltrace_program_run_seconds_total",
             Kind::Counter,

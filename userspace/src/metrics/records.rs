@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::peers::Peers;
 use super::registry::{Edges, Kind, Labels, Registry};
 use crate::abi;
 use crate::hist::{HistogramRecord, bucket_range};
@@ -174,10 +175,13 @@ pub struct FromRecords {
     open: HashMap<u64, (String, String)>,
     /// Every (kind, cause) an episode had: bounded by the detector's enums.
     seen: BTreeSet<(String, String)>,
+    /// `--prometheus-peers`: per-peer retransmissions, capped.
+    peers: Option<Peers>,
 }
 
 impl FromRecords {
-    pub fn new(r: &mut Registry) -> Self {
+    /// `peers`: how many TCP peers get series of their own (0: none).
+    pub fn new(r: &mut Registry, peers: u32) -> Self {
         use Kind::*;
         let seconds = seconds();
         for (_, name, help) in BLOCK_TIMES.iter().chain(&NETDEV_TIMES) {
@@ -293,6 +297,7 @@ impl FromRecords {
         Self {
             open: HashMap::new(),
             seen: BTreeSet::new(),
+            peers: Peers::new(r, peers),
         }
     }
 
@@ -301,7 +306,12 @@ impl FromRecords {
         match kind {
             "start" => start(r, v),
             "block" => block(r, v),
-            "tcp_retransmit" => retransmit(r, v),
+            "tcp_retransmit" => {
+                let sent_timeout = retransmit(r, v);
+                if let (Some(peers), Some(timeout)) = (&mut self.peers, sent_timeout) {
+                    peers.retransmitted(r, v, timeout);
+                }
+            }
             "tcp_rtt" => histogram(
                 r,
                 "stalltrace_tcp_srtt_seconds",
@@ -441,10 +451,13 @@ fn block(r: &mut Registry, v: &Value) {
     }
 }
 
-fn retransmit(r: &mut Registry, v: &Value) {
+/// Counts one `tcp_retransmit` record. For one that went out: Some(whether
+/// it is a retransmission timeout); None for one that failed locally.
+fn retransmit(r: &mut Registry, v: &Value) -> Option<bool> {
     let kind = text(v, "kind").unwrap_or("unknown");
     let segs = v["segs"].as_f64().unwrap_or(0.0);
-    let name = if v["err"].as_i64() == Some(0) {
+    let sent = v["err"].as_i64() == Some(0);
+    let name = if sent {
         "stalltrace_tcp_retransmitted_segments_total"
     } else {
         "stalltrace_tcp_retransmit_failed_segments_total"
@@ -452,9 +465,11 @@ fn retransmit(r: &mut Registry, v: &Value) {
     r.add(name, label("kind", kind), segs);
     // As the kernel side counts a peer's `rtos`: a timer retransmission that
     // went out (one that failed locally is retried, and would count twice).
-    if kind == "rto" && v["timer"].as_bool() == Some(true) && v["err"].as_i64() == Some(0) {
+    let timeout = sent && kind == "rto" && v["timer"].as_bool() == Some(true);
+    if timeout {
         r.add("stalltrace_tcp_retransmission_timeouts_total", vec![], 1.0);
     }
+    sent.then_some(timeout)
 }
 
 fn netdev(r: &mut Registry, v: &Value) {
@@ -480,7 +495,7 @@ mod tests {
 
     fn registry() -> (Registry, FromRecords) {
         let mut r = Registry::default();
-        let f = FromRecords::new(&mut r);
+        let f = FromRecords::new(&mut r, 0);
         (r, f)
     }
 

@@ -9,6 +9,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// What the writer does between two lines when a new file begins.
@@ -34,15 +35,27 @@ impl Output for File {}
 pub struct LogFile {
     path: PathBuf,
     out: BufWriter<File>,
+    /// A regular file: one that can be renamed and opened anew. Anything
+    /// else (/dev/stdout, a FIFO) keeps its one descriptor: renaming
+    /// /dev/stdout would put the stream in a file in RAM nobody reads.
+    regular: bool,
 }
 
 impl LogFile {
     pub fn open(path: &Path) -> io::Result<Self> {
+        let file = open_append(path)?;
         Ok(Self {
             path: path.to_path_buf(),
-            out: BufWriter::new(open_append(path)?),
+            regular: file.metadata()?.file_type().is_file(),
+            out: BufWriter::new(file),
         })
     }
+}
+
+/// Whether `path` is a file `--out-max-mb` may rotate: a regular file, or
+/// nothing yet.
+pub fn rotatable(path: &Path) -> bool {
+    fs::metadata(path).map_or(true, |m| m.file_type().is_file())
 }
 
 /// Append-only, created if missing, mode 0640: the stream names hosts, peers
@@ -75,6 +88,13 @@ impl Write for LogFile {
 impl Output for LogFile {
     fn next_file(&mut self, how: NextFile) -> io::Result<()> {
         self.out.flush()?;
+        if !self.regular {
+            return Ok(());
+        }
+        // The new file gets the old one's owner, group and mode, as
+        // logrotate's `create` does: a shipper given read access by group
+        // keeps it across rotations.
+        let before = self.out.get_ref().metadata()?;
         if let NextFile::Rotate { keep } = how {
             // Oldest first, so that no rename lands on a file still to move.
             // A name already gone (logrotate or a person moved it) is no
@@ -83,7 +103,9 @@ impl Output for LogFile {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             };
-            gone_is_fine(fs::remove_file(rotated_name(&self.path, keep)))?;
+            if keep > 0 {
+                gone_is_fine(fs::remove_file(rotated_name(&self.path, keep)))?;
+            }
             for n in (1..keep).rev() {
                 gone_is_fine(fs::rename(
                     rotated_name(&self.path, n),
@@ -96,7 +118,15 @@ impl Output for LogFile {
                 fs::remove_file(&self.path)
             })?;
         }
-        self.out = BufWriter::new(open_append(&self.path)?);
+        let file = open_append(&self.path)?;
+        let now = file.metadata()?;
+        if (now.uid(), now.gid()) != (before.uid(), before.gid()) {
+            std::os::unix::fs::fchown(&file, Some(before.uid()), Some(before.gid()))?;
+        }
+        if now.mode() != before.mode() {
+            file.set_permissions(before.permissions())?;
+        }
+        self.out = BufWriter::new(file);
         Ok(())
     }
 }
@@ -110,6 +140,15 @@ mod tests {
     }
 
     #[test]
+    fn what_is_no_regular_file_is_never_renamed() {
+        assert!(!rotatable(Path::new("/dev/null")));
+        assert!(rotatable(Path::new("/nonexistent/yet.jsonl")));
+        let mut f = LogFile::open(Path::new("/dev/null")).unwrap();
+        f.next_file(NextFile::Rotate { keep: 3 }).unwrap();
+        assert!(Path::new("/dev/null").exists() && !Path::new("/dev/null.1").exists());
+    }
+
+    #[test]
     fn appends_reopens_and_rotates_like_logrotate() {
         let dir = std::env::temp_dir().join(format!("stalltrace-logfile-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -117,6 +156,9 @@ mod tests {
         let path = dir.join("s.jsonl");
         fs::write(&path, "old\n").unwrap();
         let mut f = LogFile::open(&path).unwrap();
+        // An operator let a shipper's group read it: every new file keeps that.
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         f.write_all(b"a\n").unwrap();
         f.flush().unwrap();
         assert_eq!(read(&path), "old\na\n", "appended, not truncated");
@@ -136,6 +178,7 @@ mod tests {
         }
         f.flush().unwrap();
         assert_eq!(read(&path), "f\n");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o644);
         assert_eq!(read(&rotated_name(&path, 1)), "e\n");
         assert_eq!(read(&rotated_name(&path, 2)), "d\n");
         assert!(!rotated_name(&path, 3).exists(), "keep bounds the set");

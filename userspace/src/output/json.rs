@@ -205,10 +205,7 @@ impl JsonWriter {
         };
         hand_over(&mut self.tap, self.metrics.as_ref(), kind, &envelope)?;
         self.seq += lines.len() as u64;
-        let mut dropped = 0;
-        for line in lines {
-            dropped += u64::from(!self.write_line(line)?);
-        }
+        let dropped = self.write_lines(lines)?;
         self.count(kind, dropped == 0, dropped);
         Ok(dropped == 0)
     }
@@ -230,34 +227,54 @@ impl JsonWriter {
         let envelope_len = whole.len() - body_len(&value);
         let Some(parts) = value
             .as_object()
-            .and_then(|b| split_body(b, MAX_LINE_BYTES - envelope_len))
+            .and_then(|b| split_body(b, MAX_LINE_BYTES.saturating_sub(envelope_len)))
         else {
-            self.oversize += 1;
-            if self.oversize == 1 {
-                eprintln!(
-                    "stalltrace: a {kind} record is {} bytes, over the {MAX_LINE_BYTES}-byte line log shippers take by default, and has no list to split: written whole",
-                    whole.len()
-                );
-            }
+            self.note_oversize(kind, whole.len());
             return Ok(vec![whole]);
         };
-        (0..)
+        let lines = (0..)
             .zip(&parts)
             .map(|(i, part)| encode_line(ts, host, kind, run, self.seq + i, part))
-            .collect()
+            .collect::<io::Result<Vec<_>>>()?;
+        if let Some(longest) = lines
+            .iter()
+            .map(Vec::len)
+            .filter(|&l| l > MAX_LINE_BYTES)
+            .max()
+        {
+            self.note_oversize(kind, longest);
+        }
+        Ok(lines)
     }
 
-    /// One line to the sink; false: the queue had no room.
-    fn write_line(&mut self, line: Vec<u8>) -> io::Result<bool> {
-        let len = line.len() as u64;
+    /// A line over MAX_LINE_BYTES is written whole, and said once per run.
+    fn note_oversize(&mut self, kind: &str, len: usize) {
+        self.oversize += 1;
+        if self.oversize == 1 {
+            eprintln!(
+                "stalltrace: a {kind} record takes a line of {len} bytes, over the {MAX_LINE_BYTES} bytes log shippers take by default (an item of a list longer than a line, or no list to split): written whole"
+            );
+        }
+    }
+
+    /// A record's lines to the sink, all or none; the lines dropped for want
+    /// of room in the queue.
+    fn write_lines(&mut self, lines: Vec<Vec<u8>>) -> io::Result<u64> {
+        let count = lines.len() as u64;
+        let len: u64 = lines.iter().map(|l| l.len() as u64).sum();
         let written = match &mut self.sink {
-            Sink::Direct(out) => out.write_all(&line).map(|()| true)?,
-            Sink::Queued(queue) => queue.push(line)?,
+            Sink::Direct(out) => {
+                for line in &lines {
+                    out.write_all(line)?;
+                }
+                true
+            }
+            Sink::Queued(queue) => queue.push_all(lines)?,
         };
         if let (true, Some(f)) = (written, &mut self.files) {
             f.bytes += len;
         }
-        Ok(written)
+        Ok(if written { 0 } else { count })
     }
 
     fn count(&mut self, kind: &'static str, written: bool, dropped_lines: u64) {
@@ -290,11 +307,7 @@ impl JsonWriter {
     /// Hand the writer the file change, then open the new file with the
     /// run's `start` (its own `seqno`, and `file`: its number in the run).
     fn begin_file(&mut self, how: NextFile, ts: &str) -> io::Result<()> {
-        let Sink::Queued(queue) = &self.sink else {
-            return Ok(());
-        };
-        queue.push_next_file(how);
-        let Some(f) = self.files.as_mut() else {
+        let (Sink::Queued(_), Some(f)) = (&self.sink, self.files.as_mut()) else {
             return Ok(());
         };
         // A reopened path may be the same file (a HUP with nothing moved):
@@ -306,9 +319,27 @@ impl JsonWriter {
         };
         f.begun += 1;
         let file = f.begun;
+        let mut head = Vec::new();
         if let Some(mut body) = self.start_body.clone() {
             body.insert("file".into(), file.into());
-            self.emit("start", ts, &body)?;
+            head = self.encode("start", ts, &body)?;
+            let envelope = Envelope {
+                ts,
+                host: &self.host,
+                kind: "start",
+                schema: SCHEMA_VERSION,
+                run: &self.run,
+                seqno: self.seq,
+                body: &body,
+            };
+            hand_over(&mut self.tap, self.metrics.as_ref(), "start", &envelope)?;
+            self.seq += head.len() as u64;
+            self.count("start", true, 0);
+        }
+        let len: u64 = head.iter().map(|l| l.len() as u64).sum();
+        if let (Sink::Queued(queue), Some(f)) = (&self.sink, self.files.as_mut()) {
+            queue.push_next_file(how, head);
+            f.bytes += len;
         }
         Ok(())
     }

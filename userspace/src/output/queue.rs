@@ -94,27 +94,35 @@ impl OutputQueue {
     /// dropped. `Err`: the writer failed (its error), nothing more will be
     /// written.
     pub fn push(&self, line: Vec<u8>) -> io::Result<bool> {
+        self.push_all(vec![line])
+    }
+
+    /// Every line or none: the parts of one record are never half queued.
+    pub fn push_all(&self, lines: Vec<Vec<u8>>) -> io::Result<bool> {
         let mut state = self.shared.lock();
         if let Some((kind, message)) = &state.failed {
             return Err(io::Error::new(*kind, message.clone()));
         }
-        let cost = line.len() + LINE_OVERHEAD;
+        let cost: usize = lines.iter().map(|l| l.len() + LINE_OVERHEAD).sum();
         if state.bytes + cost > self.limit {
             return Ok(false);
         }
         state.bytes += cost;
-        state.lines.push_back(Item::Line(line));
+        state.lines.extend(lines.into_iter().map(Item::Line));
         self.shared.work.notify_one();
         Ok(true)
     }
 
     /// The writer's error, once it has failed.
-    /// The lines pushed after this go to the next file. Never refused: it
-    /// costs no more than the overhead of a line.
-    pub fn push_next_file(&self, how: NextFile) {
+    /// The lines pushed after this go to the next file, which begins with
+    /// `head` (the run's `start`). Never refused, even by a full queue: a
+    /// file that began without saying what run it is could not be read
+    /// alone. It costs one record more than the limit at most.
+    pub fn push_next_file(&self, how: NextFile, head: Vec<Vec<u8>>) {
         let mut state = self.shared.lock();
-        state.bytes += LINE_OVERHEAD;
+        state.bytes += LINE_OVERHEAD + head.iter().map(|l| l.len() + LINE_OVERHEAD).sum::<usize>();
         state.lines.push_back(Item::NextFile(how));
+        state.lines.extend(head.into_iter().map(Item::Line));
         self.shared.work.notify_one();
     }
 
@@ -291,6 +299,33 @@ mod tests {
 
     fn line(n: usize) -> Vec<u8> {
         format!("{n:0>63}\n").into_bytes()
+    }
+
+    #[test]
+    fn a_records_parts_go_all_or_none_and_a_new_files_head_is_never_refused() {
+        let (open, gate) = mpsc::channel();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let q = OutputQueue::start(Box::new(Gate(gate, seen.clone())), 3 * (64 + 32)).unwrap();
+        assert!(q.push(line(0)).unwrap());
+        // Two parts fit, three do not: none of the three is queued.
+        assert!(!q.push_all(vec![line(1), line(2), line(3)]).unwrap());
+        assert!(q.push_all(vec![line(4), line(5)]).unwrap());
+        // Full now; a file change and the start that heads it still go in.
+        assert!(!q.push(line(6)).unwrap());
+        q.push_next_file(NextFile::Reopen, vec![line(7)]);
+        for _ in 0..4 {
+            open.send(()).unwrap();
+        }
+        drop(
+            q.close(
+                Duration::from_secs(5),
+                Instant::now() + Duration::from_secs(5),
+            )
+            .unwrap_or_else(|u| panic!("{u:?}")),
+        );
+        let text = String::from_utf8(seen.lock().unwrap().clone()).unwrap();
+        let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(got, [0, 4, 5, 7]);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub fn split_body(body: &Map<String, Value>, budget: usize) -> Option<Vec<Map<St
     let mut chunks: Vec<Vec<Value>> = vec![Vec::new()];
     let mut used = 2; // the brackets
     for item in items {
+        // An item longer than the room alone still gets a part of its own
+        // (over the line: the writer warns when it writes it).
         let len = serialized_len(item) + 1;
         let chunk = chunks.last_mut().expect("one chunk at least");
         if !chunk.is_empty() && used + len > room {

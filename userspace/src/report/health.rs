@@ -153,9 +153,46 @@ impl StreamHealth {
         ))
     }
 
+    /// `stop.records` (`written`) against the records found, type by type,
+    /// into `missing`. A stream that begins after seqno 0 lacks records of
+    /// types no one can tell (the run's `start` among them): a shortfall
+    /// that those and the seqno gaps account for (each said on its own) is
+    /// no alarm; one beyond them is listed.
+    pub fn compare_written(
+        &mut self,
+        written: &BTreeMap<String, u64>,
+        found: &BTreeMap<String, u64>,
+    ) {
+        let short: Vec<(String, u64, u64)> = written
+            .iter()
+            .filter_map(|(kind, &w)| {
+                let f = found.get(kind).copied().unwrap_or(0);
+                (f < w).then(|| (kind.clone(), w, f))
+            })
+            .collect();
+        let before_first = self.sequence.first.unwrap_or(0);
+        let shortfall: u64 = short.iter().map(|(_, w, f)| w - f).sum();
+        if before_first > 0
+            && shortfall <= before_first.saturating_add(self.sequence.missing.records)
+        {
+            return;
+        }
+        self.missing = short;
+    }
+
     /// What is wrong with the stream, one sentence each; empty when it is whole.
     pub fn warnings(&self, run: &RunInfo) -> Vec<String> {
         let mut w = Vec::new();
+        if run.inferred {
+            w.push(format!(
+                "the run's `start` record is not in {}: this report is built from what the records say (host, run id, schema, times; the interval from their `interval_ms`; the families from the record types found, inferred); the run's kernel, stalltrace version, hooks, filters and thresholds are unknown",
+                match self.files.as_slice() {
+                    [f] if !f.name.is_empty() && f.name != "stdin" => "the file given",
+                    [_, _, ..] => "the files given",
+                    _ => "the stream",
+                }
+            ));
+        }
         if !self.has_stop {
             w.push(format!(
                 "no `stop` record: the recording was cut short (killed, crashed, or still being written); this report covers it up to {}",

@@ -102,12 +102,11 @@ fn header(o: &mut String, report: &Report) {
         o,
         "window",
         &esc(&format!(
-            "{} to {} ({}; {} intervals of {} ms; {})",
+            "{} to {} ({}; {}; {})",
             full(run.start_us),
             clock(run.end_us),
             duration_ms(run.window_ms()),
-            run.intervals,
-            run.interval_ms,
+            run.intervals_words(),
             run.stop_reason
                 .as_ref()
                 .map(|r| format!("ended by {r}"))
@@ -115,15 +114,7 @@ fn header(o: &mut String, report: &Report) {
         )),
         "",
     );
-    dd(
-        o,
-        "host",
-        &esc(&format!(
-            "kernel {}, stalltrace {}, schema {}",
-            run.kernel, run.version, run.schema
-        )),
-        "",
-    );
+    dd(o, "host", &esc(&run.identity()), "");
     let fams: Vec<String> = run
         .families
         .iter()
@@ -139,8 +130,15 @@ fn header(o: &mut String, report: &Report) {
             }
         })
         .collect();
-    dd(o, "attached", &fams.join(", "), "");
-    if !run.filters.is_empty() {
+    let attached = match run.families_note() {
+        None => fams.join(", "),
+        Some(note) if fams.is_empty() => esc(note),
+        Some(note) => format!("{} ({})", fams.join(", "), esc(note)),
+    };
+    dd(o, "attached", &attached, "");
+    if run.inferred {
+        dd(o, "limited to", "unknown (no `start` record)", "");
+    } else if !run.filters.is_empty() {
         dd(o, "limited to", &esc(&run.filters.join("; ")), "");
     }
     if report.losses.any() {
@@ -502,9 +500,9 @@ fn storage(o: &mut String, report: &Report, axis: TimeAxis) {
         if d.slow_io_count > 0 {
             let _ = write!(
                 o,
-                "<p>{} slow I/Os (over {} ms). Slowest:</p><ul class=\"slow-io\">",
+                "<p>{} slow I/Os ({}). Slowest:</p><ul class=\"slow-io\">",
                 thousands(d.slow_io_count),
-                sig3(report.run.slow_io_ms)
+                esc(&report.run.slow_io_words())
             );
             for s in &d.slowest {
                 let _ = write!(

@@ -15,6 +15,8 @@ use crate::cli::ReportArgs;
 use crate::error::UserError;
 
 mod lines;
+#[cfg(test)]
+mod no_start_tests;
 mod set;
 #[cfg(test)]
 mod set_tests;

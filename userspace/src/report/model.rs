@@ -3,8 +3,9 @@
 //!
 //! Forward compatible by construction: records are read as JSON values, record
 //! types this version does not know are counted and ignored, and fields it does
-//! not know are never looked at. Only a different schema *major* in `start` is
-//! refused, since fields may have changed meaning then.
+//! not know are never looked at. Only a different schema *major* in `start`
+//! (or, in a stream without one, in the records) is refused, since fields may
+//! have changed meaning then.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,8 +17,8 @@ use super::episodes::{Episode, Episodes};
 use super::fields::{str_of, u64_of};
 use super::health::{LineRef, StreamHealth};
 use super::network::{BulkFlow, Interface, Network, Retransmits, TcpPeer};
-use super::run::readable_schemas;
 pub use super::run::{FamilyStatus, RunInfo};
+use super::run::{Inference, readable_schemas};
 use super::sessions::{Instance, SessionImpact, Sessions, SqlTag};
 use super::split::Reassembly;
 use super::storage::{Disk, Disks};
@@ -80,7 +81,8 @@ pub enum ReportError {
     NotJsonLines {
         line: usize,
     },
-    /// JSON records, but no `start`: not a stalltrace stream, or its head is cut off.
+    /// JSON records, but no `start`, and none that says its run (schema 1
+    /// records do not): not a stalltrace stream, or its head is cut off.
     NoStart {
         records: usize,
     },
@@ -164,8 +166,11 @@ pub struct ReportBuilder {
     last_ts_us: i64,
     /// Another run began: nothing more is read.
     done: bool,
-    /// `run` of the run being reported (schema 2), from its `start`.
+    /// `run` of the run being reported (schema 2), from its `start` (or,
+    /// without one, from its records).
     run_id: Option<String>,
+    /// What the records say of a run whose `start` is not in the stream.
+    inference: Inference,
     /// The run's `start` came from a later file than the records read first
     /// (a copytruncate tail placed before it): the run began before it.
     primed: bool,
@@ -251,8 +256,16 @@ impl ReportBuilder {
             self.note_bad(at);
             return Ok(());
         };
-        if kind == "start" && self.run.is_none() {
-            self.run = Some(super::run::run_info(r)?);
+        if kind == "start" && self.run.as_ref().is_none_or(|run| run.inferred) {
+            let mut info = super::run::run_info(r)?;
+            if let Some(inferred) = self.run.take() {
+                // The run's `start` after records of the run read without
+                // it (a copytruncate tail piped in before the next file):
+                // the run began before it, as with `prime_start`.
+                info.start_us = info.start_us.min(inferred.start_us);
+                self.primed = true;
+            }
+            self.run = Some(info);
             self.run_id = str_of(r, "run");
             self.health
                 .sequence
@@ -275,6 +288,9 @@ impl ReportBuilder {
         self.last_ts_us = self.last_ts_us.max(ts_us);
         if self.primed {
             run.start_us = run.start_us.min(ts_us);
+        }
+        if run.inferred {
+            self.inference.record(kind, r);
         }
         // Counted as `stop.records` counts: a record written in parts once.
         if kind != "stop" {
@@ -361,13 +377,9 @@ impl ReportBuilder {
             run.end_us = self.last_ts_us.max(run.start_us);
         }
         run.intervals = self.interval_ends.len() as u64;
+        self.inference.apply(&mut run);
         if let Some(written) = &self.written {
-            for (kind, &w) in written {
-                let f = self.found.get(kind).copied().unwrap_or(0);
-                if f < w {
-                    self.health.missing.push((kind.clone(), w, f));
-                }
-            }
+            self.health.compare_written(written, &self.found);
         }
         let losses = Losses {
             // stop.lost is the run's own total; the lost records can be

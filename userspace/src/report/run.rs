@@ -1,13 +1,16 @@
-//! What the run was: its `start` record read into a [`RunInfo`], and the
-//! record schemas this version reads.
+//! What the run was: its `start` record read into a [`RunInfo`], or, when
+//! the stream holds no `start` (its file rotated away), what the records
+//! themselves say (schema 2: every record carries `schema`, `run`, `seqno`,
+//! `host` and `ts`); and the record schemas this version reads.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
 use serde_json::Value;
 
 use super::fields::{bool_of, f64_of, str_of, u64_of};
 use super::model::ReportError;
-use super::time::parse_us;
+use super::time::{parse_us, sig3};
 
 /// Record schemas (`start.schema` majors) the report reads: 1, and 2 (the
 /// run id and file ordinal in every record, compact histograms, records
@@ -56,11 +59,69 @@ pub struct RunInfo {
     pub filters: Vec<String>,
     /// Intervals seen (distinct `ts` of interval records).
     pub intervals: u64,
+    /// `run`, the run's id (schema 2).
+    pub run_id: Option<String>,
+    /// The run's `start` is not in the stream: this was built from the
+    /// records (see [`Inference`]); kernel, version, hooks, filters and the
+    /// slow I/O threshold are unknown.
+    pub inferred: bool,
 }
 
 impl RunInfo {
     pub fn window_ms(&self) -> f64 {
         (self.end_us - self.start_us).max(0) as f64 / 1000.0
+    }
+
+    /// `kernel 6.18.0, stalltrace 0.1.0, schema 2`; without `start`, the run
+    /// id and what is unknown.
+    pub fn identity(&self) -> String {
+        if self.inferred {
+            format!(
+                "run {}, schema {}; kernel and stalltrace version unknown (no `start` record)",
+                self.run_id.as_deref().unwrap_or("unknown"),
+                self.schema
+            )
+        } else {
+            format!(
+                "kernel {}, stalltrace {}, schema {}",
+                self.kernel, self.version, self.schema
+            )
+        }
+    }
+
+    /// `12 intervals of 1000 ms`: `about` when the length was read off the
+    /// records, `length unknown` when none said it.
+    pub fn intervals_words(&self) -> String {
+        let n = format!(
+            "{} interval{}",
+            self.intervals,
+            if self.intervals == 1 { "" } else { "s" }
+        );
+        match (self.inferred, self.interval_ms) {
+            (_, 0) if self.inferred => format!("{n}, length unknown"),
+            (true, ms) => format!("{n} of about {ms} ms"),
+            (false, ms) => format!("{n} of {ms} ms"),
+        }
+    }
+
+    /// The families line's note when they were inferred from the records.
+    pub fn families_note(&self) -> Option<&'static str> {
+        match (self.inferred, self.families.is_empty()) {
+            (false, _) => None,
+            (true, false) => Some(
+                "inferred from the records here: a family with nothing to report writes none, and the `start` record that lists them is not here",
+            ),
+            (true, true) => Some("unknown: no `start` record, and no family's records here"),
+        }
+    }
+
+    /// What `slow_io` records were for: `over 50 ms`.
+    pub fn slow_io_words(&self) -> String {
+        if self.inferred {
+            "over the run's --slow-io-ms, unknown without its `start` record".into()
+        } else {
+            format!("over {} ms", sig3(self.slow_io_ms))
+        }
     }
 }
 
@@ -141,6 +202,128 @@ pub fn run_info(r: &Value) -> Result<RunInfo, ReportError> {
         missing_hooks,
         filters: filters(r.get("filters")),
         intervals: 0,
+        run_id: str_of(r, "run"),
+        inferred: false,
+    })
+}
+
+/// What the run was, from the first record of a stream that holds no
+/// `start`: `None` when the record cannot say (no `run`, `seqno` or `ts`: a
+/// schema 1 stream, which is refused as before); a schema this version does
+/// not read is refused as a `start` of it would be.
+pub fn inferred_run_info(r: &Value) -> Result<Option<RunInfo>, ReportError> {
+    let (Some(run), Some(_), Some(start_us)) = (
+        str_of(r, "run"),
+        u64_of(r, "seqno"),
+        str_of(r, "ts").as_deref().and_then(parse_us),
+    ) else {
+        return Ok(None);
+    };
+    let Some(schema) = r.get("schema") else {
+        return Ok(None);
+    };
+    let major = schema_major(schema);
+    match major {
+        // Schema 1 carries no run id per record: its records say nothing of the run.
+        Some(1) => return Ok(None),
+        Some(m) if READABLE_SCHEMAS.contains(&m) => {}
+        _ => {
+            return Err(ReportError::Schema {
+                found: schema.to_string().trim_matches('"').to_string(),
+                writer: None,
+            });
+        }
+    }
+    Ok(Some(RunInfo {
+        host: str_of(r, "host").unwrap_or_else(|| "unknown".into()),
+        kernel: "unknown".into(),
+        version: "unknown".into(),
+        schema: major.unwrap_or(0),
+        start_us,
+        end_us: start_us,
+        run_id: Some(run),
+        inferred: true,
+        ..RunInfo::default()
+    }))
+}
+
+/// Distinct `interval_ms` values kept: measured lengths cluster around the
+/// run's interval, so a few dozen cover any real stream.
+const INTERVAL_VALUES_KEPT: usize = 256;
+
+/// What the records of a run without `start` say about it, gathered while
+/// reading: the families whose records appear, and the intervals' measured
+/// lengths (`interval_ms`).
+#[derive(Debug, Default)]
+pub struct Inference {
+    families: BTreeSet<&'static str>,
+    /// `interval_ms` -> records that said it.
+    interval_ms: BTreeMap<u64, u64>,
+}
+
+impl Inference {
+    /// One record of the run (of type `kind`).
+    pub fn record(&mut self, kind: &str, r: &Value) {
+        if let Some(family) = family_of(kind) {
+            self.families.insert(family);
+        }
+        if let Some(ms) = u64_of(r, "interval_ms").filter(|&ms| ms > 0)
+            && (self.interval_ms.len() < INTERVAL_VALUES_KEPT || self.interval_ms.contains_key(&ms))
+        {
+            *self.interval_ms.entry(ms).or_default() += 1;
+        }
+    }
+
+    /// Put what was gathered into `run`, when it was inferred.
+    pub fn apply(&self, run: &mut RunInfo) {
+        if !run.inferred {
+            return;
+        }
+        run.families = FAMILIES
+            .iter()
+            .filter(|f| self.families.contains(*f))
+            .map(|f| FamilyStatus {
+                family: f.to_string(),
+                attached: true,
+                mode: None,
+                note: None,
+            })
+            .collect();
+        run.interval_ms = self.interval_estimate();
+    }
+
+    /// The run's interval: the median of the measured lengths (the run's
+    /// last interval is shorter, and each is the clock's, truncated to the
+    /// ms: 499 and 500 for `--interval 500ms`), to the nearest 10 ms from
+    /// 100 ms up. 0 when no record said.
+    fn interval_estimate(&self) -> u64 {
+        let n: u64 = self.interval_ms.values().sum();
+        let mut seen = 0;
+        let Some(median) = self.interval_ms.iter().find_map(|(&ms, &k)| {
+            seen += k;
+            (seen * 2 >= n).then_some(ms)
+        }) else {
+            return 0;
+        };
+        if median >= 100 {
+            (median + 5) / 10 * 10
+        } else {
+            median
+        }
+    }
+}
+
+/// The probe families, in the order `start` lists them.
+const FAMILIES: [&str; 4] = ["block", "tcp", "netdev", "sqlserver"];
+
+/// The probe family that writes records of type `kind`.
+fn family_of(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "block" | "slow_io" => "block",
+        "tcp_rtt" | "tcp_retransmit" | "tcp_flow" => "tcp",
+        "netdev" => "netdev",
+        "sql_instance" | "sql_session" => "sqlserver",
+        _ => return None,
     })
 }
 
@@ -178,5 +361,57 @@ mod tests {
     fn the_report_reads_the_schema_this_version_writes() {
         assert!(READABLE_SCHEMAS.contains(&u64::from(crate::output::SCHEMA_VERSION)));
         assert_eq!(readable_schemas(), "schemas 1 and 2");
+    }
+
+    /// Without `start`, the interval is the records' measured lengths'
+    /// median, rounded as a person would set it; families in `start`'s order.
+    #[test]
+    fn what_the_records_say_of_a_run_without_start() {
+        let record = |kind: &str, ms: Option<u64>| {
+            let mut r = serde_json::json!({"type": kind});
+            if let Some(ms) = ms {
+                r["interval_ms"] = ms.into();
+            }
+            r
+        };
+        let mut i = Inference::default();
+        for (kind, ms) in [
+            ("sql_session", None),
+            ("netdev", Some(499)),
+            ("block", Some(500)),
+            ("tcp_rtt", Some(499)),
+            ("lost", Some(501)),
+            ("block", Some(212)),
+            ("stall", None),
+        ] {
+            i.record(kind, &record(kind, ms));
+        }
+        let mut run = RunInfo {
+            inferred: true,
+            ..RunInfo::default()
+        };
+        i.apply(&mut run);
+        assert_eq!(run.interval_ms, 500);
+        let families: Vec<&str> = run.families.iter().map(|f| f.family.as_str()).collect();
+        assert_eq!(families, ["block", "tcp", "netdev", "sqlserver"]);
+        assert!(run.intervals_words().ends_with("of about 500 ms"));
+        // Short intervals are kept to the ms; none said: unknown.
+        let mut short = Inference::default();
+        for ms in [49, 50, 50] {
+            short.record("block", &record("block", Some(ms)));
+        }
+        assert_eq!(short.interval_estimate(), 50);
+        run.interval_ms = Inference::default().interval_estimate();
+        assert_eq!(run.intervals_words(), "0 intervals, length unknown");
+        // A run read from its `start` is not touched.
+        let mut from_start = RunInfo {
+            interval_ms: 1000,
+            ..RunInfo::default()
+        };
+        i.apply(&mut from_start);
+        assert_eq!(
+            (from_start.interval_ms, from_start.families.len()),
+            (1000, 0)
+        );
     }
 }

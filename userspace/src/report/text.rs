@@ -130,14 +130,18 @@ fn percentiles(h: &MergedHist) -> String {
 
 fn header(o: &mut String, report: &Report, width: usize) {
     let run = &report.run;
-    o.push_str(&wrap(
-        &format!(
-            "stalltrace report — host {} — kernel {} — stalltrace {}, schema {}",
-            clean(&run.host),
+    let what = if run.inferred {
+        clean(&run.identity())
+    } else {
+        format!(
+            "kernel {} — stalltrace {}, schema {}",
             clean(&run.kernel),
             clean(&run.version),
             run.schema
-        ),
+        )
+    };
+    o.push_str(&wrap(
+        &format!("stalltrace report — host {} — {what}", clean(&run.host)),
         width,
         "",
         "  ",
@@ -148,13 +152,11 @@ fn header(o: &mut String, report: &Report, width: usize) {
     };
     o.push_str(&wrap(
         &format!(
-            "{} to {} ({}; {} interval{} of {} ms; {ended})",
+            "{} to {} ({}; {}; {ended})",
             full(run.start_us),
             clock(run.end_us),
             duration_ms(run.window_ms()),
-            run.intervals,
-            if run.intervals == 1 { "" } else { "s" },
-            run.interval_ms
+            run.intervals_words(),
         ),
         width,
         "window     ",
@@ -169,7 +171,12 @@ fn header(o: &mut String, report: &Report, width: usize) {
             (false, _) => format!("{} NOT ATTACHED", clean(&f.family)),
         })
         .collect();
-    let _ = writeln!(o, "attached   {}", families.join(", "));
+    let attached = match run.families_note() {
+        None => families.join(", "),
+        Some(note) if families.is_empty() => note.to_string(),
+        Some(note) => format!("{} ({note})", families.join(", ")),
+    };
+    o.push_str(&wrap(&attached, width, "attached   ", "           "));
     for f in run.families.iter().filter(|f| f.note.is_some()) {
         let what = if f.attached {
             "fell back to raw_tp"
@@ -195,7 +202,9 @@ fn header(o: &mut String, report: &Report, width: usize) {
             "             ",
         ));
     }
-    if !run.filters.is_empty() {
+    if run.inferred {
+        let _ = writeln!(o, "limited to unknown (no `start` record)");
+    } else if !run.filters.is_empty() {
         let _ = writeln!(o, "limited to {}", clean(&run.filters.join("; ")));
     }
     if report.losses.any() {
@@ -544,11 +553,11 @@ fn storage(o: &mut String, report: &Report, width: usize) {
         width,
     );
     for d in &report.disks {
-        disk(o, d, report.run.slow_io_ms, width);
+        disk(o, d, &report.run.slow_io_words(), width);
     }
 }
 
-fn disk(o: &mut String, d: &Disk, slow_io_ms: f64, width: usize) {
+fn disk(o: &mut String, d: &Disk, slow_io: &str, width: usize) {
     let mut title = clean(&d.dev);
     if let Some(n) = &d.devno {
         let _ = write!(title, " ({})", clean(n));
@@ -586,8 +595,7 @@ fn disk(o: &mut String, d: &Disk, slow_io_ms: f64, width: usize) {
     if d.slow_io_count > 0 {
         let _ = writeln!(
             o,
-            "  slow I/Os (over {} ms): {}; the slowest:",
-            sig3(slow_io_ms),
+            "  slow I/Os ({slow_io}): {}; the slowest:",
             thousands(d.slow_io_count)
         );
         for s in &d.slowest {

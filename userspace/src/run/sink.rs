@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
 use crate::error::UserError;
-use crate::output::file::{LogFile, Output};
+use crate::output::file::{LogFile, Output, rotatable};
 use crate::output::records::StopRecord;
 use crate::output::{FileBudget, JsonWriter, Unwritten};
 
@@ -38,6 +38,13 @@ pub(super) fn open_output(args: &RunArgs) -> Result<Box<dyn Output>, UserError> 
                     "run with a standard output, or pass --out FILE",
                 )
             }),
+        Some(path) if args.out_max_mb.is_some() && !rotatable(path) => Err(UserError::new(
+            format!(
+                "--out-max-mb rotates files by renaming them, and {} is no regular file",
+                path.display()
+            ),
+            "give --out a path for a regular file, or leave --out-max-mb out",
+        )),
         Some(path) => LogFile::open(path)
             .map(|f| Box::new(f) as Box<dyn Output>)
             .map_err(|e| {

@@ -4,7 +4,9 @@
 //! belongs to (`run`, schema 2), the runs in time order, then by its first
 //! seqno within the run. Schema 1 files carry no run id and are placed by
 //! their first timestamp. The files are then read one after another into one
-//! report, as if they were one stream.
+//! report, as if they were one stream. A schema 2 set that holds no `start`
+//! at all (copytruncate rotated it away) is reported from what its records
+//! say (see `ReportBuilder::adopt_run`).
 //!
 //! Placing a file reads only its first lines, so a set of any size is read in
 //! the memory of one stream.

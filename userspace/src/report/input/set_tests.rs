@@ -17,10 +17,10 @@ use crate::report::fixtures::*;
 use crate::report::health::{FileRead, LineRef};
 
 /// A scratch directory, removed on drop.
-struct Dir(PathBuf);
+pub(super) struct Dir(pub(super) PathBuf);
 
 impl Dir {
-    fn new(test: &str) -> Self {
+    pub(super) fn new(test: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "stalltrace-set-{}-{test}-{}",
@@ -31,13 +31,13 @@ impl Dir {
         Self(dir)
     }
 
-    fn plain(&self, name: &str, records: &[Value]) -> PathBuf {
+    pub(super) fn plain(&self, name: &str, records: &[Value]) -> PathBuf {
         let path = self.0.join(name);
         std::fs::write(&path, lines(records)).unwrap();
         path
     }
 
-    fn gzip(&self, name: &str, records: &[Value]) -> PathBuf {
+    pub(super) fn gzip(&self, name: &str, records: &[Value]) -> PathBuf {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         e.write_all(lines(records).as_bytes()).unwrap();
         let path = self.0.join(name);
@@ -48,7 +48,7 @@ impl Dir {
 
 impl Dir {
     /// `text` with this directory left out of the paths it names.
-    fn unnamed(&self, text: &str) -> String {
+    pub(super) fn unnamed(&self, text: &str) -> String {
         text.replace(&format!("{}/", self.0.display()), "")
     }
 }
@@ -60,7 +60,7 @@ impl Drop for Dir {
 }
 
 /// A read of 5 requests at ~1 µs ending at `at` seconds.
-fn read_at(at: f64) -> Value {
+pub(super) fn read_at(at: f64) -> Value {
     block(
         at,
         "nvme0n1",
@@ -113,7 +113,7 @@ fn rotated_run(run: &str, reads: &[usize]) -> Vec<Vec<Value>> {
         .collect()
 }
 
-fn names(r: &Report) -> Vec<String> {
+pub(super) fn names(r: &Report) -> Vec<String> {
     r.stream
         .files
         .iter()
@@ -124,7 +124,7 @@ fn names(r: &Report) -> Vec<String> {
         .collect()
 }
 
-fn warnings(r: &Report) -> String {
+pub(super) fn warnings(r: &Report) -> String {
     r.stream.warnings(&r.run).join("\n")
 }
 
@@ -180,7 +180,7 @@ fn a_rotated_set_in_any_order_is_read_as_the_one_stream_it_was() {
 }
 
 /// The text with its line wrapping undone, to look for phrases.
-fn flat(text: &str) -> String {
+pub(super) fn flat(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

@@ -69,6 +69,21 @@ impl ReportBuilder {
         Ok(())
     }
 
+    /// A record read before any `start`: when it says which run it is of
+    /// (schema 2), that run is reported from what its records say, its
+    /// `start` being in none of the files (rotated away); true then. A
+    /// schema 1 record cannot say, and is counted before the start.
+    fn adopt_run(&mut self, r: &Value) -> Result<bool, ReportError> {
+        let Some(run) = crate::report::run::inferred_run_info(r)? else {
+            return Ok(false);
+        };
+        self.run_id = run.run_id.clone();
+        self.run = Some(run);
+        self.primed = true;
+        self.health.sequence.began_without_start();
+        Ok(true)
+    }
+
     fn begin_file(&mut self, name: &str) {
         self.health
             .files
@@ -184,7 +199,7 @@ impl ReportBuilder {
             file.began_with_start = true;
             file.run_file = Some(u64_of(r, "file").unwrap_or(0));
         }
-        if self.run.is_none() && kind != "start" {
+        if self.run.is_none() && kind != "start" && !self.adopt_run(r)? {
             self.health.before_start += 1;
             return Ok(());
         }

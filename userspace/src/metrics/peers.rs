@@ -1,0 +1,147 @@
+//! `--prometheus-peers N`: retransmissions and retransmission timeouts per TCP
+//! peer, so that an alert can name the peer a database's sessions stall on.
+//!
+//! Peers are unbounded on a busy host (every client address), and each one a
+//! series in every Prometheus that scrapes it, so they are off by default and
+//! capped: the first N peers (by network namespace and address) get series of
+//! their own, and what the others do is counted under `peer="other"`, so the
+//! sums stay whole. A peer quiet for SERIES_TTL gives its place up (its series
+//! expire with it).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::registry::{Kind, Labels, Registry, SERIES_TTL};
+
+/// The most `--prometheus-peers` takes: a few thousand series in all.
+pub const MAX_PEERS: u32 = 1000;
+
+const SEGMENTS: &str = "stalltrace_tcp_peer_retransmitted_segments_total";
+const TIMEOUTS: &str = "stalltrace_tcp_peer_retransmission_timeouts_total";
+
+/// The label of every peer past the cap.
+const OTHER: &str = "other";
+
+#[derive(Debug)]
+pub struct Peers {
+    cap: usize,
+    /// Peers with series of their own: (netns, address) → last seen.
+    placed: HashMap<(String, String), Instant>,
+}
+
+impl Peers {
+    /// Declares the families; None when `cap` is 0 (off).
+    pub fn new(r: &mut Registry, cap: u32) -> Option<Self> {
+        if cap == 0 {
+            return None;
+        }
+        r.declare(
+            SEGMENTS,
+            Kind::Counter,
+            "Segments retransmitted (sent) to each TCP peer (--prometheus-peers; peer=\"other\": the peers past the cap).",
+        );
+        r.declare(
+            TIMEOUTS,
+            Kind::Counter,
+            "Retransmission timeouts on connections to each TCP peer (--prometheus-peers; peer=\"other\": the peers past the cap).",
+        );
+        r.expires(SEGMENTS);
+        r.expires(TIMEOUTS);
+        Some(Self {
+            cap: cap.min(MAX_PEERS) as usize,
+            placed: HashMap::new(),
+        })
+    }
+
+    /// One `tcp_retransmit` record that went out (err 0); `timeout`: the
+    /// timer's first retransmission.
+    pub fn retransmitted(&mut self, r: &mut Registry, v: &Value, timeout: bool) {
+        let netns = v["netns"].to_string();
+        let Some(addr) = v["daddr"].as_str() else {
+            return;
+        };
+        let labels = self.labels(netns, addr, Instant::now());
+        r.add(SEGMENTS, labels.clone(), v["segs"].as_f64().unwrap_or(0.0));
+        if timeout {
+            r.add(TIMEOUTS, labels, 1.0);
+        } else {
+            // Shown at 0 from a peer's first retransmission: `increase()`
+            // misses the first rise of a series that appears with it.
+            r.add(TIMEOUTS, labels, 0.0);
+        }
+    }
+
+    fn labels(&mut self, netns: String, addr: &str, now: Instant) -> Labels {
+        let key = (netns, addr.to_string());
+        if let Some(seen) = self.placed.get_mut(&key) {
+            *seen = now;
+        } else if self.placed.len() < self.cap || self.free_a_place(now) {
+            self.placed.insert(key.clone(), now);
+        } else {
+            return vec![("peer", OTHER.to_string()), ("netns", String::new())];
+        }
+        vec![("peer", key.1), ("netns", key.0)]
+    }
+
+    /// Drops the peer quiet longest, if it has been quiet for SERIES_TTL.
+    fn free_a_place(&mut self, now: Instant) -> bool {
+        let quietest = self
+            .placed
+            .iter()
+            .min_by_key(|(_, seen)| **seen)
+            .map(|(k, seen)| (k.clone(), *seen));
+        match quietest {
+            Some((key, seen)) if now.duration_since(seen) >= SERIES_TTL => {
+                self.placed.remove(&key);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rtx(addr: &str, segs: u32) -> Value {
+        json!({"netns": 4026531840u64, "daddr": addr, "segs": segs, "kind": "rto", "err": 0})
+    }
+
+    #[test]
+    fn peers_past_the_cap_are_summed_as_other_and_a_quiet_peer_gives_its_place_up() {
+        let mut r = Registry::default();
+        let mut p = Peers::new(&mut r, 2).unwrap();
+        p.retransmitted(&mut r, &rtx("10.0.0.1", 1), true);
+        p.retransmitted(&mut r, &rtx("10.0.0.2", 2), false);
+        p.retransmitted(&mut r, &rtx("10.0.0.3", 3), true);
+        p.retransmitted(&mut r, &rtx("10.0.0.4", 4), false);
+        let text = r.render();
+        for line in [
+            r#"stalltrace_tcp_peer_retransmitted_segments_total{peer="10.0.0.1",netns="4026531840"} 1"#,
+            r#"stalltrace_tcp_peer_retransmitted_segments_total{peer="10.0.0.2",netns="4026531840"} 2"#,
+            r#"stalltrace_tcp_peer_retransmitted_segments_total{peer="other",netns=""} 7"#,
+            r#"stalltrace_tcp_peer_retransmission_timeouts_total{peer="10.0.0.1",netns="4026531840"} 1"#,
+            r#"stalltrace_tcp_peer_retransmission_timeouts_total{peer="10.0.0.2",netns="4026531840"} 0"#,
+            r#"stalltrace_tcp_peer_retransmission_timeouts_total{peer="other",netns=""} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        assert!(!text.contains("10.0.0.3"), "past the cap");
+        // Ten minutes on, 10.0.0.1 is quiet and the next new peer takes its place.
+        let later = Instant::now() + SERIES_TTL;
+        p.labels("4026531840".into(), "10.0.0.2", later);
+        assert_eq!(p.labels("1".into(), "10.0.0.5", later)[0].1, "10.0.0.5");
+        assert_eq!(p.labels("1".into(), "10.0.0.6", later)[0].1, OTHER);
+    }
+
+    #[test]
+    fn off_unless_asked_for() {
+        let mut r = Registry::default();
+        assert!(Peers::new(&mut r, 0).is_none());
+        assert!(!r.render().contains("peer"));
+    }
+}
