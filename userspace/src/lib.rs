@@ -1,6 +1,6 @@
 //! stalltrace: eBPF latency tracer for SQL Server on Linux hosts.
 //!
-//! The crate is organised as DESIGN.md describes: one module per probe family
+//! The crate is organised as docs/ARCHITECTURE.md describes: one module per probe family
 //! (mirroring `ebpf/`), `hist` for the log-linear histograms, `host` for what is
 //! read from /proc and /sys, and `output` for the versioned JSON records.
 

@@ -1,4 +1,4 @@
-//! SQL Server correlation (DESIGN.md, "SQL Server correlation"): what stalltrace learns
+//! SQL Server correlation (docs/ARCHITECTURE.md, "SQL Server correlation"): what stalltrace learns
 //! about SQL Server from outside the process. `tds` reads the headers of its wire
 //! protocol, the Tabular Data Stream, to tell requests from responses and to recover
 //! the SPID of a session when the traffic is not encrypted; it never keeps SQL text or

@@ -264,7 +264,8 @@ pub fn markdown(r: &BlockResults) -> String {
           run again, up to 3 attempts, and kept with a warning below after that.\n";
     s += "- fio's latency is submission to reaping, not the device's service time; on a \
           tmpfs-backed loop device most of it is the submission and completion path in a \
-          2-CPU VM, which is where the hooks add their cost (see DESIGN.md, storage timing).\n";
+          2-CPU VM, which is where the hooks add their cost (see \
+          docs/ARCHITECTURE.md, storage timing).\n";
     s += "- QD1 on a tmpfs-backed loop device is bimodal on the 2-vCPU VM this bench was \
           written on, traced or not: fio alone gave p50 ≈ 10 µs in some runs and ≈ 40–45 µs \
           in others, seemingly by where the scheduler put fio and the loop worker (pinning \
