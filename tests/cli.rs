@@ -139,6 +139,32 @@ fn an_unwritable_output_fails_before_attaching() {
     );
 }
 
+/// `--out-max-mb` renames files: a device (here /dev/null, in containers
+/// /dev/stdout) is refused before anything attaches, and is left where it is.
+#[test]
+fn rotating_what_is_no_regular_file_is_refused_before_attaching() {
+    require_root();
+    let out = stalltrace(
+        &[
+            "run",
+            "--duration",
+            "1s",
+            "--out",
+            "/dev/null",
+            "--out-max-mb",
+            "1",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("/dev/null is no regular file") && line.contains("--out-max-mb"),
+        "{line}"
+    );
+    assert!(!std::path::Path::new("/dev/null.1").exists());
+}
+
 #[test]
 fn dmv_settings_others_can_read_are_refused_before_attaching() {
     require_root();
