@@ -15,6 +15,9 @@
 //!   made and removed by the hundred while a tracer runs.
 //! - kernel_checks/: `stalltrace-kernel-checks`, the checks run inside a guest
 //!   booted with another kernel (`cargo xtask kernels`).
+//! - systemd_guest.rs: a Debian guest booting systemd as PID 1 (mmdebstrap,
+//!   systemd-nspawn) on this kernel, where tests/package.rs installs the .deb;
+//!   image.rs: the container image built from that .deb, run with podman.
 //! - scenario/: the field cases (`loss`, `queue-depth`, `throttle`, `rtt`,
 //!   `backup`), each with a fault and a clean variant.
 //!
@@ -26,6 +29,7 @@
 pub mod churn;
 pub mod disk;
 pub mod fio;
+pub mod image;
 pub mod kernel_checks;
 pub mod kernel_objects;
 pub mod net;
@@ -34,6 +38,7 @@ pub mod records;
 pub mod rsyslog;
 pub mod scenario;
 pub mod sql;
+pub mod systemd_guest;
 pub mod tracer;
 mod util;
 

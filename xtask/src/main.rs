@@ -5,6 +5,7 @@
 mod bench;
 mod kernels;
 mod lab;
+mod package;
 mod setup;
 mod util;
 mod vmlinux;
@@ -55,6 +56,9 @@ enum Task {
     /// Boot Debian cloud kernels under QEMU and run the end-to-end checks in
     /// each: a kernel x check x mode matrix (target/kernels/results.json).
     Kernels(kernels::Opts),
+    /// Build the Debian package (target/debian/*.deb: binary, systemd unit,
+    /// sysusers, tmpfiles, logrotate, defaults, man pages) and check it with lintian.
+    Package,
     /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
     Vmlinux,
 }
@@ -82,6 +86,10 @@ fn main() -> anyhow::Result<()> {
                 "-D",
                 "warnings",
             ])?;
+            // tests/package.rs installs the package a user would get.
+            let deb = package::deb()?;
+            // SAFETY: set before any thread or child starts; nextest inherits it.
+            unsafe { std::env::set_var("STALLTRACE_DEB", &deb) };
             let mut nextest = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
             nextest.extend(args.iter().map(String::as_str));
             util::cargo(&nextest)?;
@@ -95,6 +103,10 @@ fn main() -> anyhow::Result<()> {
         Task::Kernels(opts) => {
             setup::setup()?;
             kernels::kernels(&opts)
+        }
+        Task::Package => {
+            setup::setup()?;
+            package::deb().map(|_| ())
         }
         Task::Vmlinux => vmlinux::regenerate(),
     }

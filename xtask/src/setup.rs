@@ -45,6 +45,13 @@ const APT_PACKAGES: &[&str] = &[
     "xz-utils",
     "binutils",
     "debian-archive-keyring",
+    // `cargo xtask package` and tests/package.rs: lintian checks the .deb;
+    // mmdebstrap builds the systemd guest (nspawn) and the container image.
+    "lintian",
+    "mmdebstrap",
+    "systemd-container",
+    "podman",
+    "uidmap",
 ];
 
 fn installed(package: &str) -> bool {
@@ -79,5 +86,13 @@ pub fn setup() -> anyhow::Result<()> {
         eprintln!("xtask: installing cargo-nextest");
         util::cargo(&["install", "cargo-nextest", "--locked"])?;
     }
+    // Pinned: the package layout (debhelper fragments, asset rules) is what
+    // tests/package.rs checks.
+    if util::output("cargo", &["deb", "--version"]).is_none_or(|v| !v.contains(CARGO_DEB)) {
+        eprintln!("xtask: installing cargo-deb {CARGO_DEB}");
+        util::cargo(&["install", "cargo-deb", "--locked", "--version", CARGO_DEB])?;
+    }
     Ok(())
 }
+
+const CARGO_DEB: &str = "3.8.0";

@@ -1,0 +1,230 @@
+//! The Debian package as a fleet runs it. `cargo xtask test` builds the .deb
+//! (`cargo xtask package`: cargo-deb, lintian) and names it in STALLTRACE_DEB;
+//! this test installs it with apt into a Debian guest that boots systemd as
+//! PID 1 (systemd-nspawn, on this kernel), lets the package start the
+//! service, loads a disk and a TCP connection, rotates the log with the
+//! packaged logrotate snippet, stops the service and purges the package,
+//! checking at each step what the kernel, /proc and the records say. The
+//! container image built from the same .deb runs under podman with only the
+//! listed capabilities.
+
+mod common;
+#[path = "package/guest.rs"]
+mod guest;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use guest::*;
+use serde_json::Value;
+use stalltrace_lab::image::{CAPABILITIES, Image};
+use stalltrace_lab::kernel_objects;
+use stalltrace_lab::systemd_guest::SystemdGuest;
+
+/// The .deb `cargo xtask test` built, or None (locally: the test says it
+/// skipped) when STALLTRACE_DEB is not set. Under CI it fails instead.
+fn deb() -> Option<PathBuf> {
+    match std::env::var_os("STALLTRACE_DEB") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "STALLTRACE_DEB={} is no file",
+                path.display()
+            );
+            Some(path)
+        }
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "STALLTRACE_DEB is not set: run the suite with `cargo xtask test`, which \
+                 builds the package first (CI never skips this test)"
+            );
+            eprintln!(
+                "SKIPPED: STALLTRACE_DEB not set (`cargo xtask test` builds the .deb and sets it)"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
+    require_root();
+    let Some(deb) = deb() else { return };
+    // What a standard Debian host has (Priority important) and the package
+    // needs: the guest has no network to fetch it from.
+    let guest = SystemdGuest::boot(&["logrotate", "procps"]);
+    let before = kernel_objects::baseline();
+    let map_names = kernel_objects::stalltrace_map_names();
+
+    // apt, as a fleet installs it; Debian's default starts the service.
+    let name = deb.file_name().unwrap().to_string_lossy().into_owned();
+    std::fs::copy(&deb, guest.path("/root").join(&name)).unwrap();
+    guest.sh(&["apt-get", "install", "-y", &format!("/root/{name}")]);
+    let service = await_active(&guest);
+    eprintln!("service: {service:?}");
+
+    // Its own user, exactly the unit's capabilities, nothing to gain more.
+    let uid: u32 = guest
+        .sh(&["id", "-u", "stalltrace"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(uid, 0);
+    assert_eq!(service.uid, uid, "the service runs as user stalltrace");
+    let unit =
+        std::fs::read_to_string(guest.path("/usr/lib/systemd/system/stalltrace.service")).unwrap();
+    let granted = capability_mask(&unit_capabilities(&unit, "AmbientCapabilities"));
+    assert_eq!(
+        capability_mask(&unit_capabilities(&unit, "CapabilityBoundingSet")),
+        granted
+    );
+    assert_eq!(
+        service.cap_eff, granted,
+        "effective = the unit's ambient set"
+    );
+    assert_eq!(service.cap_bnd, granted, "nothing beyond it can be gained");
+    assert!(service.no_new_privs);
+
+    // A disk and a TCP connection the service must see.
+    let disk = LoopDevice::new(Backing::Disk, 128, true);
+    // The daemon looks for new disks once per interval (1 s by default).
+    std::thread::sleep(Duration::from_millis(2500));
+    let io_before = disk.diskstats();
+    let fio = randread_4k(&disk.dev, &["--ioengine=libaio", "--iodepth=8"], 3);
+    let io_after = disk.diskstats();
+    let port = tcp_load(&guest);
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let log = guest.path("/var/log/stalltrace/stalltrace.jsonl");
+    let first = records_of(&log);
+    let reads = block_records(&first, &disk.name, "read");
+    let kernel = io_after.reads_completed - io_before.reads_completed;
+    let counted = sum_field(&reads, "count");
+    eprintln!(
+        "block: {counted} reads in the service's records, diskstats {kernel}, fio {}",
+        fio.ios
+    );
+    assert!(fio.ios > 1000, "fio did too little: {fio:?}");
+    assert_eq!(counted, kernel, "reads of {} vs /proc/diskstats", disk.name);
+    let netns = guest.netns();
+    let rtt: u64 = of_type(&first, "tcp_rtt")
+        .into_iter()
+        .filter(|r| r["netns"].as_u64() == Some(netns))
+        .filter(|r| r["local_port"] == port || r["peer_port"] == port)
+        .map(|r| Buckets::merge(&[r], "srtt_us").count())
+        .sum();
+    eprintln!("tcp: {rtt} RTT samples on port {port} in the guest's namespace {netns}");
+    assert!(
+        rtt > 0,
+        "no tcp_rtt samples for the guest's iperf3 on port {port}"
+    );
+
+    // Reload: the packaged logrotate snippet renames the file, creates a new
+    // one and reloads the service (SIGHUP), which reopens it.
+    guest.sh(&["logrotate", "--force", "/etc/logrotate.d/stalltrace"]);
+    let rotated = guest.path("/var/log/stalltrace/stalltrace.jsonl.1");
+    let reopened = await_start_record(&log);
+    let old = records_of(&rotated);
+    assert_eq!(
+        reopened["run"], old[0]["run"],
+        "the same run goes on in the new file"
+    );
+    assert!(
+        reopened["seqno"].as_u64() > old.last().unwrap()["seqno"].as_u64(),
+        "seqno goes on: {} after {}",
+        reopened["seqno"],
+        old.last().unwrap()["seqno"]
+    );
+    assert_eq!(
+        await_active(&guest).pid,
+        service.pid,
+        "reloaded, not restarted"
+    );
+
+    // Stop: a `stop` record last, and every program and map gone from the kernel.
+    guest.sh(&["systemctl", "stop", "stalltrace"]);
+    let last = records_of(&log);
+    assert_eq!(
+        last.last().unwrap()["type"],
+        "stop",
+        "the last record is `stop`"
+    );
+    assert_nothing_left(before, &map_names);
+
+    // Purge: the files go, the service is unknown, nothing attached or pinned.
+    guest.sh(&["apt-get", "purge", "-y", "stalltrace"]);
+    for gone in [
+        "/usr/bin/stalltrace",
+        "/usr/lib/systemd/system/stalltrace.service",
+        "/var/log/stalltrace",
+    ] {
+        assert!(!guest.path(gone).exists(), "{gone} is left after purge");
+    }
+    let status = guest.exec(&["systemctl", "status", "stalltrace"]);
+    // systemctl status: 4 = no such unit.
+    assert_eq!(status.status.code(), Some(4), "{status:?}");
+    let pins = guest.sh(&["sh", "-c", "ls -A /sys/fs/bpf 2>/dev/null || true"]);
+    assert!(
+        !pins.contains("stalltrace"),
+        "pins left in the guest: {pins}"
+    );
+    assert_nothing_left(before, &map_names);
+}
+
+#[test]
+fn the_container_image_streams_records_with_only_the_listed_capabilities() {
+    require_root();
+    let Some(deb) = deb() else { return };
+    let image = Image::build(&deb, &format!("localhost/{}", unique("stalltrace-test")));
+    let before = kernel_objects::baseline();
+    let map_names = kernel_objects::stalltrace_map_names();
+    let disk = LoopDevice::new(Backing::Disk, 128, true);
+    let mut podman = image.command(&["run", "--duration", "8s"]);
+    let mut child = stalltrace_lab::die_with_parent(&mut podman)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("podman");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let start: Value = serde_json::from_str(&lines.next().expect("a first line").unwrap()).unwrap();
+    assert_eq!(start["type"], "start", "{start}");
+
+    // The container's stalltrace as the host sees it: uid 0 of the host's
+    // user namespace, with exactly the listed capabilities.
+    let pid = container_pid(&image.tag).expect("the container's stalltrace process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let granted = capability_mask(CAPABILITIES);
+    assert_eq!(status_hex(&status, "CapEff:"), granted, "{status}");
+    assert_eq!(status_hex(&status, "CapBnd:"), granted, "{status}");
+
+    std::thread::sleep(Duration::from_millis(2500));
+    let io_before = disk.diskstats();
+    let fio = randread_4k(&disk.dev, &["--ioengine=libaio", "--iodepth=8"], 2);
+    let io_after = disk.diskstats();
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "podman run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut records = vec![start];
+    records.extend(parse_records(&rest.join("\n")));
+    assert_eq!(records.last().unwrap()["type"], "stop");
+    for family in records[0]["families"].as_array().unwrap() {
+        assert_eq!(family["attached"], true, "{family}");
+    }
+    let counted = sum_field(&block_records(&records, &disk.name, "read"), "count");
+    let kernel = io_after.reads_completed - io_before.reads_completed;
+    eprintln!(
+        "container: {counted} reads of {}, diskstats {kernel}, fio {}",
+        disk.name, fio.ios
+    );
+    assert_eq!(counted, kernel);
+    assert_nothing_left(before, &map_names);
+}
