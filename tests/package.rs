@@ -68,6 +68,26 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
     let service = await_active(&guest);
     eprintln!("service: {service:?}");
 
+    // The installed unit as systemd itself judges it (its version: the guest's).
+    let unit_path = "/usr/lib/systemd/system/stalltrace.service";
+    let verify = guest.exec(&["systemd-analyze", "verify", unit_path]);
+    assert!(
+        verify.status.success() && verify.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let security = guest.sh(&[
+        "systemd-analyze",
+        "security",
+        "--no-pager",
+        "stalltrace.service",
+    ]);
+    let score = security
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no score in {security}"));
+    eprintln!("systemd-analyze security: {}", score.trim());
+
     // Its own user, exactly the unit's capabilities, nothing to gain more.
     let uid: u32 = guest
         .sh(&["id", "-u", "stalltrace"])
@@ -145,6 +165,30 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
         service.pid,
         "reloaded, not restarted"
     );
+
+    // DMV settings as the unit's comments say: a root-only file in the
+    // credstore, handed to the service by LoadCredential=. stalltrace refuses
+    // a settings file it judges open to others at start (exit 1), so a
+    // service that keeps running has accepted systemd's copy.
+    guest.sh(&[
+        "sh",
+        "-c",
+        "install -d -m 0700 /etc/credstore && \
+         printf 'host = 127.0.0.1\nport = 1\nuser = stalltrace\npassword = not-a-secret\n' \
+           > /etc/credstore/stalltrace-sql-dmv && chmod 0600 /etc/credstore/stalltrace-sql-dmv && \
+         echo 'STALLTRACE_OPTS=\"--sql-dmv /run/credentials/stalltrace.service/stalltrace-sql-dmv\"' \
+           > /etc/default/stalltrace && systemctl restart stalltrace",
+    ]);
+    let with_dmv = await_active(&guest);
+    assert_ne!(with_dmv.pid, service.pid, "restarted");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        await_active(&guest).pid,
+        with_dmv.pid,
+        "still running with the credential"
+    );
+    let journal = guest.sh(&["journalctl", "--unit=stalltrace", "--no-pager"]);
+    assert!(!journal.contains("DMV settings file"), "{journal}");
 
     // Stop: a `stop` record last, and every program and map gone from the kernel.
     guest.sh(&["systemctl", "stop", "stalltrace"]);
@@ -227,4 +271,69 @@ fn the_container_image_streams_records_with_only_the_listed_capabilities() {
     );
     assert_eq!(counted, kernel);
     assert_nothing_left(before, &map_names);
+}
+
+/// The DaemonSet is valid Kubernetes (checked offline against the API's own
+/// schemas by kubernetes-validate, strict: no unknown field) and grants the
+/// container the same capabilities the unit grants the service and the
+/// podman test gave the image.
+#[test]
+fn the_daemonset_is_valid_and_grants_the_unit_s_capabilities() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = root.join("deploy/kubernetes/daemonset.yaml");
+    let Some(out) = kubernetes_validate(&manifest) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "kubernetes-validate: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = std::fs::read_to_string(&manifest).unwrap();
+    let added: Vec<String> = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .expect("capabilities add: [..] in the DaemonSet")
+        .trim_end_matches(']')
+        .split(',')
+        .map(|c| format!("CAP_{}", c.trim()))
+        .collect();
+    let added: Vec<&str> = added.iter().map(String::as_str).collect();
+    let unit = std::fs::read_to_string(root.join("packaging/stalltrace.service")).unwrap();
+    let granted = capability_mask(&unit_capabilities(&unit, "AmbientCapabilities"));
+    assert_eq!(capability_mask(&added), granted, "DaemonSet vs unit");
+    assert_eq!(
+        capability_mask(CAPABILITIES),
+        granted,
+        "podman test vs unit"
+    );
+    for must in [
+        "hostPID: true",
+        "drop: [ALL]",
+        "privileged: false",
+        "/sys/kernel/btf",
+    ] {
+        assert!(yaml.contains(must), "the DaemonSet lacks {must}");
+    }
+}
+
+/// `kubernetes-validate --strict FILE`, or None (locally: skipped) when it is
+/// not installed. Under CI it fails instead.
+fn kubernetes_validate(manifest: &std::path::Path) -> Option<std::process::Output> {
+    match std::process::Command::new("kubernetes-validate")
+        .arg("--strict")
+        .arg(manifest)
+        .output()
+    {
+        Ok(out) => Some(out),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "kubernetes-validate: {e}: `cargo xtask setup` installs it from PyPI (CI never skips)"
+            );
+            eprintln!("SKIPPED: kubernetes-validate not installed (`cargo xtask setup`)");
+            None
+        }
+    }
 }

@@ -19,12 +19,12 @@ pub const CAPABILITIES: &[&str] = &[
     "CAP_SYS_ADMIN",
     "CAP_SYS_PTRACE",
     "CAP_DAC_READ_SEARCH",
-    "CAP_NET_ADMIN",
 ];
 
-/// A podman image, removed on drop.
+/// A podman image, removed on drop unless kept.
 pub struct Image {
     pub tag: String,
+    keep: bool,
 }
 
 impl Image {
@@ -73,7 +73,14 @@ impl Image {
         );
         Self {
             tag: tag.to_string(),
+            keep: false,
         }
+    }
+
+    /// Leave the image in podman's store when this goes (`cargo xtask package --image`).
+    pub fn keep(mut self) -> String {
+        self.keep = true;
+        self.tag.clone()
     }
 
     /// `podman run` of the image as the DaemonSet runs it: the host's PID and
@@ -93,6 +100,9 @@ impl Image {
             "--network=host",
             "--cap-drop=all",
             &caps,
+            // The DaemonSet's readOnlyRootFilesystem and allowPrivilegeEscalation: false.
+            "--read-only",
+            "--security-opt=no-new-privileges",
             "--volume=/sys/kernel/btf:/sys/kernel/btf:ro",
             // podman's default limits (nofile 1048576, nproc 4194304) are
             // above this VM's hard limits, and raising a hard limit needs
@@ -110,7 +120,9 @@ impl Image {
 
 impl Drop for Image {
     fn drop(&mut self) {
-        let _ = run("podman", &["rmi", "--force", &self.tag]);
+        if !self.keep {
+            let _ = run("podman", &["rmi", "--force", &self.tag]);
+        }
     }
 }
 

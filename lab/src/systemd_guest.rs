@@ -21,13 +21,13 @@ use crate::util::{die_with_parent, sh, unique};
 pub const DEBIAN_SUITE: &str = "bookworm";
 
 /// What nspawn must grant for eBPF inside: the capabilities the unit asks for
-/// (nspawn's default set lacks CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN), and
+/// (nspawn's default set lacks CAP_BPF and CAP_PERFMON), and
 /// the `bpf` and `perf_event_open` system calls, which nspawn's own seccomp
 /// filter denies to everything the guest's systemd starts. (A process
 /// nsenter(1) puts in the guest is not under that filter: `stalltrace check`
 /// passes that way while the service fails with EPERM.)
 const NSPAWN_CAPABILITIES: &str =
-    "CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN,CAP_SYS_ADMIN,CAP_SYS_PTRACE,CAP_DAC_READ_SEARCH";
+    "CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN,CAP_SYS_PTRACE,CAP_DAC_READ_SEARCH";
 const NSPAWN_SYSCALLS: &str = "bpf perf_event_open";
 
 pub struct SystemdGuest {

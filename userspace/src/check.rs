@@ -1,5 +1,7 @@
 //! `stalltrace check`: what this host supports. Attaches every family in the
 //! requested mode and in raw_tp (the fallback), reports each hook, and detaches.
+//! Also lists the capabilities stalltrace uses, which this process has, and
+//! what each missing one costs.
 
 use crate::cli::CheckArgs;
 use crate::host;
@@ -22,6 +24,9 @@ pub fn check(args: &CheckArgs) -> bool {
     match &privileges {
         Ok(()) => println!("privileges  ok"),
         Err(e) => println!("privileges  MISSING: {e}"),
+    }
+    for line in host::caps::report(host::caps::effective(), &host::kernel::release()) {
+        println!("{line}");
     }
     println!(
         "bpf stats   {}",

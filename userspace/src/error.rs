@@ -17,10 +17,24 @@ impl UserError {
         }
     }
 
-    pub fn not_privileged(missing: &str) -> Self {
+    /// Not allowed to load and attach the probes. `before_5_11`: whether the
+    /// kernel is older than 5.11 (None: unknown), where BPF maps are charged
+    /// to RLIMIT_MEMLOCK and raising it needs CAP_SYS_RESOURCE.
+    pub fn not_privileged(missing: &str, before_5_11: Option<bool>) -> Self {
+        let memlock = match before_5_11 {
+            Some(false) => "",
+            Some(true) => {
+                ", and CAP_SYS_RESOURCE on this kernel (before 5.11) unless RLIMIT_MEMLOCK is already unlimited"
+            }
+            None => ", and CAP_SYS_RESOURCE if the kernel is older than 5.11",
+        };
         Self::new(
-            format!("not allowed to load eBPF programs (missing {missing})"),
-            "run as root, e.g. `sudo stalltrace ...`, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE",
+            format!(
+                "not allowed to load eBPF programs, which every probe family needs (missing {missing})"
+            ),
+            format!(
+                "run as root, e.g. `sudo stalltrace ...`, or grant CAP_BPF and CAP_PERFMON{memlock}; `stalltrace check` lists every capability stalltrace uses"
+            ),
         )
     }
 
@@ -80,10 +94,16 @@ mod tests {
         assert!(!s.contains('\n'));
         assert!(s.contains("block_rq_issue"));
         assert!(s.contains("--degrade"));
+        let e = UserError::not_privileged("CAP_BPF", Some(false)).to_string();
+        assert!(e.contains("sudo") && e.contains("CAP_BPF"), "{e}");
         assert!(
-            UserError::not_privileged("CAP_BPF")
-                .to_string()
-                .contains("sudo")
+            !e.contains("CAP_SYS_RESOURCE"),
+            "not needed since 5.11: {e}"
+        );
+        let e = UserError::not_privileged("CAP_BPF", Some(true)).to_string();
+        assert!(
+            e.contains("CAP_SYS_RESOURCE on this kernel (before 5.11)"),
+            "{e}"
         );
         assert!(
             UserError::no_btf()

@@ -115,7 +115,8 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         tcp_opts.netdev_rx.clear();
         tcp = TcpProbe::attach(&tcp_opts, &btf);
     }
-    let rx_in_tcp = if tcp.is_ok() {
+    let tcp_ok = tcp.is_ok();
+    let rx_in_tcp = if tcp_ok {
         tcp_opts.netdev_rx.clone()
     } else {
         Vec::new()
@@ -137,6 +138,12 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         // on its own, with its own tcp_probe (the tcp object's then times nothing)
         netdev_opts.rx_in_tcp.clear();
         netdev = NetdevProbe::attach(&netdev_opts, &btf);
+    }
+    if tcp_ok && netdev.is_ok() && netdev_opts.rx_in_tcp.is_empty() {
+        let why = shared
+            .as_ref()
+            .map_or_else(String::clone, SharedMaps::why_unshared);
+        eprintln!("stalltrace: {}", SharedMaps::unshared_warning(&why));
     }
     drop(shared); // unpin: the maps live on with the programs that use them
     accept(
@@ -205,17 +212,27 @@ fn report_failed(out: &mut Attached, name: &'static str, failure: FamilyFailure)
     });
 }
 
-/// Turns on the kernel's per-program run-time accounting for as long as the returned fd lives.
-fn enable_bpf_stats() -> Result<OwnedFd, UserError> {
-    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| {
-        UserError::new(
-            format!(
-                "cannot turn on BPF run-time statistics: {}",
-                probes::describe(&e)
-            ),
-            "drop --bpf-stats, or use a kernel of 5.8 or later",
+/// Turns on the kernel's per-program run-time accounting for as long as the
+/// returned fd lives; None when sysctl kernel.bpf_stats_enabled has it on already.
+fn enable_bpf_stats() -> Result<Option<OwnedFd>, UserError> {
+    let e = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => return Ok(Some(fd)),
+        Err(_) if host::kernel::bpf_stats_enabled() => return Ok(None),
+        Err(e) => e,
+    };
+    let (needs, fix) = if host::caps::has(host::caps::CAP_SYS_ADMIN) {
+        ("", "drop --bpf-stats, or use a kernel of 5.8 or later")
+    } else {
+        (
+            " (BPF_ENABLE_STATS needs CAP_SYS_ADMIN, which this process lacks)",
+            "grant CAP_SYS_ADMIN, drop --bpf-stats, or have root turn the statistics on for all with `sysctl kernel.bpf_stats_enabled=1`",
         )
-    })
+    };
+    let why = probes::describe(&e);
+    Err(UserError::new(
+        format!("--bpf-stats: cannot turn on BPF run-time statistics{needs}: {why}"),
+        fix,
+    ))
 }
 
 /// Why the loop ended.
@@ -281,7 +298,7 @@ pub fn run_into(
 ) -> anyhow::Result<()> {
     let signals = Signals::install()?;
     let _stats_fd = if args.bpf_stats {
-        Some(enable_bpf_stats()?)
+        enable_bpf_stats()?
     } else {
         None
     };

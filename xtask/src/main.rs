@@ -58,7 +58,12 @@ enum Task {
     Kernels(kernels::Opts),
     /// Build the Debian package (target/debian/*.deb: binary, systemd unit,
     /// sysusers, tmpfiles, logrotate, defaults, man pages) and check it with lintian.
-    Package,
+    Package {
+        /// Also build the container image from it (mmdebstrap, Debian's
+        /// packages) and import it into podman as localhost/stalltrace:VERSION.
+        #[arg(long)]
+        image: bool,
+    },
     /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
     Vmlinux,
 }
@@ -104,9 +109,13 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             kernels::kernels(&opts)
         }
-        Task::Package => {
+        Task::Package { image } => {
             setup::setup()?;
-            package::deb().map(|_| ())
+            let deb = package::deb()?;
+            if image {
+                package::image(&deb)?;
+            }
+            Ok(())
         }
         Task::Vmlinux => vmlinux::regenerate(),
     }

@@ -78,3 +78,11 @@ pub fn deb() -> anyhow::Result<PathBuf> {
     );
     Ok(deb)
 }
+
+/// The container image from the .deb, kept in podman's store.
+pub fn image(deb: &std::path::Path) -> anyhow::Result<()> {
+    let tag = format!("localhost/stalltrace:{}", env!("CARGO_PKG_VERSION"));
+    let tag = stalltrace_lab::image::Image::build(deb, &tag).keep();
+    eprintln!("xtask: image {tag} (podman images; `podman save {tag}` for a registry)");
+    Ok(())
+}

@@ -86,6 +86,13 @@ pub fn setup() -> anyhow::Result<()> {
         eprintln!("xtask: installing cargo-nextest");
         util::cargo(&["install", "cargo-nextest", "--locked"])?;
     }
+    // tests/package.rs validates deploy/kubernetes/daemonset.yaml offline
+    // against the Kubernetes API's schemas, which this PyPI package carries.
+    if util::output("kubernetes-validate", &["--version"]).is_none() {
+        eprintln!("xtask: installing kubernetes-validate {KUBERNETES_VALIDATE}");
+        let spec = format!("kubernetes-validate=={KUBERNETES_VALIDATE}");
+        util::run("python3", &["-m", "pip", "install", "--quiet", &spec])?;
+    }
     // Pinned: the package layout (debhelper fragments, asset rules) is what
     // tests/package.rs checks.
     if util::output("cargo", &["deb", "--version"]).is_none_or(|v| !v.contains(CARGO_DEB)) {
@@ -96,3 +103,4 @@ pub fn setup() -> anyhow::Result<()> {
 }
 
 const CARGO_DEB: &str = "3.8.0";
+const KUBERNETES_VALIDATE: &str = "1.37.0";

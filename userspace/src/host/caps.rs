@@ -1,16 +1,123 @@
-//! Privilege check before anything is loaded, so the user gets a clear reason
-//! instead of the kernel's EPERM from the middle of a load.
+//! Capabilities: the ones stalltrace uses and what each one serves, whether
+//! this process has them, the privilege check before anything is loaded (so
+//! the user gets a clear reason instead of the kernel's EPERM from the middle
+//! of a load), and the one line a run prints when a feature goes without one.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::UserError;
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+/// A Linux capability, by its number in include/uapi/linux/capability.h
+/// (the `libc` crate has no constants for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cap {
+    pub name: &'static str,
+    pub number: u32,
+}
+
+pub const CAP_DAC_READ_SEARCH: Cap = Cap {
+    name: "CAP_DAC_READ_SEARCH",
+    number: 2,
+};
+pub const CAP_SYS_PTRACE: Cap = Cap {
+    name: "CAP_SYS_PTRACE",
+    number: 19,
+};
+pub const CAP_SYS_ADMIN: Cap = Cap {
+    name: "CAP_SYS_ADMIN",
+    number: 21,
+};
+pub const CAP_SYS_RESOURCE: Cap = Cap {
+    name: "CAP_SYS_RESOURCE",
+    number: 24,
+};
+pub const CAP_PERFMON: Cap = Cap {
+    name: "CAP_PERFMON",
+    number: 38,
+};
+pub const CAP_BPF: Cap = Cap {
+    name: "CAP_BPF",
+    number: 39,
+};
+
+/// What a capability serves, and what a run without it loses.
+pub struct Use {
+    pub cap: Cap,
+    pub serves: &'static str,
+    pub without: &'static str,
+}
+
+const REFUSED: &str =
+    "run and check refuse to start (CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON)";
+
+/// Every capability stalltrace uses, as measured: a run as an unprivileged
+/// user with one of them removed at a time, each family checked. Nothing
+/// needs CAP_NET_ADMIN (netlink and sock_diag dumps are unprivileged).
+pub const USES: &[Use] = &[
+    Use {
+        cap: CAP_BPF,
+        serves: "every family: loading the eBPF programs, maps and BTF",
+        without: REFUSED,
+    },
+    Use {
+        cap: CAP_PERFMON,
+        serves: "every family: attaching the tracing programs and reading kernel memory in them",
+        without: REFUSED,
+    },
+    Use {
+        cap: CAP_SYS_ADMIN,
+        serves: "setns into other network namespaces (tcp_flow, netdev link health), \
+                 a private bpffs (netdev shares tcp's tcp_probe), --bpf-stats",
+        without: "no tcp_flow records and no netdev link health from other network namespaces \
+                  (a SQL Server container's); netdev attaches a tcp_probe of its own; \
+                  --bpf-stats refused",
+    },
+    Use {
+        cap: CAP_SYS_PTRACE,
+        serves: "reading other users' /proc/PID/fd links and /proc/PID/ns/net \
+                 (sqlserver discovery, tcp_flow pids and namespaces)",
+        without: "a sqlservr run by another user is not found (no sql_instance, sql_session, \
+                  sql tags, disk roles or slow_io files); tcp_flow without pids, and without \
+                  the namespaces that have no /run/netns name",
+    },
+    Use {
+        cap: CAP_DAC_READ_SEARCH,
+        serves: "listing other users' /proc/PID/fd; stat and FIEMAP of database files \
+                 in directories closed to others (sqlserver files and disk roles)",
+        without: "a sqlservr run by another user is not found (as for CAP_SYS_PTRACE); \
+                  tcp_flow without pids; database files in closed directories without \
+                  disk role or file per sector",
+    },
+];
+
+/// Only kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+const MEMLOCK: Use = Use {
+    cap: CAP_SYS_RESOURCE,
+    serves: "raising RLIMIT_MEMLOCK, which this kernel (before 5.11) charges BPF maps to",
+    without: "loading fails unless RLIMIT_MEMLOCK is already unlimited \
+              (systemd: LimitMEMLOCK=infinity)",
+};
+
+fn bit(cap: Cap) -> u64 {
+    1u64 << cap.number
+}
 
 /// Effective capability set of this process, from /proc/self/status.
 pub fn effective() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     parse_cap_eff(&status).unwrap_or(0)
+}
+
+/// [`effective`], read once: stalltrace never changes its own capabilities.
+fn effective_once() -> u64 {
+    static CAPS: OnceLock<u64> = OnceLock::new();
+    *CAPS.get_or_init(effective)
+}
+
+/// Whether this process has `cap` in its effective set.
+pub fn has(cap: Cap) -> bool {
+    effective_once() & bit(cap) != 0
 }
 
 fn parse_cap_eff(status: &str) -> Option<u64> {
@@ -20,13 +127,22 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
 }
 
-/// Loading tracing programs needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (5.8+).
-pub fn require_tracing_privileges() -> Result<(), UserError> {
-    check(effective())
+/// Whether kernel `release` (`uname -r`) is older than 5.11; None when it
+/// cannot be read.
+pub fn before_5_11(release: &str) -> Option<bool> {
+    let mut parts = release.split(['.', '-']);
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.parse().ok()?;
+    Some((major, minor) < (5, 11))
 }
 
-fn check(caps: u64) -> Result<(), UserError> {
-    let has = |c: u32| caps & (1u64 << c) != 0;
+/// Loading tracing programs needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (5.8+).
+pub fn require_tracing_privileges() -> Result<(), UserError> {
+    check(effective(), &crate::host::kernel::release())
+}
+
+fn check(caps: u64, release: &str) -> Result<(), UserError> {
+    let has = |c: Cap| caps & bit(c) != 0;
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         return Ok(());
     }
@@ -35,22 +151,194 @@ fn check(caps: u64) -> Result<(), UserError> {
         (false, true) => "CAP_BPF",
         _ => "CAP_PERFMON",
     };
-    Err(UserError::not_privileged(missing))
+    Err(UserError::not_privileged(missing, before_5_11(release)))
+}
+
+/// `stalltrace check`'s capabilities section for the effective set `caps` on
+/// kernel `release`: one line per capability used, whether this process has
+/// it, and for a missing one what it costs.
+pub fn report(caps: u64, release: &str) -> Vec<String> {
+    let has = |c: Cap| caps & bit(c) != 0;
+    let old = before_5_11(release);
+    let mut uses: Vec<&Use> = USES.iter().collect();
+    if old != Some(false) {
+        uses.push(&MEMLOCK);
+    }
+    let mut lines = vec!["capabilities (the effective set of this process)".to_string()];
+    for u in uses {
+        let stand_in = [CAP_BPF, CAP_PERFMON].contains(&u.cap) && has(CAP_SYS_ADMIN);
+        let state = match (has(u.cap), stand_in) {
+            (true, _) => format!("yes      {}", u.serves),
+            (false, true) => format!("no       {} (CAP_SYS_ADMIN stands in)", u.serves),
+            (false, false) => format!("MISSING  {}; without it: {}", u.serves, u.without),
+        };
+        lines.push(format!("  {:<20} {state}", u.cap.name));
+    }
+    let memlock = match old {
+        Some(false) => "CAP_SYS_RESOURCE on this kernel (5.11+), ",
+        _ => "",
+    };
+    lines.push(format!(
+        "  not needed: CAP_NET_ADMIN, {memlock}CAP_NET_BIND_SERVICE (with a --prometheus port of 1024 or above)"
+    ));
+    lines
+}
+
+/// Says once on stderr that `feature` goes without something because this
+/// process lacks a capability of `needs`: `what` is the operation that was
+/// refused, `consequence` what the run lacks for it. Returns false, saying
+/// nothing, when this process has every capability of `needs`: the refusal
+/// then has another cause, which the caller reports as before (or not).
+pub fn degraded(feature: &str, what: &str, needs: &[Cap], consequence: &str) -> bool {
+    let Some(line) = degraded_line(effective_once(), feature, what, needs, consequence) else {
+        return false;
+    };
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let key = format!("{feature}\0{consequence}");
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if said.get_or_insert_with(HashSet::new).insert(key) {
+        eprintln!("stalltrace: {line}");
+    }
+    true
+}
+
+fn degraded_line(
+    caps: u64,
+    feature: &str,
+    what: &str,
+    needs: &[Cap],
+    consequence: &str,
+) -> Option<String> {
+    let lacking: Vec<&str> = needs
+        .iter()
+        .filter(|c| caps & bit(**c) == 0)
+        .map(|c| c.name)
+        .collect();
+    if lacking.is_empty() {
+        return None;
+    }
+    let needed: Vec<&str> = needs.iter().map(|c| c.name).collect();
+    let lacks = if needed == lacking {
+        format!("{}, which this process lacks", and_list(&needed))
+    } else {
+        format!(
+            "{}; this process lacks {}",
+            and_list(&needed),
+            and_list(&lacking)
+        )
+    };
+    Some(
+        UserError::new(
+            format!("{feature}: {what} needs {lacks}"),
+            format!("{consequence} (grant {} to have it)", and_list(&lacking)),
+        )
+        .to_string(),
+    )
+}
+
+fn and_list(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ALL: u64 = 0x1ff_ffff_ffff;
+
     #[test]
     fn parses_cap_eff_and_judges_it() {
         let status = "Name:\tx\nCapEff:\t000001ffffffffff\nCapBnd:\t0\n";
-        assert_eq!(parse_cap_eff(status), Some(0x1ff_ffff_ffff));
-        assert!(check(0x1ff_ffff_ffff).is_ok());
-        assert!(check(1 << CAP_SYS_ADMIN).is_ok());
-        assert!(check((1 << CAP_BPF) | (1 << CAP_PERFMON)).is_ok());
-        let e = check(1 << CAP_BPF).unwrap_err();
+        assert_eq!(parse_cap_eff(status), Some(ALL));
+        assert!(check(ALL, "6.18.0").is_ok());
+        assert!(check(bit(CAP_SYS_ADMIN), "6.18.0").is_ok());
+        assert!(check(bit(CAP_BPF) | bit(CAP_PERFMON), "6.18.0").is_ok());
+        let e = check(bit(CAP_BPF), "6.18.0").unwrap_err();
         assert!(e.problem.contains("CAP_PERFMON"), "{e}");
-        assert!(check(0).unwrap_err().to_string().contains("root"));
+        assert!(check(0, "6.18.0").unwrap_err().to_string().contains("root"));
+    }
+
+    #[test]
+    fn the_hint_names_cap_sys_resource_only_before_5_11() {
+        assert_eq!(before_5_11("5.10.0-28-amd64"), Some(true));
+        assert_eq!(before_5_11("5.11.0"), Some(false));
+        assert_eq!(before_5_11("6.18.44-fc-v669"), Some(false));
+        assert_eq!(before_5_11("4.18.0-553.el8_10.x86_64"), Some(true));
+        assert_eq!(before_5_11("unknown"), None);
+        let new = check(bit(CAP_PERFMON), "6.1.0").unwrap_err().to_string();
+        assert!(
+            new.contains("CAP_BPF") && !new.contains("CAP_SYS_RESOURCE"),
+            "{new}"
+        );
+        let old = check(bit(CAP_PERFMON), "5.10.0").unwrap_err().to_string();
+        assert!(
+            old.contains("CAP_SYS_RESOURCE") && old.contains("5.11"),
+            "{old}"
+        );
+        let unknown = check(0, "unknown").unwrap_err().to_string();
+        assert!(unknown.contains("CAP_SYS_RESOURCE if"), "{unknown}");
+    }
+
+    #[test]
+    fn the_report_says_what_a_missing_capability_costs() {
+        let all = report(ALL, "6.18.0");
+        assert!(
+            all[1..USES.len() + 1].iter().all(|l| l.contains(" yes ")),
+            "{all:#?}"
+        );
+        assert!(all.last().unwrap().contains("CAP_NET_ADMIN"));
+        assert!(!all.iter().any(|l| l.contains("MISSING")));
+        let no_admin = report(ALL & !bit(CAP_SYS_ADMIN), "6.18.0");
+        let line = no_admin
+            .iter()
+            .find(|l| l.contains("CAP_SYS_ADMIN "))
+            .unwrap();
+        assert!(
+            line.contains("MISSING") && line.contains("tcp_flow"),
+            "{line}"
+        );
+        // CAP_SYS_ADMIN stands in for CAP_BPF: not missing then.
+        let no_bpf = report(ALL & !bit(CAP_BPF), "6.18.0");
+        let line = no_bpf.iter().find(|l| l.contains("CAP_BPF ")).unwrap();
+        assert!(
+            line.contains("stands in") && !line.contains("MISSING"),
+            "{line}"
+        );
+        // Before 5.11 CAP_SYS_RESOURCE is one of them.
+        let old = report(0, "5.10.0");
+        assert!(
+            old.iter()
+                .any(|l| l.contains("CAP_SYS_RESOURCE ") && l.contains("MISSING"))
+        );
+        assert!(old.iter().filter(|l| l.contains("MISSING")).count() == USES.len() + 1);
+    }
+
+    #[test]
+    fn a_degradation_names_the_capability_lacking_and_the_feature() {
+        let needs = [CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE];
+        let line = degraded_line(
+            ALL & !bit(CAP_SYS_PTRACE),
+            "sqlserver",
+            "reading /proc/7/fd",
+            &needs,
+            "not found",
+        )
+        .unwrap();
+        assert_eq!(
+            line,
+            "sqlserver: reading /proc/7/fd needs CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE; \
+             this process lacks CAP_SYS_PTRACE: not found (grant CAP_SYS_PTRACE to have it)"
+        );
+        let line = degraded_line(0, "netdev", "setns", &[CAP_SYS_ADMIN], "no link").unwrap();
+        assert!(
+            line.contains("needs CAP_SYS_ADMIN, which this process lacks"),
+            "{line}"
+        );
+        assert_eq!(degraded_line(ALL, "netdev", "setns", &needs, "x"), None);
+        assert_eq!(and_list(&["A", "B", "C"]), "A, B and C");
     }
 }

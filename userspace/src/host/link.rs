@@ -307,10 +307,19 @@ fn read_with(
 /// are closed before it returns, so no namespace is kept alive by stalltrace.
 pub fn read_all_in_netns(path: &Path) -> Result<Vec<LinkHealth>, LinkError> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
     let ns = File::open(path).map_err(|source| LinkError::OpenNetns {
         path: path.to_path_buf(),
         source,
     })?;
+    // This thread's own namespace is read here: setns, even into the
+    // namespace one is in, needs CAP_SYS_ADMIN.
+    let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+    if let (Ok(a), Ok(b)) = (ns.metadata(), std::fs::metadata("/proc/thread-self/ns/net"))
+        && id(a) == id(b)
+    {
+        return read_all();
+    }
     let owned = path.to_path_buf();
     let reader = std::thread::Builder::new()
         .name("stalltrace-netns".into())
@@ -331,9 +340,23 @@ pub fn read_all_in_netns(path: &Path) -> Result<Vec<LinkHealth>, LinkError> {
             source,
         })?;
     // A panic in the reader is a bug in this module: let it propagate.
-    reader
+    let read = reader
         .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    if let Err(LinkError::EnterNetns { source, .. }) = &read
+        && source.kind() == io::ErrorKind::PermissionDenied
+    {
+        super::caps::degraded(
+            "netdev",
+            &format!(
+                "reading link health in network namespace {} (setns)",
+                path.display()
+            ),
+            &[super::caps::CAP_SYS_ADMIN],
+            "netdev records of the interfaces in other network namespaces have no `link` and are named ifN",
+        );
+    }
+    read
 }
 
 /// The change between two readings of one interface, as an interval record

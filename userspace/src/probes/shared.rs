@@ -21,19 +21,27 @@ use std::path::{Path, PathBuf};
 /// there is one; else nothing is shared.
 pub struct SharedMaps {
     pins: Vec<(&'static str, PathBuf)>,
+    /// Why no private bpffs was mounted, when the host's is used instead.
+    private_failed: Option<String>,
 }
 
 const BPF_FS: &str = "/sys/fs/bpf";
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 impl SharedMaps {
-    pub fn new(names: &[&'static str]) -> Option<Self> {
+    /// The pins, or why nothing can be shared: no private bpffs could be
+    /// mounted (the reason, naming CAP_SYS_ADMIN when that is what is
+    /// missing) and the host has none at /sys/fs/bpf.
+    pub fn new(names: &[&'static str]) -> Result<Self, String> {
         // What a daemon that had to pin in the host's bpffs left when killed.
         if is_bpffs(Path::new(BPF_FS)) {
             remove_dead_daemons_pins(Path::new(BPF_FS));
         }
-        if !mount_private_bpffs() && !is_bpffs(Path::new(BPF_FS)) {
-            return None;
+        let private_failed = mount_private_bpffs().err();
+        if let Some(why) = &private_failed
+            && !is_bpffs(Path::new(BPF_FS))
+        {
+            return Err(format!("{why}, and {BPF_FS} is no bpffs"));
         }
         let pid = std::process::id();
         let pins: Vec<_> = names
@@ -48,11 +56,33 @@ impl SharedMaps {
         for (_, path) in &pins {
             let _ = std::fs::remove_file(path);
         }
-        Some(Self { pins })
+        Ok(Self {
+            pins,
+            private_failed,
+        })
+    }
+
+    /// Why the maps could not be shared through these pins (the host's
+    /// bpffs took none, or an object could not reuse them).
+    pub fn why_unshared(&self) -> String {
+        match &self.private_failed {
+            Some(why) => format!("{why}, and pinning in the host's {BPF_FS} failed"),
+            None => "the second object could not reuse the pinned maps".into(),
+        }
     }
 
     pub fn pins(&self) -> &[(&'static str, PathBuf)] {
         &self.pins
+    }
+
+    /// The line a run prints when netdev's receive path could not share
+    /// tcp's tcp_probe: `why` the maps were not shared.
+    pub fn unshared_warning(why: &str) -> String {
+        format!(
+            "netdev: its receive path attached a tcp_probe program of its own beside tcp's \
+             (one more program on that tracepoint, the same records), because the two \
+             families could not share their maps: {why}"
+        )
     }
 }
 
@@ -102,16 +132,28 @@ fn is_bpffs(path: &Path) -> bool {
 /// namespace of its own (for the calling thread and the threads it starts
 /// after; the loading thread is the one that needs it), slave to the host's
 /// so namespaces and disks mounted later still show, and the bpffs in it
-/// (over the host's, if it has one). False, and nothing mounted, when any
-/// step is not allowed.
-fn mount_private_bpffs() -> bool {
+/// (over the host's, if it has one). When any step is not allowed, nothing
+/// is mounted and the error says which step, and names CAP_SYS_ADMIN when
+/// this process lacks it.
+fn mount_private_bpffs() -> Result<(), String> {
     let none = c"none";
     let bpf = c"bpf";
     let fs = c"/sys/fs/bpf";
+    let failed = |step: &str| {
+        let e = std::io::Error::last_os_error();
+        let cap = if crate::host::caps::has(crate::host::caps::CAP_SYS_ADMIN) {
+            ""
+        } else {
+            " (it needs CAP_SYS_ADMIN, which this process lacks)"
+        };
+        Err(format!(
+            "mounting a private bpffs failed at {step}: {e}{cap}"
+        ))
+    };
     // SAFETY: plain syscalls on constant, NUL-terminated strings; failure is returned.
     unsafe {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
-            return false;
+            return failed("unshare(CLONE_NEWNS)");
         }
         // Without this our mount would propagate to the host's namespace: stop there.
         if libc::mount(
@@ -122,10 +164,13 @@ fn mount_private_bpffs() -> bool {
             std::ptr::null(),
         ) != 0
         {
-            return false;
+            return failed("making / a slave mount");
         }
-        libc::mount(bpf.as_ptr(), fs.as_ptr(), bpf.as_ptr(), 0, std::ptr::null()) == 0
+        if libc::mount(bpf.as_ptr(), fs.as_ptr(), bpf.as_ptr(), 0, std::ptr::null()) != 0 {
+            return failed("mount -t bpf");
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]

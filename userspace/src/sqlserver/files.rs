@@ -69,7 +69,9 @@ fn disk_names<S: serde::Serializer>(disks: &[Disk], s: S) -> Result<S::Ok, S::Er
 
 impl DbFile {
     pub fn locate(path: &Path, role: Role, sys: &Path) -> Option<Self> {
-        let meta = std::fs::metadata(path).ok()?;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| closed(path, &e, "stat", "has no disk role"))
+            .ok()?;
         let dev = meta.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
         if major == 0 {
@@ -102,6 +104,19 @@ impl DbFile {
     pub fn holds(&self, disk: Disk, sector: u64) -> bool {
         self.disks.first() == Some(&disk)
             && self.extents.iter().any(|&(s, e)| (s..e).contains(&sector))
+    }
+}
+
+/// Says (once) that a database file in a directory closed to stalltrace
+/// could not be `what`-ed: reaching it needs CAP_DAC_READ_SEARCH.
+fn closed(path: &Path, e: &std::io::Error, what: &str, so: &str) {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        crate::host::caps::degraded(
+            "sqlserver",
+            &format!("{what} of database file {} ({e})", path.display()),
+            &[crate::host::caps::CAP_DAC_READ_SEARCH],
+            &format!("a database file in a directory closed to others {so} and no file per sector"),
+        );
     }
 }
 
@@ -198,7 +213,9 @@ fn fiemap(path: &Path) -> Option<Vec<(u64, u64)>> {
         reserved: u32,
         extents: [Extent; MAX_EXTENTS],
     }
-    let file = std::fs::File::open(path).ok()?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| closed(path, &e, "FIEMAP (open)", "keeps its disk role but has"))
+        .ok()?;
     let mut map = Box::new(Fiemap {
         start: 0,
         length: u64::MAX,

@@ -200,6 +200,15 @@ impl Inventory {
         for (pid, ppid) in self.candidates() {
             let proc_pid = self.proc.join(pid.to_string());
             let open = procfs::open_files(&proc_pid);
+            if open.denied {
+                crate::host::caps::degraded(
+                    "sqlserver",
+                    &format!("reading /proc/{pid}/fd of sqlservr (another user's)"),
+                    &procfs::OTHERS_FDS_NEED,
+                    "a SQL Server run by another user is not found: no sql_instance or \
+                     sql_session records, no sql tags, disk roles or slow_io files",
+                );
+            }
             let sockets = procfs::tcp_sockets(&proc_pid);
             let mine: Vec<_> = open
                 .sockets

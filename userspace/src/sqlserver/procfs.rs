@@ -2,8 +2,11 @@
 //! discovery needs (no SQL Server client, no configuration).
 
 use std::collections::HashMap;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+
+use crate::host::caps;
 
 /// One line of /proc/PID/net/tcp{,6}.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,16 +61,31 @@ fn parent_pid(proc_pid: &Path) -> Option<u32> {
 pub struct OpenFiles {
     pub sockets: Vec<u64>,
     pub paths: Vec<PathBuf>,
+    /// The descriptors could not be listed or read for want of permission:
+    /// another user's need CAP_DAC_READ_SEARCH (to list /proc/PID/fd, mode
+    /// 0500) and CAP_SYS_PTRACE (the kernel's ptrace check on each link).
+    pub denied: bool,
 }
+
+/// What listing and reading another user's /proc/PID/fd needs.
+pub const OTHERS_FDS_NEED: [caps::Cap; 2] = [caps::CAP_DAC_READ_SEARCH, caps::CAP_SYS_PTRACE];
 
 pub fn open_files(proc_pid: &Path) -> OpenFiles {
     let mut out = OpenFiles::default();
-    let Ok(dir) = std::fs::read_dir(proc_pid.join("fd")) else {
-        return out;
+    let dir = match std::fs::read_dir(proc_pid.join("fd")) {
+        Ok(dir) => dir,
+        Err(e) => {
+            out.denied = e.kind() == io::ErrorKind::PermissionDenied;
+            return out;
+        }
     };
     for entry in dir.flatten() {
-        let Ok(target) = std::fs::read_link(entry.path()) else {
-            continue;
+        let target = match std::fs::read_link(entry.path()) {
+            Ok(target) => target,
+            Err(e) => {
+                out.denied |= e.kind() == io::ErrorKind::PermissionDenied;
+                continue;
+            }
         };
         let text = target.to_string_lossy();
         if let Some(ino) = text
@@ -171,6 +189,7 @@ mod tests {
         let me = Path::new("/proc/self");
         let files = open_files(me);
         assert!(!files.paths.is_empty() || !files.sockets.is_empty());
+        assert!(!files.denied, "a process may always read its own");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let _same_socket = listener.try_clone().unwrap();
         let port = listener.local_addr().unwrap().port();

@@ -131,7 +131,16 @@ impl DmvConfig {
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
-        check_private(path, meta.mode(), meta.uid(), me)?;
+        if !is_systemd_credential(path) {
+            check_private(path, meta.mode(), meta.uid(), me)?;
+        } else if meta.mode() & 0o007 != 0 {
+            return Err(UserError::new(
+                format!(
+                    "the DMV settings file {shown} (a systemd credential) is readable by others"
+                ),
+                "load it with LoadCredential= from a root-only file (packaging/README.md)",
+            ));
+        }
         let mut bytes = Vec::new();
         (&mut file)
             .take(MAX_FILE_BYTES + 1)
@@ -393,6 +402,26 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
         "a device"
     } else {
         "a special file"
+    }
+}
+
+/// A file systemd placed for this service with LoadCredential=: directly in
+/// $CREDENTIALS_DIRECTORY, which systemd makes read-only and private to the
+/// unit. Its copy is root's with the unit's user let in by an ACL (systemd
+/// 254 and later, whose ACL mask shows as group read) or chowned to that
+/// user (older ones): either is as private as check_private asks, so the
+/// owner and group bits are not held against it.
+fn is_systemd_credential(path: &Path) -> bool {
+    let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") else {
+        return false;
+    };
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    match (
+        canonical(Path::new(&dir)),
+        path.parent().and_then(canonical),
+    ) {
+        (Some(dir), Some(parent)) => dir == parent,
+        _ => false,
     }
 }
 

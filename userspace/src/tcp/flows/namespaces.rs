@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
+use crate::host::caps;
 use crate::host::netlink::Socket;
 use crate::host::netns::{NAMED_NETNS_DIR, Netns, is_ns_fd, is_ns_file};
 
@@ -67,14 +68,27 @@ fn all_namespaces() -> Vec<Candidate> {
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
             .collect();
         pids.sort_unstable();
+        let mut denied = 0;
         for pid in pids {
             let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
-            let inode = std::fs::read_link(&path)
-                .ok()
-                .and_then(|t| parse_ns_link(t.to_str()?));
-            if let Some(inode) = inode {
-                add(inode, path);
+            match std::fs::read_link(&path) {
+                Ok(text) => {
+                    if let Some(inode) = text.to_str().and_then(parse_ns_link) {
+                        add(inode, path);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => denied += 1,
+                Err(_) => {} // exited meanwhile
             }
+        }
+        if denied > 0 {
+            caps::degraded(
+                "tcp_flow",
+                &format!("reading /proc/PID/ns/net of {denied} processes of other users"),
+                &[caps::CAP_SYS_PTRACE],
+                "a network namespace only such processes are in (a container's, with no \
+                 /run/netns name) is not sampled",
+            );
         }
     }
     out

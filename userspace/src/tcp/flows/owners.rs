@@ -22,6 +22,7 @@ pub fn holders(proc: &Path, inodes: &HashSet<u64>) -> HashMap<u64, Vec<u32>> {
     let Ok(dir) = std::fs::read_dir(proc) else {
         return out;
     };
+    let mut denied = false;
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -30,7 +31,9 @@ pub fn holders(proc: &Path, inodes: &HashSet<u64>) -> HashMap<u64, Vec<u32>> {
         else {
             continue;
         };
-        for ino in procfs::open_files(&entry.path()).sockets {
+        let files = procfs::open_files(&entry.path());
+        denied |= files.denied;
+        for ino in files.sockets {
             if inodes.contains(&ino) {
                 let pids = out.entry(ino).or_default();
                 if pids.len() < MAX_HOLDERS {
@@ -38,6 +41,14 @@ pub fn holders(proc: &Path, inodes: &HashSet<u64>) -> HashMap<u64, Vec<u32>> {
                 }
             }
         }
+    }
+    if denied {
+        crate::host::caps::degraded(
+            "tcp_flow",
+            "reading other users' /proc/PID/fd",
+            &procfs::OTHERS_FDS_NEED,
+            "tcp_flow records of their sockets have no pids",
+        );
     }
     for pids in out.values_mut() {
         pids.sort_unstable();

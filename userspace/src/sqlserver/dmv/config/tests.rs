@@ -465,3 +465,48 @@ fn a_fifo_a_directory_and_a_device_are_refused_without_waiting() {
     assert!(file_error(Path::new("/dev/null")).contains("but a device"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_systemd_credential_is_trusted_whoever_owns_it_but_not_when_others_can_read_it() {
+    // As systemd 254+ places it: root's file, the unit's user let in by an
+    // ACL whose mask shows as group read (0440 here, owned by whoever runs
+    // the test: the owner is not what is checked).
+    let dir =
+        std::env::temp_dir().join(format!("stalltrace-dmv-{}-credentials", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let credential = dir.join("stalltrace-sql-dmv");
+    std::fs::write(&credential, FILE).unwrap();
+    std::fs::set_permissions(
+        &credential,
+        std::os::unix::fs::PermissionsExt::from_mode(0o440),
+    )
+    .unwrap();
+    let outside = TempFile::new("acl-like", 0o440, FILE);
+    // SAFETY: no other test reads CREDENTIALS_DIRECTORY, and files outside it
+    // are judged the same with or without it (checked below).
+    unsafe { std::env::set_var("CREDENTIALS_DIRECTORY", &dir) };
+    let inside = DmvConfig::from_file(&credential).map(|c| c.host);
+    let elsewhere = DmvConfig::from_file(&outside.0).map(|c| c.host);
+    std::fs::set_permissions(
+        &credential,
+        std::os::unix::fs::PermissionsExt::from_mode(0o444),
+    )
+    .unwrap();
+    let readable = DmvConfig::from_file(&credential).map(|c| c.host);
+    unsafe { std::env::remove_var("CREDENTIALS_DIRECTORY") };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(inside.unwrap(), "sql.example");
+    assert!(
+        elsewhere
+            .unwrap_err()
+            .to_string()
+            .contains("group or others")
+    );
+    assert!(
+        readable
+            .unwrap_err()
+            .to_string()
+            .contains("readable by others")
+    );
+}
