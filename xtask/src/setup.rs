@@ -51,6 +51,8 @@ const APT_PACKAGES: &[&str] = &[
     "mmdebstrap",
     "systemd-container",
     "podman",
+    // podman's runtime in tests/package.rs: crun refuses hybrid cgroup hierarchies.
+    "runc",
     "uidmap",
 ];
 
