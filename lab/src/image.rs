@@ -7,7 +7,6 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::systemd_guest::DEBIAN_SUITE;
-use crate::util::sh;
 
 /// The capabilities the container is given instead of `privileged`: the same
 /// set as packaging/stalltrace.service (packaging/README.md says what each is
@@ -36,7 +35,7 @@ impl Image {
         let install = format!("--customize-hook=chroot \"$1\" dpkg -i /tmp/{deb_name}");
         let remove = format!("--customize-hook=rm \"$1\"/tmp/{deb_name}");
         let tar_arg = tar.to_string_lossy().into_owned();
-        sh(
+        let built = run(
             "mmdebstrap",
             &[
                 "--quiet",
@@ -53,6 +52,13 @@ impl Image {
                 &tar_arg,
             ],
         );
+        if !built.status.success() {
+            let _ = std::fs::remove_file(&tar);
+            panic!(
+                "mmdebstrap of the image failed: {}",
+                String::from_utf8_lossy(&built.stderr)
+            );
+        }
         let imported = run(
             "podman",
             &[

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{die_with_parent, sh, unique};
+use crate::util::{die_with_parent, unique};
 
 /// The Debian release of the guest and of the container image.
 pub const DEBIAN_SUITE: &str = "bookworm";
@@ -48,16 +48,24 @@ impl SystemdGuest {
         include.extend_from_slice(packages);
         let include = format!("--include={}", include.join(","));
         let root_arg = root.to_string_lossy().into_owned();
-        sh(
-            "mmdebstrap",
-            &[
+        let built = Command::new("mmdebstrap")
+            .args([
                 "--quiet",
                 "--variant=apt",
                 &include,
                 DEBIAN_SUITE,
                 &root_arg,
-            ],
-        );
+            ])
+            .output()
+            .expect("mmdebstrap (run `cargo xtask setup`)");
+        if !built.status.success() {
+            // Hundreds of MB of a half-made root: not left behind.
+            let _ = std::fs::remove_dir_all(&root);
+            panic!(
+                "mmdebstrap of the guest failed: {}",
+                String::from_utf8_lossy(&built.stderr)
+            );
+        }
         let log = root.with_extension("nspawn.log");
         let nspawn = die_with_parent(&mut Command::new("systemd-nspawn"))
             .args([
@@ -170,13 +178,21 @@ impl Drop for SystemdGuest {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.nspawn.id() as i32, libc::SIGTERM) };
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = self.nspawn.try_wait() {
-                break;
-            }
+        let mut ended = false;
+        while !ended && start.elapsed() < Duration::from_secs(20) {
+            ended = matches!(self.nspawn.try_wait(), Ok(Some(_)));
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.nspawn.kill();
+        if !ended {
+            // nspawn killed does not take the guest with it (no machined
+            // scope here): SIGKILL to the guest's PID 1, while that pid still
+            // is a PID 1 of nspawn's, ends every process of its namespace.
+            if pid_one_child_of(self.nspawn.id()) == Some(self.leader) {
+                // SAFETY: kill(2) on the guest's PID 1, checked just above.
+                unsafe { libc::kill(self.leader as i32, libc::SIGKILL) };
+            }
+            let _ = self.nspawn.kill();
+        }
         let _ = self.nspawn.wait();
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_file(self.root.with_extension("nspawn.log"));

@@ -136,10 +136,16 @@ pub fn tcp_load(guest: &SystemdGuest) -> u16 {
     port
 }
 
-/// Every record of a file the service wrote, checked against docs/schema.json.
+/// Every whole record of a file the service may still be writing (a last
+/// line without its newline is left for later), checked against
+/// docs/schema.json.
 pub fn records_of(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    parse_records(&text)
+    parse_records(whole_lines(&text))
+}
+
+fn whole_lines(text: &str) -> &str {
+    text.rfind('\n').map_or("", |end| &text[..=end])
 }
 
 /// The `start` record that heads the file after a reopen (up to 10 s).
@@ -148,7 +154,7 @@ pub fn await_start_record(path: &Path) -> Value {
     while start.elapsed() < Duration::from_secs(10) {
         if let Some(first) = std::fs::read_to_string(path)
             .ok()
-            .and_then(|t| t.lines().next().map(str::to_string))
+            .and_then(|t| whole_lines(&t).lines().next().map(str::to_string))
         {
             let record: Value = serde_json::from_str(&first).unwrap();
             assert_eq!(
@@ -171,6 +177,20 @@ pub fn assert_nothing_left(before: Baseline, map_names: &std::collections::HashS
     {
         panic!("left in the kernel: {left:?}");
     }
+}
+
+/// The journal's lines of the service that say it goes without something
+/// (a capability lacking or refused, netdev's own tcp_probe): under the
+/// unit's sandbox there must be none.
+pub fn degradations(journal: &str) -> Vec<&str> {
+    journal
+        .lines()
+        .filter(|l| {
+            l.contains("needs CAP_")
+                || l.contains("refused although")
+                || l.contains("tcp_probe program of its own")
+        })
+        .collect()
 }
 
 /// The host pid of the process a container of `image` runs.

@@ -12,6 +12,8 @@ use crate::stall::{DEFAULT_RECOVER, Thresholds};
 #[command(
     name = "stalltrace",
     version,
+    // Each subcommand's man page carries the version too.
+    propagate_version = true,
     about = "eBPF latency tracer for SQL Server on Linux: why did the database stall just now?"
 )]
 pub struct Cli {

@@ -93,8 +93,14 @@ fn main() -> anyhow::Result<()> {
             ])?;
             // tests/package.rs installs the package a user would get.
             let deb = package::deb()?;
-            // SAFETY: set before any thread or child starts; nextest inherits it.
-            unsafe { std::env::set_var("STALLTRACE_DEB", &deb) };
+            // SAFETY: set before any thread or child starts; nextest inherits them.
+            unsafe {
+                std::env::set_var("STALLTRACE_DEB", &deb);
+                std::env::set_var(
+                    "STALLTRACE_KUBERNETES_VALIDATE",
+                    setup::kubernetes_validate(),
+                );
+            }
             let mut nextest = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
             nextest.extend(args.iter().map(String::as_str));
             util::cargo(&nextest)?;

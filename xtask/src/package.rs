@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 
 use crate::util;
 
-/// Builds target/debian/stalltrace_VERSION-1_amd64.deb and returns its path.
+/// Builds target/debian/stalltrace_VERSION-1_ARCH.deb and returns its path.
 pub fn deb() -> anyhow::Result<PathBuf> {
     let root = util::workspace_root();
     util::build_release(&["stalltrace"])?;
@@ -17,10 +17,11 @@ pub fn deb() -> anyhow::Result<PathBuf> {
         std::fs::remove_dir_all(&man).with_context(|| format!("cannot clear {}", man.display()))?;
     }
     let man_arg = man.to_string_lossy().into_owned();
+    // The debug profile: the example links the test dependencies, which the
+    // suite builds in debug anyway.
     util::cargo(&[
         "run",
         "--quiet",
-        "--release",
         "-p",
         "stalltrace",
         "--example",
@@ -40,8 +41,16 @@ pub fn deb() -> anyhow::Result<PathBuf> {
     gzip.extend(pages.iter().map(String::as_str));
     util::run("gzip", &gzip)?;
 
-    let out = root.join("target/debian");
-    let out_arg = out.to_string_lossy().into_owned();
+    // Named here rather than found afterwards: the architecture is the
+    // host's (no cross builds), as dpkg names it.
+    let arch =
+        util::output("dpkg", &["--print-architecture"]).context("dpkg --print-architecture")?;
+    let version = env!("CARGO_PKG_VERSION");
+    let deb = root.join(format!(
+        "target/debian/stalltrace_{version}-1_{}.deb",
+        arch.trim()
+    ));
+    let out_arg = deb.to_string_lossy().into_owned();
     // --no-build: built above, with the man pages beside it. --strip: the
     // release profile keeps line tables for the benches' profiles; the
     // package ships the binary without them (15 MB instead of 70).
@@ -54,8 +63,6 @@ pub fn deb() -> anyhow::Result<PathBuf> {
         "--output",
         &out_arg,
     ])?;
-    let version = env!("CARGO_PKG_VERSION");
-    let deb = out.join(format!("stalltrace_{version}-1_amd64.deb"));
     if !deb.is_file() {
         bail!("cargo deb did not write {}", deb.display());
     }

@@ -1,5 +1,7 @@
 //! Idempotent installation of every build and test dependency.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::bail;
 
 use crate::util;
@@ -53,7 +55,9 @@ const APT_PACKAGES: &[&str] = &[
     "podman",
     // podman's runtime in tests/package.rs: crun refuses hybrid cgroup hierarchies.
     "runc",
-    "uidmap",
+    // The virtual environment kubernetes-validate is installed in (Debian's
+    // own Python refuses pip installs outside one).
+    "python3-venv",
 ];
 
 fn installed(package: &str) -> bool {
@@ -90,10 +94,16 @@ pub fn setup() -> anyhow::Result<()> {
     }
     // tests/package.rs validates deploy/kubernetes/daemonset.yaml offline
     // against the Kubernetes API's schemas, which this PyPI package carries.
-    if util::output("kubernetes-validate", &["--version"]).is_none() {
+    let validate = kubernetes_validate();
+    if util::output(&validate.to_string_lossy(), &["--version"])
+        .is_none_or(|v| !v.contains(KUBERNETES_VALIDATE))
+    {
         eprintln!("xtask: installing kubernetes-validate {KUBERNETES_VALIDATE}");
+        let venv = validate.parent().and_then(Path::parent).unwrap();
+        let venv_arg = venv.to_string_lossy().into_owned();
+        util::run("python3", &["-m", "venv", &venv_arg])?;
         let spec = format!("kubernetes-validate=={KUBERNETES_VALIDATE}");
-        util::run("python3", &["-m", "pip", "install", "--quiet", &spec])?;
+        util::run(venv.join("bin/pip"), &["install", "--quiet", &spec])?;
     }
     // Pinned: the package layout (debhelper fragments, asset rules) is what
     // tests/package.rs checks.
@@ -106,3 +116,13 @@ pub fn setup() -> anyhow::Result<()> {
 
 const CARGO_DEB: &str = "3.8.0";
 const KUBERNETES_VALIDATE: &str = "1.37.0";
+
+/// kubernetes-validate in a virtual environment of its own under
+/// ~/.cache/stalltrace (`cargo xtask test` names it to the tests).
+pub fn kubernetes_validate() -> PathBuf {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Path::new(&home)
+        .join(".cache/stalltrace")
+        .join(format!("kubernetes-validate-{KUBERNETES_VALIDATE}"))
+        .join("bin/kubernetes-validate")
+}

@@ -184,40 +184,41 @@ pub fn report(caps: u64, release: &str) -> Vec<String> {
     lines
 }
 
-/// Says once on stderr that `feature` goes without something because this
-/// process lacks a capability of `needs`: `what` is the operation that was
-/// refused, `consequence` what the run lacks for it. Returns false, saying
-/// nothing, when this process has every capability of `needs`: the refusal
-/// then has another cause, which the caller reports as before (or not).
-pub fn degraded(feature: &str, what: &str, needs: &[Cap], consequence: &str) -> bool {
-    let Some(line) = degraded_line(effective_once(), feature, what, needs, consequence) else {
-        return false;
-    };
+/// Says once on stderr that `feature` goes without something because the
+/// kernel refused `what`: `consequence` is what the run lacks for it. The line
+/// names the capabilities of `needs` this process lacks or, when it has them
+/// all, the other refusers: a Linux security module (a container runtime's
+/// AppArmor profile denies ptrace-reads of the host's /proc whatever the
+/// capabilities) or a sandbox (ProtectProc=, hidepid).
+pub fn degraded(feature: &str, what: &str, needs: &[Cap], consequence: &str) {
+    let line = degraded_line(effective_once(), feature, what, needs, consequence);
     static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let key = format!("{feature}\0{consequence}");
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
     if said.get_or_insert_with(HashSet::new).insert(key) {
         eprintln!("stalltrace: {line}");
     }
-    true
 }
 
-fn degraded_line(
-    caps: u64,
-    feature: &str,
-    what: &str,
-    needs: &[Cap],
-    consequence: &str,
-) -> Option<String> {
+fn degraded_line(caps: u64, feature: &str, what: &str, needs: &[Cap], consequence: &str) -> String {
     let lacking: Vec<&str> = needs
         .iter()
         .filter(|c| caps & bit(**c) == 0)
         .map(|c| c.name)
         .collect();
-    if lacking.is_empty() {
-        return None;
-    }
     let needed: Vec<&str> = needs.iter().map(|c| c.name).collect();
+    if lacking.is_empty() {
+        return UserError::new(
+            format!(
+                "{feature}: {what} was refused although this process has {}: a Linux \
+                 security module (AppArmor, SELinux) or a sandbox (ProtectProc=, hidepid) \
+                 refuses it",
+                and_list(&needed)
+            ),
+            format!("{consequence} (allow it in that profile to have it)"),
+        )
+        .to_string();
+    }
     let lacks = if needed == lacking {
         format!("{}, which this process lacks", and_list(&needed))
     } else {
@@ -227,13 +228,11 @@ fn degraded_line(
             and_list(&lacking)
         )
     };
-    Some(
-        UserError::new(
-            format!("{feature}: {what} needs {lacks}"),
-            format!("{consequence} (grant {} to have it)", and_list(&lacking)),
-        )
-        .to_string(),
+    UserError::new(
+        format!("{feature}: {what} needs {lacks}"),
+        format!("{consequence} (grant {} to have it)", and_list(&lacking)),
     )
+    .to_string()
 }
 
 fn and_list(names: &[&str]) -> String {
@@ -326,19 +325,26 @@ mod tests {
             "reading /proc/7/fd",
             &needs,
             "not found",
-        )
-        .unwrap();
+        );
         assert_eq!(
             line,
             "sqlserver: reading /proc/7/fd needs CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE; \
              this process lacks CAP_SYS_PTRACE: not found (grant CAP_SYS_PTRACE to have it)"
         );
-        let line = degraded_line(0, "netdev", "setns", &[CAP_SYS_ADMIN], "no link").unwrap();
+        let line = degraded_line(0, "netdev", "setns", &[CAP_SYS_ADMIN], "no link");
         assert!(
             line.contains("needs CAP_SYS_ADMIN, which this process lacks"),
             "{line}"
         );
-        assert_eq!(degraded_line(ALL, "netdev", "setns", &needs, "x"), None);
+        // Refused with every capability in hand: someone else refused it.
+        let line = degraded_line(ALL, "sqlserver", "reading /proc/7/fd", &needs, "not found");
+        assert!(
+            line.contains(
+                "refused although this process has CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE"
+            ) && line.contains("AppArmor")
+                && line.contains("not found (allow it in that profile"),
+            "{line}"
+        );
         assert_eq!(and_list(&["A", "B", "C"]), "A, B and C");
     }
 }

@@ -131,7 +131,7 @@ impl DmvConfig {
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
         let me = unsafe { libc::geteuid() };
-        if !is_systemd_credential(path) {
+        if !credential::is_systemd_credential(path, &file, me) {
             check_private(path, meta.mode(), meta.uid(), me)?;
         } else if meta.mode() & 0o007 != 0 {
             return Err(UserError::new(
@@ -405,26 +405,6 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// A file systemd placed for this service with LoadCredential=: directly in
-/// $CREDENTIALS_DIRECTORY, which systemd makes read-only and private to the
-/// unit. Its copy is root's with the unit's user let in by an ACL (systemd
-/// 254 and later, whose ACL mask shows as group read) or chowned to that
-/// user (older ones): either is as private as check_private asks, so the
-/// owner and group bits are not held against it.
-fn is_systemd_credential(path: &Path) -> bool {
-    let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") else {
-        return false;
-    };
-    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
-    match (
-        canonical(Path::new(&dir)),
-        path.parent().and_then(canonical),
-    ) {
-        (Some(dir), Some(parent)) => dir == parent,
-        _ => false,
-    }
-}
-
 /// Refuse a settings file that others can read or that someone else owns
 /// (they could have put a password of their choosing, or read ours).
 pub fn check_private(path: &Path, mode: u32, owner: u32, me: u32) -> Result<(), UserError> {
@@ -558,6 +538,8 @@ fn ado_pairs(conn: &str) -> Result<Vec<(String, String)>, String> {
         pairs.push((key.trim().to_string(), value));
     }
 }
+
+mod credential;
 
 #[cfg(test)]
 mod tests;
