@@ -55,9 +55,10 @@ fn deb() -> Option<PathBuf> {
 fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
     require_root();
     let Some(deb) = deb() else { return };
-    // What a standard Debian host has (Priority important) and the package
-    // needs: the guest has no network to fetch it from.
-    let guest = SystemdGuest::boot(&["logrotate", "procps"]);
+    // What a standard Debian host has and the package needs or names: the
+    // guest has no network to fetch them from. man-db: `systemd-analyze
+    // verify` opens the unit's Documentation= man page.
+    let guest = SystemdGuest::boot(&["logrotate", "procps", "man-db"]);
     let before = kernel_objects::baseline();
     let map_names = kernel_objects::stalltrace_map_names();
 

@@ -166,6 +166,26 @@ fn mount_private_bpffs() -> Result<(), String> {
         {
             return failed("making / a slave mount");
         }
+        // A /sys without fs/bpf: systemd-nspawn's with --private-network is a
+        // tmpfs of chosen sysfs parts (found by tests/package.rs, where the
+        // service then loaded a second tcp_probe). A tmpfs over /sys/fs, in
+        // this namespace only, holds the mount point; nothing of stalltrace
+        // reads /sys/fs.
+        if !Path::new(BPF_FS).is_dir() {
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/sys/fs".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"mode=0755,size=64k".as_ptr().cast(),
+            ) != 0
+            {
+                return failed("mount -t tmpfs /sys/fs (there is no /sys/fs/bpf)");
+            }
+            if libc::mkdir(fs.as_ptr(), 0o700) != 0 {
+                return failed("mkdir /sys/fs/bpf");
+            }
+        }
         if libc::mount(bpf.as_ptr(), fs.as_ptr(), bpf.as_ptr(), 0, std::ptr::null()) != 0 {
             return failed("mount -t bpf");
         }
