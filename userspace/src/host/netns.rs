@@ -31,6 +31,15 @@ pub fn is_ns_fd(file: &std::fs::File) -> bool {
     }
 }
 
+/// Whether `ns`, the metadata of a namespace file, names the calling thread's
+/// own network namespace (same device and inode as /proc/thread-self/ns/net):
+/// no setns is needed to work in it, and setns, even into the namespace one
+/// is in, needs CAP_SYS_ADMIN.
+pub(crate) fn is_own(ns: &std::fs::Metadata) -> bool {
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .is_ok_and(|own| (own.dev(), own.ino()) == (ns.dev(), ns.ino()))
+}
+
 /// Inodes of the network namespaces that exist now, as far as names and
 /// processes tell: this process's, every one under /run/netns and every
 /// process's (/proc/PID/ns/net). One held only by an open file or a bind mount

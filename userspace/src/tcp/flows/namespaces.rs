@@ -19,7 +19,7 @@ use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
 use crate::host::caps;
 use crate::host::netlink::Socket;
-use crate::host::netns::{NAMED_NETNS_DIR, Netns, is_ns_fd, is_ns_file};
+use crate::host::netns::{self, NAMED_NETNS_DIR, Netns, is_ns_fd, is_ns_file};
 
 /// At most this many namespaces are sampled per interval; the rest are
 /// counted in `lost` (`tcp.flow_netns_over_limit`).
@@ -213,14 +213,15 @@ fn open_in(c: &Candidate) -> Result<Socket, OpenError> {
         Err(e) => return Err(failed("open", e)),
     };
     // A pid reused since the scan names another namespace.
-    match ns.metadata() {
+    let meta = match ns.metadata() {
         // A name being deleted is an empty file for a moment, not a namespace.
         Ok(_) if !is_ns_fd(&ns) => return Err(OpenError::Gone),
-        Ok(meta) if meta.ino() as u32 == c.inode => {}
+        Ok(meta) if meta.ino() as u32 == c.inode => meta,
         Ok(_) => return Err(OpenError::Gone),
         Err(e) => return Err(failed("open", e)),
-    }
-    if is_own(c.inode) {
+    };
+    // This thread's namespace: no other thread is needed to open a socket there.
+    if netns::is_own(&meta) {
         return Socket::open(NETLINK_SOCK_DIAG).map_err(no_sock_diag);
     }
     let opener = std::thread::Builder::new()
@@ -266,11 +267,6 @@ fn no_sock_diag(e: io::Error) -> OpenError {
              (load it with `modprobe inet_diag tcp_diag`)"
         ),
     }
-}
-
-/// This thread's namespace: no other thread is needed to open a socket there.
-fn is_own(inode: u32) -> bool {
-    std::fs::metadata("/proc/thread-self/ns/net").is_ok_and(|m| m.ino() as u32 == inode)
 }
 
 #[cfg(test)]

@@ -1,0 +1,198 @@
+//! Run-level records: `start`, `lost` and `stop`.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use crate::abi;
+use crate::host::clock::Clock;
+use crate::output::JsonWriter;
+use crate::output::records::{
+    FamilyReport, Filters, LostRecord, ProgramCost, StartRecord, StopRecord,
+};
+use crate::probes::lost::source_name;
+use crate::probes::stats::ProgramStats;
+use crate::probes::{AttachKind, HookMode, HookStatus};
+
+/// A fallback to raw_tp with a failed tp_btf hook, and a family that failed
+/// (--degrade); the plainest run; and the start of a further file.
+pub(super) fn start(w: &mut JsonWriter) {
+    let now = Clock::now_rfc3339;
+    let families = [
+        FamilyReport {
+            family: "block",
+            attached: true,
+            mode: Some(HookMode::RawTp),
+            fallback_reason: Some(
+                "cannot attach the block probe at block_getrq (TpBtf): Invalid argument".into(),
+            ),
+            error: None,
+        },
+        FamilyReport {
+            family: "tcp",
+            attached: false,
+            mode: None,
+            fallback_reason: None,
+            error: Some("cannot attach the tcp probe at its maps: Operation not permitted".into()),
+        },
+    ];
+    let probes = [
+        HookStatus {
+            error: Some("unknown BTF type `btf_trace_dql_stall_detected`".into()),
+            optional: true,
+            ..HookStatus::untried("netdev", "dql_stall_detected", HookMode::TpBtf)
+        },
+        HookStatus {
+            attached: true,
+            via: Some(AttachKind::TpBtf),
+            target: Some("block_bio_complete".into()),
+            program_id: Some(4711),
+            ..HookStatus::untried("block", "block_bio_complete", HookMode::TpBtf)
+        },
+        HookStatus {
+            error: Some("Invalid argument (os error 22)".into()),
+            ..HookStatus::untried("block", "block_getrq", HookMode::TpBtf)
+        },
+        HookStatus::untried("block", "block_rq_issue", HookMode::TpBtf),
+        HookStatus {
+            attached: true, // id not reported
+            via: Some(AttachKind::RawTp),
+            target: Some("block_getrq".into()),
+            ..HookStatus::untried("block", "block_getrq", HookMode::RawTp)
+        },
+        HookStatus {
+            attached: true,
+            via: Some(AttachKind::Fentry),
+            target: Some("tcp_sendmsg_locked".into()),
+            fallback_reason: Some("tp_btf tcp_sendmsg_locked: unknown BTF type".into()),
+            program_id: Some(4712),
+            ..HookStatus::untried("sqlserver", "tcp_sendmsg_locked", HookMode::TpBtf)
+        },
+        HookStatus {
+            attached: true,
+            via: Some(AttachKind::TpBtf),
+            target: Some("tcp_retransmit_skb".into()),
+            note: Some(
+                "this kernel's tracepoint fires only for retransmissions that went out".into(),
+            ),
+            program_id: Some(4713),
+            ..HookStatus::untried("tcp", "tcp_retransmit_skb", HookMode::TpBtf)
+        },
+    ];
+    let netns = [crate::host::netns::Netns {
+        spec: "sqlns".into(),
+        inode: 4026532317,
+        path: None,
+    }];
+    let ifaces = ["eth0".to_string()];
+    let thresholds = crate::stall::Thresholds::default();
+    let start = StartRecord {
+        version: env!("CARGO_PKG_VERSION"),
+        kernel: "6.18.0-stalltrace".into(),
+        interval_ms: 1000,
+        duration_ms: Some(30_000),
+        slow_io_ms: 0.5,
+        bpf_stats: true,
+        kernel_hz: 250,
+        kernel_hz_source: "/proc/config.gz",
+        filters: Filters {
+            ports: &[1433, 5022],
+            netns: &netns,
+            ifaces: &ifaces,
+        },
+        bulk_mbps: Some(8.0),
+        prometheus: Some("127.0.0.1:9466".parse().unwrap()),
+        stalls: Some(&thresholds),
+        families: &families,
+        probes: &probes,
+    };
+    w.emit("start", &now(), &start).unwrap();
+    // The plainest run (no --duration, slow_io off, every hook attached).
+    let families = [FamilyReport {
+        family: "block",
+        attached: true,
+        mode: Some(HookMode::TpBtf),
+        fallback_reason: None,
+        error: None,
+    }];
+    let start = StartRecord {
+        duration_ms: None,
+        slow_io_ms: 0.0,
+        bpf_stats: false,
+        filters: Filters {
+            ports: &[],
+            netns: &[],
+            ifaces: &[],
+        },
+        bulk_mbps: None,
+        prometheus: None,
+        stalls: None,
+        families: &families,
+        probes: &probes[..1],
+        ..start
+    };
+    w.emit("start", &now(), &start).unwrap();
+    // The start that opens a run's further file after rotation or SIGHUP.
+    let mut continued = serde_json::to_value(&start).unwrap();
+    continued["file"] = json!(1);
+    w.emit("start", &now(), &continued).unwrap();
+}
+
+/// Every kernel loss source the block family names, and a recursion miss.
+/// Returns the losses, which `stop` reports as the run's totals.
+pub(super) fn lost(w: &mut JsonWriter) -> BTreeMap<String, u64> {
+    let now = Clock::now_rfc3339;
+    let mut by_source: BTreeMap<String, u64> = (0..abi::LOST_SOURCE_COUNT)
+        .map(|s| (format!("block.{}", source_name(s)), u64::from(s) + 1))
+        .collect();
+    by_source.insert("block.recursion_miss.on_block_rq_issue".into(), 2);
+    let lost = LostRecord {
+        interval_ms: 1000,
+        by_source: &by_source,
+    };
+    w.emit("lost", &now(), &lost).unwrap();
+    by_source
+}
+
+/// `stop` counts every record `w` has written so far, so it comes last.
+pub(super) fn stop(w: &mut JsonWriter, by_source: &BTreeMap<String, u64>) {
+    let now = Clock::now_rfc3339;
+    // With program costs (bpf stats on and off) and losses ...
+    let cost = |program: &str, run_count, run_time_ns| {
+        let stats = ProgramStats {
+            program: program.into(),
+            run_count,
+            run_time_ns,
+            recursion_misses: 2,
+        };
+        // as the daemon's run.rs computes it
+        ProgramCost {
+            family: "block",
+            ns_per_run: stats.ns_per_run().map(|v| (v * 10.0).round() / 10.0),
+            stats,
+        }
+    };
+    let records = w.emitted().clone();
+    let stop = StopRecord {
+        reason: "duration",
+        elapsed_ms: 30_004,
+        records: &records,
+        lost: by_source,
+        programs: vec![
+            cost("on_block_rq_issue", 123_456, 9_876_543),
+            cost("on_block_getrq", 0, 0),
+        ],
+    };
+    w.emit("stop", &now(), &stop).unwrap();
+    // ... and without either.
+    let records = w.emitted().clone();
+    let nothing = BTreeMap::new();
+    let stop = StopRecord {
+        reason: "signal",
+        elapsed_ms: 12,
+        records: &records,
+        lost: &nothing,
+        programs: Vec::new(),
+    };
+    w.emit("stop", &now(), &stop).unwrap();
+}

@@ -1,0 +1,116 @@
+//! The sqlserver family's records, `sql_instance` and `sql_session`, as
+//! discovery writes them.
+
+use crate::output::JsonWriter;
+use crate::sqlserver::dmv::DmvSession;
+use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
+use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord};
+
+/// An instance with its watchdog, one without, and one too long for a line.
+pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
+    let instance = Instance {
+        pid: 4242,
+        watchdog_pid: Some(4240),
+        netns: 4026531840,
+        tds_ports: vec![1433],
+        ag_ports: vec![5022],
+        files: vec![FileSummary {
+            path: "/var/opt/mssql/data/sales.mdf".into(),
+            role: "data",
+            disks: vec!["259:0".into()],
+        }],
+        disk_roles: [
+            ("259:0".to_string(), "data"),
+            ("259:1".to_string(), "mixed"),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    w.emit(
+        "sql_instance",
+        ts,
+        &SqlInstanceRecord {
+            instance: &instance,
+        },
+    )
+    .unwrap();
+    let orphan = Instance {
+        watchdog_pid: None,
+        ..instance.clone()
+    };
+    w.emit("sql_instance", ts, &SqlInstanceRecord { instance: &orphan })
+        .unwrap();
+    // An instance of 150 databases: longer than a line, written in parts.
+    let many_files = Instance {
+        files: (0..300)
+            .map(|i| FileSummary {
+                path: format!("/var/opt/mssql/data/tenant_{i:04}.mdf").into(),
+                role: "data",
+                disks: vec!["259:0".into()],
+            })
+            .collect(),
+        ..instance.clone()
+    };
+    w.emit(
+        "sql_instance",
+        ts,
+        &SqlInstanceRecord {
+            instance: &many_files,
+        },
+    )
+    .unwrap();
+}
+
+/// A client session as it opens, then identified (SPID and DMV).
+pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
+    let mut session = Session {
+        pid: 4242,
+        netns: 4026531840,
+        kind: SessionKind::Client,
+        local: "10.1.2.3:1433".parse().unwrap(),
+        remote: "10.1.2.4:50123".parse().unwrap(),
+        sock_ino: 912_345,
+        first_seen: ts.to_string(),
+        spid: None,
+        encrypted: false,
+        dmv: Vec::new(),
+        absent_at_ms: None,
+    };
+    let open = SqlSessionRecord {
+        event: "open",
+        session: &session,
+    };
+    w.emit("sql_session", ts, &open).unwrap();
+    session.spid = Some(57);
+    // With DMV enrichment: the connection's session and a MARS one.
+    session.dmv = vec![
+        DmvSession {
+            session_id: 57,
+            connect_time_ms: 1_760_000_000_000,
+            login: "app_user".into(),
+            program: Some("OrderService".into()),
+            host: Some("app01".into()),
+            database: Some("sales".into()),
+            status: "running".into(),
+            request_status: Some("suspended".into()),
+            command: Some("SELECT".into()),
+            wait_type: Some("ASYNC_NETWORK_IO".into()),
+            wait_time_ms: Some(12),
+            blocking_session_id: Some(0),
+            ..Default::default()
+        },
+        DmvSession {
+            session_id: 61,
+            connect_time_ms: 1_760_000_000_500,
+            mars: true,
+            login: "app_user".into(),
+            status: "sleeping".into(),
+            ..Default::default()
+        },
+    ];
+    let identified = SqlSessionRecord {
+        event: "identified",
+        session: &session,
+    };
+    w.emit("sql_session", ts, &identified).unwrap();
+}
