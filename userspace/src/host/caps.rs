@@ -191,7 +191,30 @@ pub fn report(caps: u64, release: &str) -> Vec<String> {
 /// AppArmor profile denies ptrace-reads of the host's /proc whatever the
 /// capabilities) or a sandbox (ProtectProc=, hidepid).
 pub fn degraded(feature: &str, what: &str, needs: &[Cap], consequence: &str) {
-    let line = degraded_line(effective_once(), feature, what, needs, consequence);
+    say_once(
+        feature,
+        consequence,
+        degraded_line(effective_once(), feature, what, needs, consequence),
+    );
+}
+
+/// As [`degraded`], but silent when this process has every capability of
+/// `needs`: for scans of every process, where one that is exiting or in the
+/// middle of an exec is refused for a moment whatever the privileges (seen
+/// in the suite's namespace churn), so a refusal despite the capabilities
+/// says nothing about a security module.
+pub fn degraded_if_lacking(feature: &str, what: &str, needs: &[Cap], consequence: &str) {
+    let caps = effective_once();
+    if needs.iter().any(|c| caps & bit(*c) == 0) {
+        say_once(
+            feature,
+            consequence,
+            degraded_line(caps, feature, what, needs, consequence),
+        );
+    }
+}
+
+fn say_once(feature: &str, consequence: &str, line: String) {
     static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let key = format!("{feature}\0{consequence}");
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());

@@ -201,7 +201,7 @@ impl Inventory {
             let proc_pid = self.proc.join(pid.to_string());
             let open = procfs::open_files(&proc_pid);
             if open.denied {
-                crate::host::caps::degraded(
+                crate::host::caps::degraded_if_lacking(
                     "sqlserver",
                     &format!("reading /proc/{pid}/fd of sqlservr (another user's)"),
                     &procfs::OTHERS_FDS_NEED,

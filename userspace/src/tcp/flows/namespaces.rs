@@ -82,7 +82,7 @@ fn all_namespaces() -> Vec<Candidate> {
             }
         }
         if denied > 0 {
-            caps::degraded(
+            caps::degraded_if_lacking(
                 "tcp_flow",
                 &format!("reading /proc/PID/ns/net of {denied} processes of other users"),
                 &[caps::CAP_SYS_PTRACE],

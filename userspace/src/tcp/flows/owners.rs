@@ -43,7 +43,7 @@ pub fn holders(proc: &Path, inodes: &HashSet<u64>) -> HashMap<u64, Vec<u32>> {
         }
     }
     if denied {
-        crate::host::caps::degraded(
+        crate::host::caps::degraded_if_lacking(
             "tcp_flow",
             "reading other users' /proc/PID/fd",
             &procfs::OTHERS_FDS_NEED,
