@@ -279,6 +279,21 @@ fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
+/// Datagrams of a testdata file: hex, one datagram per line, `#` comments
+/// (the captured kernel replies the netlink readers' tests replay).
+#[cfg(test)]
+pub(crate) fn hex_datagrams(text: &str) -> Vec<Vec<u8>> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            (0..l.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,18 +9,7 @@ use super::ethtool::*;
 use super::*;
 use crate::host::netlink::{Each, feed, frame, put_attr, put_nested};
 
-/// Datagrams of a testdata file: hex, one datagram per line, `#` comments.
-fn captured(text: &str) -> Vec<Vec<u8>> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            (0..l.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
-                .collect()
-        })
-        .collect()
-}
+use crate::host::netlink::hex_datagrams as captured;
 
 macro_rules! testdata {
     ($name:literal) => {

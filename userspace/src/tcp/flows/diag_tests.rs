@@ -10,15 +10,7 @@ use crate::host::netlink::{Each, feed};
 const DUMP: &str = include_str!("testdata/sock_diag_dump.hex");
 
 fn datagrams() -> Vec<Vec<u8>> {
-    DUMP.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            (0..l.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
-                .collect()
-        })
-        .collect()
+    crate::host::netlink::hex_datagrams(DUMP)
 }
 
 /// Answers the IPv4 request with the recorded IPv4 datagrams, the IPv6 one
