@@ -3,18 +3,27 @@
  * block.bpf.c - where a block I/O waits, per disk and op.
  *
  *   bio submitted     block_bio_queue     start of `total` and `tag_wait`
- *   request allocated block_getrq         end of `tag_wait`, start of `queue`
+ *   request allocated (rq->start_time_ns) end of `tag_wait`, start of `queue`
  *   issued to driver  block_rq_issue      end of `queue`, start of `device`; in-flight +1
  *   handed back       block_rq_requeue    in-flight -1 (a queue-full signal)
  *   request completed block_rq_complete   end of `device`; in-flight -1; end of `total`
  *                                         for the bios it finishes; slow_io event
  *   bio completed     block_bio_complete  end of `total` on bio-based disks (dm, md)
  *
- * The phases are timed by these hooks alone, so tag_wait + queue + device
- * adds up to total for the bio that allocated the request. The kernel's own
- * rq->start_time_ns times none of them: depending on the version it is
- * stamped at allocation or when the plug is flushed (and a plug caches one
- * time for all it allocates), so it cannot split the phases.
+ * The allocation is the kernel's own stamp, read at completion: every
+ * kernel stamps rq->start_time_ns when it sets a request up for a bio (where
+ * the disk keeps I/O statistics, /sys/block/X/queue/iostats, on by default;
+ * 4.18 always). A hook of our own there cost a program run and a clock read
+ * on every I/O (docs/BENCHMARKS.md). The stamp is not always the moment the
+ * bio got its request: a request taken from a plug's cache (5.16-6.5) keeps
+ * the time the cache was filled, and 6.9+ stamps a plug's cached time (the
+ * first clock read since the task last slept). Both are at most the time
+ * the bio was submitted, never later than the allocation: a bio with such a
+ * stamp had a request without waiting, so its tag wait is 0 and the queue
+ * phase starts at its own submission (phase_split()). A wait for a tag
+ * sleeps, and sleeping drops the plug's cached time, so a bio that waited is
+ * stamped when it woke with its request. tag_wait + queue + device adds up
+ * to total for the bio that allocated the request either way.
  *
  * Everything is aggregated here into per-CPU histograms; only I/Os slower
  * than slow_io_ns cross to userspace one by one. Per-bio and per-request
@@ -51,15 +60,10 @@ static __always_inline void current_comm(char *comm)
 
 /*
  * 5.11 dropped the request_queue argument of block_bio_queue (q, bio) and
- * block_getrq (q, bio, rw), and moved both tracepoints to the block_bio event
- * class in the same change, so their own event structs exist only on kernels
- * with the old prototypes (5.10 and older).
+ * moved it to the block_bio event class in the same change, so its own event
+ * struct exists only on kernels with the old prototype (5.10 and older).
  */
 struct trace_event_raw_block_bio_queue___pre_5_11 {
-	dev_t dev;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_block_get_rq___pre_5_11 {
 	dev_t dev;
 } __attribute__((preserve_access_index));
 
@@ -85,7 +89,6 @@ HOOK(block_bio_queue)
 		count_lost(LOST_BIO_TRACK_FULL);
 		return 0;
 	}
-	slot->alloc_ns = 0;
 	slot->major = KREAD(disk, major);
 	slot->minor = KREAD(disk, first_minor);
 	slot->op = block_op_of(KREAD(bio, bi_opf), KREAD(bio, bi_iter.bi_size));
@@ -103,22 +106,6 @@ HOOK(block_bio_queue)
 	return 0;
 }
 
-/* Only stamps the allocation: the histograms are fed at issue, where the stats are looked up anyway. */
-HOOK(block_getrq)
-{
-	struct bio *bio = bpf_core_type_exists(struct trace_event_raw_block_get_rq___pre_5_11)
-				  ? (struct bio *)TP_ARG(1)
-				  : (struct bio *)TP_ARG(0);
-	struct bio_slot *slot;
-	__u32 index;
-
-	slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_GETRQ), &index);
-
-	if (slot)
-		slot->alloc_ns = bpf_ktime_get_ns();
-	return 0;
-}
-
 /*
  * The kernel does not always run the completion hook. It skips a program it
  * finds already running on the CPU (and counts a recursion miss), and some
@@ -132,26 +119,18 @@ HOOK(block_getrq)
  * Whether that earlier life ended, or was handed back with the requeue hook
  * skipped the same way: a new life of the same struct request was allocated
  * after the last one completed, so after that life's last issue, while a
- * requeued request keeps its allocation. Our own stamp of the allocation is
- * on the bio that allocated the request (block_getrq); the kernel's
- * start_time_ns is used only without it (a partial completion moved rq->bio
- * on, or the getrq run was skipped): it can be older than the allocation,
- * since a plug caches one time for all it allocates, and a request freed
- * while a plug is open can be allocated again under that plug's older time.
- * With neither, a completion: the kernel skips the completion hook far more
- * often than the requeue hook (the first runs on top of any task, the second
- * mostly in the submitter's context).
+ * requeued request keeps its allocation. The allocation is the kernel's
+ * rq->start_time_ns (see the top). A plug's cached time can make it older
+ * than the allocation: a request freed while a plug is open and allocated
+ * again under it would look like a requeue, which needs a skipped completion
+ * hook inside one plug as well. Without a stamp, a completion: the kernel
+ * skips the completion hook far more often than the requeue hook (the first
+ * runs on top of any task, the second mostly in the submitter's context).
  */
 static __always_inline bool same_life(struct request *rq, const struct block_rq_slot *slot)
 {
-	struct bio_slot *allocating;
-	__u64 allocated;
-	__u32 index;
+	__u64 allocated = KREAD(rq, start_time_ns);
 
-	allocating = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(KREAD(rq, bio), PROG_RQ_ISSUE), &index);
-	if (allocating && allocating->alloc_ns)
-		return allocating->alloc_ns <= slot->issue_ns;
-	allocated = KREAD(rq, start_time_ns);
 	return allocated && allocated <= slot->issue_ns;
 }
 
@@ -343,19 +322,35 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 }
 
 /*
- * The tag-wait and queue phases of a request's allocating bio are known when
- * its allocation was seen and the stamps are in order. They are not for a
- * request whose slot outlived an earlier life (a flush-machinery request
- * recycled after a requeue that was never issued again): it keeps that life's
- * first-issue stamp, older than this allocation. No sample beats a wrapped one.
+ * The tag-wait and queue phases of a request's allocating bio: known when the
+ * kernel stamped the allocation and the stamps are in order. They are not for
+ * a request whose slot outlived an earlier life (a flush-machinery request
+ * recycled after a requeue that was never issued again): it keeps that
+ * life's first-issue stamp, older than this allocation. No sample beats a
+ * wrapped one. A stamp older than the bio's submission (a plug's cached
+ * time, see the top) means the request was there when the bio came: no tag
+ * wait, and the queue phase starts at the submission.
  */
-static __always_inline bool phases_known(const struct bio_slot *b, __u64 first_issue_ns)
+struct phases {
+	__u64 tag_wait_ns;
+	__u64 queue_ns;
+};
+
+static __always_inline bool phase_split(const struct bio_slot *bio, __u64 allocated_ns, __u64 first_issue_ns,
+					struct phases *out)
 {
-	return b->alloc_ns && b->head.stamp_ns <= b->alloc_ns && b->alloc_ns <= first_issue_ns;
+	__u64 submitted_ns = bio->head.stamp_ns, queued_ns;
+
+	if (!allocated_ns || allocated_ns > first_issue_ns || submitted_ns > first_issue_ns)
+		return false;
+	queued_ns = allocated_ns > submitted_ns ? allocated_ns : submitted_ns;
+	out->tag_wait_ns = queued_ns - submitted_ns;
+	out->queue_ns = first_issue_ns - queued_ns;
+	return true;
 }
 
-static __always_inline void send_slow_io(struct request *rq, struct bio_slot *origin, __u32 op,
-					 __u64 now, __u64 first_issue_ns, __u64 device_ns, int error)
+static __always_inline void send_slow_io(struct request *rq, struct bio_slot *origin, __u32 op, __u64 now,
+					 const struct phases *phases, bool split, __u64 device_ns, int error)
 {
 	struct slow_io_event *event;
 
@@ -368,11 +363,10 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 	event->flags = 0;
 	event->tag_wait_ns = 0;
 	event->queue_ns = 0;
-	if (phases_known(origin, first_issue_ns)) {
-		/* the queue phase starts at the allocation */
+	if (split) {
 		event->flags = SLOW_IO_HAS_TAG_WAIT | SLOW_IO_HAS_QUEUE;
-		event->tag_wait_ns = origin->alloc_ns - origin->head.stamp_ns;
-		event->queue_ns = first_issue_ns - origin->alloc_ns;
+		event->tag_wait_ns = phases->tag_wait_ns;
+		event->queue_ns = phases->queue_ns;
 	}
 	event->ts_ns = now;
 	event->total_ns = now - origin->head.stamp_ns;
@@ -414,6 +408,8 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	__u32 data_len = KREAD(rq, __data_len);
 	__u64 now, first_issue_ns, device_ns;
 	struct bio_slot first = {};
+	struct phases phases = {};
+	bool split = false;
 	struct block_stats *stats;
 	struct block_rq_slot *slot;
 	struct block_disk *disk;
@@ -465,15 +461,17 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 			__sync_fetch_and_add(&disk->inflight, -1);
 	}
 	/* the allocating bio's wait for a tag, then in the queue until the first issue */
-	if (first.head.owner && phases_known(&first, first_issue_ns)) {
-		hist_add(&stats->tag_wait, first.alloc_ns - first.head.stamp_ns);
-		hist_add(&stats->queue, first_issue_ns - first.alloc_ns);
+	if (first.head.owner)
+		split = phase_split(&first, KREAD(rq, start_time_ns), first_issue_ns, &phases);
+	if (split) {
+		hist_add(&stats->tag_wait, phases.tag_wait_ns);
+		hist_add(&stats->queue, phases.queue_ns);
 	}
 	slot_release(slot);
 
 	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns &&
 	    !(self_tgid && first.tgid == self_tgid))
-		send_slow_io(rq, &first, op, now, first_issue_ns, device_ns, error);
+		send_slow_io(rq, &first, op, now, &phases, split, device_ns, error);
 	return 0;
 }
 

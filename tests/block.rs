@@ -175,7 +175,7 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     assert_eq!(fio.ios, kernel_reads, "fio's I/Os vs diskstats");
 
     // Per request, our span lies inside the kernel's: it starts at the
-    // allocation, just before our getrq hook, and ends after the bios'
+    // allocation, the very stamp diskstats starts from, and ends before the bios'
     // completion callbacks that run past our completion hook (2-3 us here, the
     // waiting reader's wakeup included). The tick sum is printed rounded down
     // to a ms. Above the kernel's, stalltrace would be adding time; more than

@@ -107,16 +107,16 @@ struct slot_head {
 #define SLOT_STALE_NS (600ULL * 1000 * 1000 * 1000)
 
 /*
- * A bio from submission to completion (block.bpf.c). The kernel keeps no
- * submission time on a bio that is always there (bio->issue_time_ns only with
- * blk-iolatency), and the submitter is unknown by completion, so both are
- * kept here. The daemon reads these only to free stale ones.
+ * A bio from submission to completion (block.bpf.c). The submitter is unknown
+ * by completion, and the kernel's own submission stamp is not always there
+ * (bio->bi_issue, later issue_time_ns: cgroup kernels only, and from 6.18
+ * only on disks with blk-iolatency on), so both are kept here. The daemon
+ * reads these only to free stale ones.
  */
 #define BLOCK_BIO_SLOT_BITS 15 /* 32768 bios in flight; 2 MiB */
 
 struct bio_slot {
 	struct slot_head head; /* owner: the bio; stamp_ns: submitted */
-	__u64 alloc_ns;        /* request allocated for it (getrq); 0 until then */
 	__u32 major;
 	__u32 minor;
 	__u32 op;

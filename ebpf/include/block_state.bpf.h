@@ -108,7 +108,6 @@ struct {
 /* Each program's own ptr_key() scratch word (slots.bpf.h). */
 enum block_program {
 	PROG_BIO_QUEUE,
-	PROG_GETRQ,
 	PROG_RQ_ISSUE,
 	PROG_RQ_REQUEUE,
 	PROG_RQ_COMPLETE,

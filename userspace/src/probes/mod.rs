@@ -493,7 +493,6 @@ mod tests {
                 [
                     "block_bio_complete",
                     "block_bio_queue",
-                    "block_getrq",
                     "block_rq_complete",
                     "block_rq_issue",
                     "block_rq_requeue"

@@ -24,7 +24,7 @@ pub(super) fn start(w: &mut JsonWriter) {
             attached: true,
             mode: Some(HookMode::RawTp),
             fallback_reason: Some(
-                "cannot attach the block probe at block_getrq (TpBtf): Invalid argument".into(),
+                "cannot attach the block probe at block_rq_requeue (TpBtf): Invalid argument".into(),
             ),
             error: None,
         },
@@ -51,14 +51,14 @@ pub(super) fn start(w: &mut JsonWriter) {
         },
         HookStatus {
             error: Some("Invalid argument (os error 22)".into()),
-            ..HookStatus::untried("block", "block_getrq", HookMode::TpBtf)
+            ..HookStatus::untried("block", "block_rq_requeue", HookMode::TpBtf)
         },
         HookStatus::untried("block", "block_rq_issue", HookMode::TpBtf),
         HookStatus {
             attached: true, // id not reported
             via: Some(AttachKind::RawTp),
-            target: Some("block_getrq".into()),
-            ..HookStatus::untried("block", "block_getrq", HookMode::RawTp)
+            target: Some("block_rq_requeue".into()),
+            ..HookStatus::untried("block", "block_rq_requeue", HookMode::RawTp)
         },
         HookStatus {
             attached: true,
@@ -180,7 +180,7 @@ pub(super) fn stop(w: &mut JsonWriter, by_source: &BTreeMap<String, u64>) {
         lost: by_source,
         programs: vec![
             cost("on_block_rq_issue", 123_456, 9_876_543),
-            cost("on_block_getrq", 0, 0),
+            cost("on_block_rq_requeue", 0, 0),
         ],
     };
     w.emit("stop", &now(), &stop).unwrap();
