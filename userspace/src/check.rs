@@ -36,6 +36,17 @@ pub fn check(args: &CheckArgs) -> bool {
             "off (`stalltrace run --bpf-stats` turns them on for the run)"
         }
     );
+    match host::btf_names::BtfNames::of_running_kernel() {
+        Ok(names) => {
+            println!(
+                "stamps      the kernel's own on each block I/O (read instead of a hook where kept)"
+            );
+            for line in crate::block::stamps::report(&names) {
+                println!("              {line}");
+            }
+        }
+        Err(e) => println!("stamps      unknown: {e}"),
+    }
     let btf = match probes::preflight() {
         Ok(btf) => btf,
         Err(e) => {

@@ -5,6 +5,7 @@
 pub mod interval;
 pub mod reconcile;
 pub mod record;
+pub mod stamps;
 pub mod sweep;
 pub mod sysfs;
 

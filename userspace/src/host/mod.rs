@@ -1,6 +1,7 @@
 //! What stalltrace reads about the host from /proc and /sys (never from the
 //! probes): identity, privileges, kernel features, clocks.
 
+pub mod btf_names;
 pub mod caps;
 pub mod clock;
 pub mod kernel;
