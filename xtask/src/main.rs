@@ -87,6 +87,7 @@ fn main() -> anyhow::Result<()> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                "--all-features",
                 "--",
                 "-D",
                 "warnings",
@@ -101,7 +102,15 @@ fn main() -> anyhow::Result<()> {
                     setup::kubernetes_validate(),
                 );
             }
-            let mut nextest = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
+            // e2e: the root-only end-to-end tests (userspace/Cargo.toml says why they are a feature).
+            let mut nextest = vec![
+                "nextest",
+                "run",
+                "--workspace",
+                "--features",
+                "stalltrace/e2e",
+                "--no-fail-fast",
+            ];
             nextest.extend(args.iter().map(String::as_str));
             util::cargo(&nextest)?;
             kernels::after_tests()

@@ -63,7 +63,8 @@ pub fn read_all_in_netns(path: &Path) -> Result<Vec<LinkHealth>, LinkError> {
     read
 }
 
-#[cfg(test)]
+/// Root only (namespaces), so end-to-end: the `e2e` feature (userspace/Cargo.toml).
+#[cfg(all(test, feature = "e2e"))]
 mod tests {
     use super::*;
     use crate::host::link::Exposed;
@@ -141,7 +142,7 @@ mod tests {
         assert_eq!(
             unsafe { libc::geteuid() },
             0,
-            "this test creates network namespaces: run it as root (e.g. `sudo -E cargo test -p stalltrace --lib host::link`)"
+            "this test creates network namespaces: run it as root (e.g. `cargo test -p stalltrace --features e2e --lib host::link`)"
         );
         let tag = format!("stl{}{}", std::process::id() % 100_000, rand_suffix());
         let (ns_a, ns_b) = (format!("{tag}a"), format!("{tag}b"));
