@@ -126,6 +126,19 @@ impl SqlState {
     }
 }
 
+/// A finding's impact, as time: the interval's length times the share
+/// (0..=1) of the subject's work the cause held back in it. An episode sums
+/// them over its intervals, so its impact reads as the time the subject was as
+/// good as stopped, never more than the episode lasted, and episodes of
+/// different kinds rank on one scale (docs/records.md, `impact_ms`).
+pub fn held_back_ms(len_ms: f64, share: f64) -> f64 {
+    if share.is_finite() {
+        len_ms * share.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
 /// What one rule concluded about one subject in one interval.
 #[derive(Clone, Debug)]
 pub struct Finding {

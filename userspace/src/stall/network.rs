@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::Thresholds;
-use super::interval::{Finding, Interval, Tally};
+use super::interval::{Finding, Interval, Tally, held_back_ms};
 use super::record::{Cause, Evidence, Kind, Subject};
 use super::views::{Netdev, Retransmit};
 
@@ -25,7 +25,8 @@ struct PeerLoss<'a> {
     tlp: u64,
     /// Time lost: each timer RTO waited its `rto_ms`; any other
     /// retransmission costs about a round trip.
-    impact_ms: f64,
+    /// Retransmission timeouts waited, and a round trip per other retransmission.
+    waited_ms: f64,
     sessions: Vec<&'a Value>,
 }
 
@@ -112,7 +113,9 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
             },
             cause,
             role: None,
-            impact_ms: p.impact_ms,
+            // the waits of all its connections, bounded by the interval: the
+            // time some connection to the peer was held back, at most
+            impact_ms: held_back_ms(iv.len_ms, p.waited_ms / iv.len_ms.max(1.0)),
             evidence,
             next_step,
             sessions: p.sessions.into_iter().cloned().collect(),
@@ -135,14 +138,14 @@ fn add<'a>(p: &mut PeerLoss<'a>, r: &'a Retransmit) {
             p.rto_ms_max = p.rto_ms_max.max(r.rto_ms);
             p.backoff_max = p.backoff_max.max(r.backoff);
             p.rto_wait_ms += r.rto_ms;
-            p.impact_ms += r.rto_ms;
+            p.waited_ms += r.rto_ms;
         }
         "tlp" => p.tlp += 1,
         "fast" => p.fast += 1,
         _ => {}
     }
     if !(r.kind == "rto" && r.timer) {
-        p.impact_ms += r.srtt_us / 1000.0;
+        p.waited_ms += r.srtt_us / 1000.0;
     }
     p.stalled_ms_max = p.stalled_ms_max.max(r.stalled_ms);
     if let Some(tag) = &r.sql
@@ -249,7 +252,11 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
         .and_then(|l| l.rx_pause_frames())
         .unwrap_or(0);
     let qdisc = n.link.as_ref().and_then(|l| l.qdisc.clone());
-    let queued_ms = n.qdisc_us.total() / 1000.0;
+    // the packets that waited in the queue the threshold or longer
+    let held_back = held_back_ms(
+        n.interval_ms as f64,
+        n.qdisc_us.count_at_least(th.qdisc_ms * 1000.0) as f64 / n.qdisc_us.count.max(1) as f64,
+    );
     let (cause, mut evidence, next_step, impact_ms) = if n.tx_timeouts + n.tx_stalls > 0 {
         (
             Cause::TxTimeout,
@@ -268,7 +275,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
                 "the driver of {iface} stopped transmitting: check `dmesg` for the NIC's reset \
                  messages, its firmware and driver version, and the switch port"
             ),
-            n.interval_ms as f64,
+            held_back_ms(n.interval_ms as f64, 1.0),
         )
     } else if pause > 0 {
         (
@@ -284,7 +291,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
                  congested port on the switch, or turn flow control off (`ethtool -A {iface} rx off \
                  tx off`) so one slow receiver stops slowing the rest"
             ),
-            queued_ms,
+            held_back,
         )
     } else if n.qdisc_us.count >= th.min_samples && n.qdisc_us.p99() >= th.qdisc_ms * 1000.0 {
         let kind = qdisc.as_ref().map(|q| q.kind.as_str()).unwrap_or("qdisc");
@@ -308,7 +315,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
                  the traffic (`tc -s qdisc show dev {iface}`); a shaper set below what the \
                  application sends queues everything behind it"
             ),
-            queued_ms,
+            held_back,
         )
     } else {
         return None;

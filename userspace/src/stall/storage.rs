@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::Thresholds;
-use super::interval::{Finding, Interval, SqlState, Tally};
+use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
 use super::network::round1;
 use super::record::{Cause, Evidence, Kind, Subject};
 use super::views::{Block, Hist};
@@ -166,7 +166,19 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
                  /sys/block/{name}/queue/nr_requests and the HBA or driver queue depth, then \
                  re-measure; past the device's own parallelism, more depth only adds latency"
             ),
-            d.ops.iter().map(|b| b.tag_wait_us.total()).sum::<f64>() / 1000.0,
+            // the requests that waited for a tag at least the threshold
+            held_back_ms(
+                iv.len_ms,
+                d.ops
+                    .iter()
+                    .map(|b| b.tag_wait_us.count_at_least(th.tag_wait_us))
+                    .sum::<u64>() as f64
+                    / d.ops
+                        .iter()
+                        .map(|b| b.tag_wait_us.count)
+                        .sum::<u64>()
+                        .max(1) as f64,
+            ),
         )
     } else if slow {
         let threshold_us = th.io_ms * 1000.0;
@@ -211,11 +223,11 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
         (
             Cause::SlowDevice,
             next,
-            d.ops
-                .iter()
-                .map(|b| b.device_us.sum_at_least(threshold_us))
-                .sum::<f64>()
-                / 1000.0,
+            // the requests the device took the threshold or longer for
+            held_back_ms(
+                iv.len_ms,
+                d.slow_count(threshold_us) as f64 / d.count().max(1) as f64,
+            ),
         )
     } else {
         return None;

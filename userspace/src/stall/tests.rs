@@ -85,6 +85,7 @@ fn retransmission_timeouts_open_an_episode_that_names_the_sessions() {
         (Kind::Network, Cause::RetransmissionTimeouts)
     );
     assert_eq!(e.subject.peer.as_deref(), Some("10.0.0.2"));
+    // The waits, as each interval (1 s) held them: all of them fit.
     assert_eq!(e.impact_ms, 204.0 + 408.0 + 204.0 + 816.0);
     assert_eq!(e.duration_ms, 2000.0, "two intervals over the threshold");
     assert_eq!(e.end.as_deref(), Some("2026-01-01T00:00:02.000000Z"));
@@ -123,6 +124,18 @@ fn an_episode_sums_its_timeouts_beside_the_worst_interval() {
     // One interval alone has no separate total: its evidence is the total.
     let one = first_closed(run(&[vec![rto("10.0.0.2", 204.0, 0, 51, 50001)]]));
     assert!(!one.evidence.iter().any(|x| x.signal.ends_with("_total")));
+}
+
+#[test]
+fn impact_is_time_the_subject_lost_never_more_than_the_episode_lasted() {
+    // Twelve connections each waiting out a 408 ms timeout in one 1 s
+    // interval: 4.9 s of waits, but the peer cannot lose more than the second.
+    let timeouts: Vec<Value> = (0..12)
+        .map(|i| rto("10.0.0.2", 408.0, 1, 51 + i, 50001 + i as u16))
+        .collect();
+    let e = first_closed(run(&[timeouts, vec![rto("10.0.0.2", 204.0, 0, 51, 50001)]]));
+    assert_eq!(e.impact_ms, 1000.0 + 204.0);
+    assert!(e.impact_ms <= e.duration_ms);
 }
 
 #[test]
@@ -228,14 +241,10 @@ fn a_slow_device_with_few_in_flight() {
     let e = first_closed(run(&[vec![slow]]));
     assert_eq!(e.cause, Cause::SlowDevice);
     assert!(e.next_step.contains("few requests in flight"));
-    // Impact is read off the buckets: 50 I/Os at the midpoint of 400 ms's.
-    let (low, high) = crate::hist::bucket_range(crate::hist::bucket_index(400_000_000));
-    let midpoint_ms = (low + high) as f64 / 2.0 / 1e6;
-    assert!(
-        (e.impact_ms - 50.0 * midpoint_ms).abs() < 0.01,
-        "{}",
-        e.impact_ms
-    );
+    // Every I/O took the threshold or longer: the whole interval was lost,
+    // not the 50 x 400 ms = 20 s of waits summed over I/Os that overlapped.
+    assert_eq!(e.impact_ms, e.duration_ms);
+    assert_eq!(e.impact_ms, 1000.0);
     // Too few I/Os for a percentile to mean anything.
     let few = block("loop3", 3, &[(2.0, 3)], &[(400_000.0, 3)], &[(1.0, 3)], 128);
     assert!(run(&[vec![few]]).is_empty());
@@ -343,10 +352,11 @@ fn transmit_side_causes_rank_timeout_over_pause_over_queueing() {
         &[(30_000.0, 500), (100.0, 500)],
         link("full", 0, 0, 0),
     );
-    assert_eq!(
-        first_closed(run(&[vec![slow_queue.clone()]])).cause,
-        Cause::TxThrottled
-    );
+    let throttled = first_closed(run(&[vec![slow_queue.clone()]]));
+    assert_eq!(throttled.cause, Cause::TxThrottled);
+    // Half the packets waited 30 ms, beyond the threshold: half the interval,
+    // not the 15 s their waits add up to.
+    assert_eq!(throttled.impact_ms, 500.0);
     let mut paused = slow_queue.clone();
     paused["link"]["pause"]["rx_pause_frames"] = json!(1200);
     let e = first_closed(run(&[vec![paused.clone()]]));
