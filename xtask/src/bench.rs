@@ -14,6 +14,7 @@ mod interrupt;
 mod loopdisk;
 mod net;
 mod netpair;
+mod paired;
 mod peers;
 mod publish;
 mod quiet;
@@ -22,6 +23,7 @@ mod soak;
 mod stats;
 mod table;
 mod tracer;
+mod unitcost;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -256,6 +256,19 @@ impl NetPair {
             .with_context(|| format!("no tx packets for {} in: {text}", self.veth(side)))
     }
 
+    /// TCP segments `side`'s namespace has received and sent so far, as the
+    /// kernel counts them (InSegs and OutSegs of /proc/net/snmp there: MSS-sized
+    /// segments, so a TSO or GRO packet counts as the segments it carries).
+    pub fn tcp_segments(&self, side: Side) -> anyhow::Result<(u64, u64)> {
+        let text = self.exec(side, &["cat", "/proc/net/snmp"])?;
+        snmp_tcp_segments(&text).with_context(|| {
+            format!(
+                "no Tcp InSegs/OutSegs in {}'s /proc/net/snmp",
+                self.netns(side)
+            )
+        })
+    }
+
     /// The namespaces' names, to check after drop that they are gone.
     pub fn names(&self) -> [String; 2] {
         [self.client.netns.clone(), self.server.netns.clone()]
@@ -270,6 +283,17 @@ impl Drop for NetPair {
             }
         }
     }
+}
+
+/// InSegs and OutSegs from /proc/net/snmp's `Tcp:` header and value lines.
+fn snmp_tcp_segments(text: &str) -> Option<(u64, u64)> {
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let field = |name: &str| {
+        let i = names.split_whitespace().position(|n| n == name)?;
+        values.split_whitespace().nth(i)?.parse().ok()
+    };
+    Some((field("InSegs")?, field("OutSegs")?))
 }
 
 /// Sum of the counters of every drop rule in `nft -j list table` output.
@@ -429,6 +453,17 @@ fn run_stdin(program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_segments_from_snmp() {
+        let text = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails \
+            EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
+            Tcp: 1 200 120000 -1 3 2 0 0 1 4711 4242 7 0 1 0\n\
+            Udp: InDatagrams\nUdp: 5\n";
+        assert_eq!(snmp_tcp_segments(text), Some((4711, 4242)));
+        assert_eq!(snmp_tcp_segments("Tcp: InSegs\n"), None);
+    }
 
     #[test]
     fn names_and_addresses_fit() {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
+use super::stats::Outcome;
 use super::table;
 use crate::util;
 
@@ -21,14 +22,15 @@ pub struct Host {
     pub cpus: usize,
 }
 
-/// The last notes of a suite's section: records the daemon lost over all
-/// traced rounds (when any), then one line per warning.
+/// The last notes of a suite's section: records the daemons lost over their
+/// lives (when any), then one line per warning.
 pub fn lost_and_warnings(lost: &BTreeMap<String, u64>, warnings: &[String]) -> String {
     let mut s = String::new();
     if !lost.is_empty() {
         let lost: Vec<String> = lost.iter().map(|(k, v)| format!("{k} {v}")).collect();
         s += &format!(
-            "- Lost, as reported by the daemon over all traced rounds (both configurations): {}.\n",
+            "- Lost, as reported by the daemons over their whole lives (every traced run, with and \
+             without the accounting): {}.\n",
             lost.join(", ")
         );
     }
@@ -43,7 +45,9 @@ pub fn lost_and_warnings(lost: &BTreeMap<String, u64>, warnings: &[String]) -> S
 pub struct Verdict {
     pub target: String,
     pub measured: String,
-    pub met: bool,
+    /// Met, missed, or inconclusive (a noisy figure whose 95% interval
+    /// straddles the target, or too few rounds for an interval).
+    pub outcome: Outcome,
     /// How far inside or outside the target, in words.
     pub detail: String,
 }
@@ -57,7 +61,7 @@ impl Verdict {
                 vec![
                     v.target.clone(),
                     v.measured.clone(),
-                    if v.met { "**met**" } else { "**missed**" }.into(),
+                    v.outcome.bold().into(),
                     v.detail.clone(),
                 ]
             })
@@ -195,24 +199,30 @@ mod tests {
 
     #[test]
     fn verdicts_table_and_closing_notes() {
-        let v = |met| Verdict {
+        let v = |outcome| Verdict {
             target: "t".into(),
             measured: "1.0".into(),
-            met,
+            outcome,
             detail: "d".into(),
         };
-        let table = Verdict::table([&v(true), &v(false)]);
+        let table = Verdict::table([
+            &v(Outcome::Met),
+            &v(Outcome::Missed),
+            &v(Outcome::Inconclusive),
+        ]);
         assert!(table.starts_with("| target "), "{table}");
         assert!(
-            table.contains("**met**") && table.contains("**missed**"),
+            table.contains("**met**")
+                && table.contains("**missed**")
+                && table.contains("**inconclusive**"),
             "{table}"
         );
         assert_eq!(lost_and_warnings(&BTreeMap::new(), &[]), "");
         let lost = BTreeMap::from([("ring".to_string(), 2), ("tcp".to_string(), 1)]);
         assert_eq!(
             lost_and_warnings(&lost, &["busy host".to_string()]),
-            "- Lost, as reported by the daemon over all traced rounds (both configurations): \
-             ring 2, tcp 1.\n- Warning: busy host.\n"
+            "- Lost, as reported by the daemons over their whole lives (every traced run, with \
+             and without the accounting): ring 2, tcp 1.\n- Warning: busy host.\n"
         );
     }
 }

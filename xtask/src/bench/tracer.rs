@@ -63,7 +63,8 @@ pub struct Tracer {
 
 /// The daemon's usage so far, from /proc.
 pub struct Usage {
-    /// user + system, all threads.
+    /// user + system, all threads (to the ns from schedstat where the kernel
+    /// has it, else in clock ticks).
     pub cpu_s: f64,
     /// user only.
     pub user_s: f64,
@@ -174,20 +175,12 @@ impl Tracer {
     }
 
     pub fn usage(&self) -> anyhow::Result<Usage> {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
-        let (user, system) = cpu_ticks(&stat).context("unexpected /proc/PID/stat")?;
-        Ok(Usage {
-            cpu_s: (user + system) as f64 / clock_ticks(),
-            user_s: user as f64 / clock_ticks(),
-            peak_rss_kib: vm_hwm_kib(&status).with_context(|| {
-                // No memory left to report: it has exited (a zombie until reaped).
-                format!(
-                    "stalltrace (pid {}) has exited: {}",
-                    self.pid,
-                    self.stderr_tail()
-                )
-            })?,
+        process_usage(self.pid as u32).with_context(|| {
+            format!(
+                "stalltrace (pid {}) has exited: {}",
+                self.pid,
+                self.stderr_tail()
+            )
         })
     }
 
@@ -223,6 +216,23 @@ impl Tracer {
         self.attached()
             .filter_map(|p| p["program_id"].as_u64())
             .collect()
+    }
+
+    /// Its attached programs as (program id, family, hook), one per id (a
+    /// program attached at two hooks is listed at the first).
+    pub fn attached_programs(&self) -> Vec<(u64, String, String)> {
+        let mut out: Vec<(u64, String, String)> = Vec::new();
+        for p in self.attached() {
+            let Some(id) = p["program_id"].as_u64() else {
+                continue;
+            };
+            if out.iter().any(|(i, _, _)| *i == id) {
+                continue;
+            }
+            let text = |k: &str| p[k].as_str().unwrap_or("?").to_string();
+            out.push((id, text("family"), text("hook")));
+        }
+        out
     }
 
     fn attached(&self) -> impl Iterator<Item = &serde_json::Value> {
@@ -335,6 +345,21 @@ pub fn cpu_ticks(stat: &str) -> Option<(u64, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
+}
+
+/// Any process's usage so far (the daemon's, a peer's); an error once it has
+/// exited (a zombie has no memory left to report).
+pub fn process_usage(pid: u32) -> anyhow::Result<Usage> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let (user, system) = cpu_ticks(&stat).context("unexpected /proc/PID/stat")?;
+    let ticks_s = (user + system) as f64 / clock_ticks();
+    Ok(Usage {
+        // To the ns where the kernel keeps schedstat: a 1 s run is 100 ticks.
+        cpu_s: super::hostcpu::process_cpu_s(pid).unwrap_or(ticks_s),
+        user_s: user as f64 / clock_ticks(),
+        peak_rss_kib: vm_hwm_kib(&status).context("no VmHWM: it has exited")?,
+    })
 }
 
 /// User CPU seconds of any process so far; None once it is gone.

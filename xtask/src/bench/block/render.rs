@@ -2,11 +2,11 @@
 
 use std::fmt::Write;
 
-use super::results::BlockResults;
+use super::results::{BlockResults, Ratios, Side};
 use crate::bench::publish::{self, Verdict};
-use crate::bench::stats::range;
-use crate::bench::table;
+use crate::bench::stats::{Estimate, range};
 use crate::bench::tracer::programs;
+use crate::bench::{table, unitcost};
 
 pub fn markdown(r: &BlockResults) -> String {
     let mut s = String::new();
@@ -22,14 +22,14 @@ pub fn markdown(r: &BlockResults) -> String {
          direct I/O {}\n\
          - Workload: `{}`\n\
          - Traced: `{}` (\"traced\", stalltrace as deployed: the IOPS and p99 ratios and \
-         the IOPS target use it); the same with `--bpf-stats` (\"traced+bpf-stats\": \
-         per-program ns/event and events/s come from it; its IOPS are shown but judge \
-         nothing); hooks: {}\n\
+         the IOPS target use it); \"traced+bpf-stats\": {} (per-program ns/event and events/s \
+         come from it; its IOPS are shown but judge nothing); hooks: {}\n\
          - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with \
-         bpf_stats on, \"bpftrace+bpf-stats\")\n\
-         - Order: each of {} rounds runs, at QD16 then at QD1: untraced, traced, \
-         traced+bpf-stats, bpftrace, bpftrace+bpf-stats (the two bpf-stats configurations \
-         in the first {} rounds only), so drift on the host hits them alike; figures are \
+         the accounting on, \"bpftrace+bpf-stats\")\n\
+         - Order: {} rounds of {} s runs at QD16 and QD1; {}. Figures that judge are \
+         per-round ratios (each run over the untraced run of the same round and depth) or \
+         per-round costs, given as median [95% interval] (method: see \
+         [Method](#method-rounds-intervals-verdicts)); the configurations' own figures are \
          medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
         h.date,
@@ -46,9 +46,11 @@ pub fn markdown(r: &BlockResults) -> String {
         },
         st.fio,
         st.tracer,
+        st.tracer_bpf_stats,
         r.hooks.join(", "),
         st.rounds,
-        r.peer.bpf_stats_rounds,
+        st.runtime_s,
+        st.order,
         r.load_average[0],
         r.load_average[1],
     );
@@ -57,155 +59,31 @@ pub fn markdown(r: &BlockResults) -> String {
     s += "### Targets\n\n";
     s += &Verdict::table([
         &t.iops_ratio_qd16,
+        &t.iops_ratio_qd1,
+        &t.ns_per_io_qd16,
         &t.ns_per_event_per_hook,
         &t.versus_peer_qd16,
     ]);
 
-    s += "\n### fio: untraced, traced, traced with --bpf-stats, the bpftrace peer\n\n";
-    let mut rows = Vec::new();
-    for d in &r.depths {
-        for (name, side) in [
-            ("untraced", &d.untraced),
-            ("traced", &d.traced),
-            ("traced+bpf-stats", &d.traced_bpf_stats),
-            ("bpftrace", &d.peer),
-        ] {
-            rows.push(vec![
-                format!("QD{} {name}", d.iodepth),
-                format!("{:.0}", side.iops.median),
-                range(&side.iops, 0),
-                format!("{:.1}", side.p50_us.median),
-                format!("{:.1}", side.p99_us.median),
-                range(&side.p99_us, 1),
-                format!(
-                    "{:.1} ({:.1})",
-                    side.others_user_cpu_pct.median, side.others_user_cpu_pct.max
-                ),
-                format!("{:.1} ({:.1})", side.steal_pct.median, side.steal_pct.max),
-            ]);
-        }
-        for (name, side, iops, p99) in [
-            ("traced", &d.traced, d.iops_ratio, d.p99_ratio),
-            (
-                "traced+bpf-stats",
-                &d.traced_bpf_stats,
-                d.bpf_stats_iops_ratio,
-                d.bpf_stats_p99_ratio,
-            ),
-            ("bpftrace", &d.peer, d.peer_iops_ratio, d.peer_p99_ratio),
-        ] {
-            rows.push(vec![
-                format!("QD{} {name}/untraced", d.iodepth),
-                format!("{iops:.3}"),
-                String::new(),
-                format!("{:.3}", side.p50_us.median / d.untraced.p50_us.median),
-                format!("{p99:.3}"),
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
-        }
-    }
-    s += &table::markdown(
-        &[
-            "config",
-            "IOPS",
-            "IOPS min–max",
-            "p50 µs",
-            "p99 µs",
-            "p99 min–max",
-            "others' CPU % (max)",
-            "steal % (max)",
-        ],
-        &rows,
-    );
-    let paired: Vec<String> = r
-        .depths
-        .iter()
-        .map(|d| {
-            let (i, p) = (&d.paired_iops_ratio, &d.paired_p99_ratio);
-            let b = &d.paired_bpf_stats_iops_ratio;
-            let pe = &d.paired_peer_iops_ratio;
-            format!(
-                "QD{} traced IOPS {:.3} ({}), p99 {:.3} ({}), traced+bpf-stats IOPS {:.3} ({}), \
-                 bpftrace IOPS {:.3} ({})",
-                d.iodepth,
-                i.median,
-                range(i, 3),
-                p.median,
-                range(p, 3),
-                b.median,
-                range(b, 3),
-                pe.median,
-                range(pe, 3)
-            )
-        })
-        .collect();
+    fio_table(&mut s, r);
+    programs_table(&mut s, r);
+
     let _ = writeln!(
         s,
-        "\nPer-round ratios (each traced run over the untraced run of the same round and \
-         depth), median (min–max): {}.",
-        paired.join("; ")
+        "\n### Cost per unit of work\n\n\
+         BPF run time per I/O fio completed (every program of each tool, each round's \
+         accounting run; median [95% interval]), the same as a share of one core at \
+         100 000 IOPS (the formula is under [Method](#method-rounds-intervals-verdicts)), and \
+         the tool's own process while fio ran, in the runs without the accounting (stalltrace's \
+         daemon; bpftrace). The process's CPU here does not grow with the I/O rate: with \
+         `--slow-io-ms 0` the daemon sends no per-I/O record and reads its maps once per \
+         interval (a delivered `slow_io` record costs it ~10 µs: see the daemon suite).\n"
     );
+    s += &unitcost::markdown(&r.unit_costs);
 
-    s += "\n### Cost per program (kernel bpf_stats, summed over the traced+bpf-stats rounds)\n\n";
-    let mut headers = vec!["program".to_string(), "ns/event".into()];
-    for d in &r.depths {
-        let q = d.iodepth;
-        headers.extend([
-            format!("ns/event QD{q}"),
-            format!("events/s QD{q}"),
-            format!("per I/O QD{q}"),
-        ]);
-    }
-    headers.extend(["recursion misses".into(), "≤ 150 ns".into()]);
-    let rows: Vec<Vec<String>> = r
-        .programs
-        .iter()
-        .map(|p| {
-            let total = &p.total;
-            let parts = p
-                .by_depth
-                .iter()
-                .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));
-            let mut row = programs::table_row(total, parts);
-            row.push(match total.ns_per_event {
-                None => "never ran".into(),
-                Some(ns) if ns <= super::NS_PER_EVENT_TARGET => "yes".into(),
-                Some(ns) => format!("no (+{:.0})", ns - super::NS_PER_EVENT_TARGET),
-            });
-            row
-        })
-        .collect();
-    let header_refs: Vec<&str> = headers.iter().map(String::as_str).collect();
-    s += &table::markdown(&header_refs, &rows);
-    let per_io: Vec<String> = r
-        .depths
-        .iter()
-        .map(|d| format!("{:.0} ns at QD{}", d.bpf_ns_per_io, d.iodepth))
-        .collect();
-    let _ = writeln!(
-        s,
-        "\nAll programs together: {} of BPF run time per I/O fio completed \
-         (traced+bpf-stats rounds).",
-        per_io.join(", ")
-    );
+    s += &r.peer.markdown();
 
-    let per_unit: Vec<(String, String, f64, f64)> = r
-        .depths
-        .iter()
-        .map(|d| {
-            (
-                format!("fio QD{}", d.iodepth),
-                "I/O".to_string(),
-                d.bpf_ns_per_io,
-                d.peer_ns_per_io,
-            )
-        })
-        .collect();
-    s += &r.peer.markdown(&per_unit);
-
-    s += "\n### The daemon itself (traced rounds, without --bpf-stats)\n\n";
+    s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
     let rows: Vec<Vec<String>> = r
         .depths
         .iter()
@@ -213,22 +91,31 @@ pub fn markdown(r: &BlockResults) -> String {
             let m = &d.daemon;
             vec![
                 format!("QD{}", d.iodepth),
-                format!("{:.2}", m.cpu_pct_of_one_cpu.median),
-                range(&m.cpu_pct_of_one_cpu, 2),
-                format!("{:.2}", m.lifetime_cpu_s.median),
-                format!("{:.1}", m.peak_rss_mib.max),
+                est(&m.cpu_pct_of_one_cpu, 2),
+                m.cpu_pct_of_one_cpu
+                    .as_ref()
+                    .map_or("–".into(), |e| e.range_text(2)),
+                format!("{:.1}", m.peak_rss_mib),
             ]
         })
         .collect();
     s += &table::markdown(
         &[
             "depth",
-            "CPU % of one CPU while fio ran",
+            "CPU % of one CPU while fio ran, median [95% CI]",
             "min–max",
-            "CPU s over its life",
             "peak RSS MiB (VmHWM)",
         ],
         &rows,
+    );
+    let l = &r.daemon_lifetime_cpu_s;
+    let _ = writeln!(
+        s,
+        "\nCPU s over each round's daemon's life (load, verify, attach, its {} runs, detach): \
+         {:.2} ({}).",
+        2 * r.depths.len(),
+        l.median,
+        range(l, 2)
     );
 
     let f = &r.floor;
@@ -249,39 +136,172 @@ pub fn markdown(r: &BlockResults) -> String {
         f.empty_tp_btf_ns,
         f.ktime_get_ns_call_ns,
     );
+    notes(&mut s, r);
+    s
+}
 
-    s += "\n### Notes\n\n";
-    s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), from the \
-          traced+bpf-stats rounds only (run in the first rounds only: they are sums of \
-          kernel counters, steady from round to round). With bpf_stats on, the kernel reads the clock \
-          before and after every run of every BPF program on the host and updates a \
-          per-CPU counter; the traced+bpf-stats rounds pay that on every hook of every \
-          I/O, so their IOPS are lower than the traced rounds' (the difference between \
-          the two rows is roughly what the accounting costs), and only the traced rounds, \
-          stalltrace as deployed, are held to the IOPS target. Without `--bpf-stats` the \
-          programs count no runs (`run_count` 0 in the stop record), as expected; a \
-          traced run whose programs did count runs (someone else held bpf_stats on) was \
-          run again, up to 3 attempts, and kept with a warning below after that.\n";
-    s += "- fio's latency is submission to reaping, not the device's service time; on a \
+/// "median [low–high]", or "–".
+fn est(e: &Option<Estimate>, digits: usize) -> String {
+    e.as_ref().map_or("–".into(), |e| e.text(digits))
+}
+
+fn fio_table(s: &mut String, r: &BlockResults) {
+    *s += "\n### fio: untraced, traced, traced with the accounting, the bpftrace peer\n\n";
+    let mut rows = Vec::new();
+    for d in &r.depths {
+        let sides: [(&str, &Side); 4] = [
+            ("untraced", &d.untraced),
+            ("traced", &d.traced),
+            ("traced+bpf-stats", &d.traced_bpf_stats),
+            ("bpftrace", &d.peer),
+        ];
+        for (name, side) in sides {
+            rows.push(vec![
+                format!("QD{} {name}", d.iodepth),
+                format!("{:.0}", side.iops.median),
+                range(&side.iops, 0),
+                format!("{:.1}", side.p50_us.median),
+                format!("{:.1}", side.p99_us.median),
+                range(&side.p99_us, 1),
+                format!(
+                    "{:.1} ({:.1})",
+                    side.others_user_cpu_pct.median, side.others_user_cpu_pct.max
+                ),
+                format!("{:.1} ({:.1})", side.steal_pct.median, side.steal_pct.max),
+            ]);
+        }
+        let ratio_rows: [(&str, &Ratios); 3] = [
+            ("traced", &d.traced_ratio),
+            ("traced+bpf-stats", &d.bpf_stats_ratio),
+            ("bpftrace", &d.peer_ratio),
+        ];
+        for (name, ratio) in ratio_rows {
+            let span = |e: &Option<Estimate>| e.as_ref().map_or("–".into(), |e| e.range_text(3));
+            rows.push(vec![
+                format!("QD{} {name}/untraced, per round", d.iodepth),
+                est(&ratio.iops, 3),
+                span(&ratio.iops),
+                ratio
+                    .p50_us
+                    .as_ref()
+                    .map_or("–".into(), |e| format!("{:.3}", e.median)),
+                est(&ratio.p99_us, 3),
+                span(&ratio.p99_us),
+                String::new(),
+                String::new(),
+            ]);
+        }
+    }
+    *s += &table::markdown(
+        &[
+            "config",
+            "IOPS",
+            "IOPS min–max",
+            "p50 µs",
+            "p99 µs",
+            "p99 min–max",
+            "others' CPU % (max)",
+            "steal % (max)",
+        ],
+        &rows,
+    );
+    *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round \
+           and depth; median [95% interval] of those ratios, and their min–max.\n";
+}
+
+fn programs_table(s: &mut String, r: &BlockResults) {
+    *s += "\n### Cost per program (kernel bpf_stats, the traced+bpf-stats runs)\n\n";
+    let mut headers = vec![
+        "program".to_string(),
+        "ns/event".into(),
+        "per round: median [95% CI]".into(),
+    ];
+    for d in &r.depths {
+        let q = d.iodepth;
+        headers.extend([
+            format!("ns/event QD{q}"),
+            format!("events/s QD{q}"),
+            format!("per I/O QD{q}"),
+        ]);
+    }
+    headers.extend(["recursion misses".into(), "≤ 150 ns".into()]);
+    let rows: Vec<Vec<String>> = r
+        .programs
+        .iter()
+        .map(|p| {
+            let total = &p.total;
+            let parts = p
+                .by_depth
+                .iter()
+                .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));
+            let mut row = programs::table_row(total, parts);
+            row.insert(2, est(&p.by_round, 0));
+            let target = super::NS_PER_EVENT_TARGET;
+            row.push(match (&p.by_round, total.ns_per_event) {
+                (None, _) | (_, None) => "never ran".into(),
+                (Some(e), _) => match e.ci {
+                    Some(c) if c.high <= target => "yes".into(),
+                    Some(c) if c.low > target => format!("no (+{:.0})", e.median - target),
+                    Some(_) => "straddles".into(),
+                    None => "no CI".into(),
+                },
+            });
+            row
+        })
+        .collect();
+    let header_refs: Vec<&str> = headers.iter().map(String::as_str).collect();
+    *s += &table::markdown(&header_refs, &rows);
+    let per_io: Vec<String> = r
+        .depths
+        .iter()
+        .map(|d| {
+            format!(
+                "{:.0} ns at QD{} (per round {})",
+                d.bpf_ns_per_io,
+                d.iodepth,
+                est(&d.versus_peer.stalltrace_by_round, 0)
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\n\"ns/event\" is over every traced+bpf-stats run (run time summed over runs summed); \
+         \"per round\" takes each round's runs (both depths) alone. All programs together: {} \
+         of BPF run time per I/O fio completed.",
+        per_io.join(", ")
+    );
+}
+
+fn notes(s: &mut String, r: &BlockResults) {
+    *s += "\n### Notes\n\n";
+    *s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), read with \
+          `bpftool prog show` before and after each traced+bpf-stats run. With the accounting \
+          on, the kernel reads the clock before and after every run of every BPF program on \
+          the host and updates a per-CPU counter; those runs pay that on every hook of every \
+          I/O, so their IOPS are lower than the traced runs' (the difference between the two \
+          rows is roughly what the accounting costs), and only the traced runs, stalltrace as \
+          deployed, are held to the IOPS target. In a traced run the programs count no runs; \
+          a traced run whose programs did count runs (someone else held bpf_stats on) was run \
+          again, up to 3 attempts, and kept with a warning below after that.\n";
+    *s += "- fio's latency is submission to reaping, not the device's service time; on a \
           tmpfs-backed loop device most of it is the submission and completion path in a \
           2-CPU VM, which is where the hooks add their cost (see \
           docs/ARCHITECTURE.md, storage timing).\n";
-    s += "- QD1 on a tmpfs-backed loop device is bimodal on the 2-vCPU VM this bench was \
+    *s += "- QD1 on a tmpfs-backed loop device is bimodal on the 2-vCPU VM this bench was \
           written on, traced or not: fio alone gave p50 ≈ 10 µs in some runs and ≈ 40–45 µs \
           in others, seemingly by where the scheduler put fio and the loop worker (pinning \
-          fio to one CPU by hand made it mostly ≈ 11 µs). So QD1 medians and ratios swing \
-          between rounds and runs; QD16, where the target is set, is steadier.\n";
-    s += "- \"CPU s over its life\" includes loading and verifying the programs, attaching \
-          and detaching; the percentage is the steady state between the start record and \
-          SIGINT.\n";
-    s += "- \"others' CPU %\" is the user-space CPU of every other process on the host \
+          fio to one CPU by hand made it mostly ≈ 11 µs). So QD1 per-round ratios spread \
+          widely and their intervals are wide; QD16, where the target is set, is steadier.\n";
+    *s += "- The daemon's CPU is user + system time of all its threads over fio's run \
+          (schedstat, to the ns), in % of one CPU; \"CPU s over its life\" includes loading \
+          and verifying the programs, attaching and detaching.\n";
+    *s += "- \"others' CPU %\" is the user-space CPU of every other process on the host \
           while fio ran (host user time minus fio's own), in % of one CPU, and \"steal %\" \
           the time the hypervisor ran other guests: where they are high, a neighbour, not \
           stalltrace, moved the figures. Kernel-side noise (someone else's I/O or \
           networking) does not show in them.\n";
-    s += "- events/s and per I/O count every block I/O on the host while the daemon ran \
-          (the VM's own disk included) in the traced+bpf-stats rounds, divided by fio's \
-          run time and fio's I/Os in those rounds.\n";
-    s += &publish::lost_and_warnings(&r.lost, &r.warnings);
-    s
+    *s += "- events/s and per I/O count every block I/O on the host during the \
+          traced+bpf-stats runs (the VM's own disk included), over fio's run time and fio's \
+          I/Os in those runs.\n";
+    *s += &publish::lost_and_warnings(&r.lost, &r.warnings);
 }

@@ -1,20 +1,26 @@
 //! From raw runs to the published figures: medians and ranges per
-//! configuration, per-program cost summed over the `--bpf-stats` rounds, and
-//! the verdict on each target (IOPS judged on the traced runs without
-//! `--bpf-stats`, ns/event on the runs with it). Everything here is serialized
+//! configuration; per-round ratios (each run over the untraced run of the
+//! same round and depth) with their median and 95% interval; per-program
+//! cost, summed over the accounting runs and round by round; cost per I/O for
+//! stalltrace and the peer; and the verdict on each target, given only where
+//! the interval allows one (see `verdicts`). Everything here is serialized
 //! as-is into benchmarks.json.
+
+mod verdicts;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{IOPS_RATIO_TARGET, Measured, NS_PER_EVENT_TARGET, PeerRun, Settings, TracedRun};
+use super::{DepthRuns, Measured, PeerRun, Settings, TracedRun};
 use crate::bench::fio::{self, FioRun};
-use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo};
+use crate::bench::paired::{self, ProcessUse};
+use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
-use crate::bench::stats::{Summary, summary};
+use crate::bench::stats::{Estimate, Summary, summary};
+use crate::bench::tracer::ProgramCost;
 use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
-use crate::bench::tracer::{self, ProgramCost};
+use crate::bench::unitcost::{self, PerUnit, UnitCost, rate_text};
 
 #[derive(Serialize)]
 pub struct BlockResults {
@@ -24,9 +30,17 @@ pub struct BlockResults {
     pub setup: Setup,
     pub hooks: Vec<String>,
     pub depths: Vec<DepthResult>,
-    /// Summed over every `--bpf-stats` round of every depth.
+    /// Summed over every accounting run of every depth, and round by round.
     pub programs: Vec<ProgramResult>,
-    /// Records the daemon could not deliver, summed over both traced configurations.
+    /// BPF run time per I/O and the process's own CPU and memory, for
+    /// stalltrace and the peer at each depth.
+    pub unit_costs: Vec<UnitCost>,
+    /// How a BPF time per unit becomes a share of a core at a rate.
+    pub unit_cost_formula: &'static str,
+    /// Each round's daemon over its whole life: load, verify, attach, its
+    /// runs, detach.
+    pub daemon_lifetime_cpu_s: Summary,
+    /// Records the daemon could not deliver, summed over every daemon's life.
     pub lost: BTreeMap<String, u64>,
     /// What any hook costs on this VM before it does anything: not measured by this suite.
     pub floor: Floor,
@@ -45,19 +59,21 @@ pub struct Setup {
     pub file_mib: u64,
     pub loop_direct_io: bool,
     pub fio: String,
-    /// The "traced" configuration: stalltrace as deployed.
+    /// The daemon of the traced block: stalltrace as deployed.
     pub tracer: String,
-    /// The "traced_bpf_stats" configuration.
-    pub tracer_bpf_stats: String,
+    /// How the runs with the accounting differ.
+    pub tracer_bpf_stats: &'static str,
+    /// The order of play.
+    pub order: &'static str,
     /// What each configuration is for, in words.
     pub configs: &'static str,
 }
 
-pub const CONFIGS: &str = "per round and depth, in this order: untraced; traced \
-     (stalltrace without --bpf-stats: the IOPS and p99 ratios and the IOPS target use it; \
-     the daemon's CPU and RSS come from it); traced_bpf_stats (stalltrace with --bpf-stats: \
-     ns/event and events/s per program come from it; its IOPS pay the kernel's accounting \
-     on every program run and judge nothing)";
+pub const CONFIGS: &str = "per round and depth: untraced; traced (stalltrace without the \
+     accounting: the IOPS and p99 ratios and the IOPS target use it; the daemon's CPU and RSS \
+     come from it); traced_bpf_stats (the same daemon with the kernel's accounting on: ns/event \
+     and events/s per program come from it; its IOPS pay the accounting on every program run and \
+     judge nothing); bpftrace and bpftrace_bpf_stats (the peer, likewise)";
 
 /// Measured separately on this VM with a scratch loader, not by this suite;
 /// the figures are constants in the source, published so ns/event can be read
@@ -87,55 +103,53 @@ pub struct Side {
     pub runs: Vec<FioRun>,
 }
 
+/// A configuration over the untraced run of the same round, per figure:
+/// median of the rounds' ratios and its 95% interval.
+#[derive(Serialize)]
+pub struct Ratios {
+    pub iops: Option<Estimate>,
+    pub p50_us: Option<Estimate>,
+    pub p99_us: Option<Estimate>,
+}
+
+/// A process's use while fio ran, in the runs without the accounting.
+#[derive(Serialize)]
+pub struct ProcessResult {
+    pub cpu_pct_of_one_cpu: Option<Estimate>,
+    /// The largest VmHWM over the rounds.
+    pub peak_rss_mib: f64,
+}
+
 #[derive(Serialize)]
 pub struct DepthResult {
     pub iodepth: u32,
     pub untraced: Side,
-    /// Without --bpf-stats: what the ratios and the target are about.
+    /// Without the accounting: what the ratios and the target are about.
     pub traced: Side,
-    /// With --bpf-stats: shown, judges nothing.
+    /// With the accounting: shown, judges nothing.
     pub traced_bpf_stats: Side,
-    /// Medians, traced / untraced.
-    pub iops_ratio: f64,
-    pub p99_ratio: f64,
-    /// Each traced run over the untraced run of the same round: less exposed
-    /// to drift on a shared host than the ratio of medians.
-    pub paired_iops_ratio: Summary,
-    pub paired_p99_ratio: Summary,
-    /// Medians, traced_bpf_stats / untraced.
-    pub bpf_stats_iops_ratio: f64,
-    pub bpf_stats_p99_ratio: f64,
-    /// Each traced_bpf_stats run over the untraced run of the same round.
-    pub paired_bpf_stats_iops_ratio: Summary,
-    /// All programs' run time per I/O fio completed, in the --bpf-stats runs.
-    pub bpf_ns_per_io: f64,
-    /// From the traced runs (without --bpf-stats).
-    pub daemon: Daemon,
-    /// The bpftrace peer as run (without bpf_stats), and its ratios to untraced.
     pub peer: Side,
-    pub peer_iops_ratio: f64,
-    pub peer_p99_ratio: f64,
-    pub paired_peer_iops_ratio: Summary,
-    /// The peer's programs' run time per I/O fio completed, in its bpf_stats runs.
+    pub traced_ratio: Ratios,
+    pub bpf_stats_ratio: Ratios,
+    pub peer_ratio: Ratios,
+    /// All block programs' run time per I/O fio completed, over every
+    /// accounting run of this depth (sum over sum).
+    pub bpf_ns_per_io: f64,
+    /// The peer's programs' run time per I/O fio completed, likewise.
     pub peer_ns_per_io: f64,
     pub peer_cost: PeerCost,
-    /// stalltrace against the peer, per I/O.
+    /// stalltrace against the peer, per I/O, round by round.
     pub versus_peer: Comparison,
-}
-
-#[derive(Serialize)]
-pub struct Daemon {
-    /// While fio ran: CPU time / wall time, in % of one CPU.
-    pub cpu_pct_of_one_cpu: Summary,
-    /// Whole life of each daemon: load, verify, attach, run, detach.
-    pub lifetime_cpu_s: Summary,
-    pub peak_rss_mib: Summary,
+    pub daemon: ProcessResult,
+    pub peer_process: ProcessResult,
 }
 
 #[derive(Serialize)]
 pub struct ProgramResult {
     #[serde(flatten)]
     pub total: ProgramTotal,
+    /// ns/event in each round's accounting runs (both depths): median and interval.
+    pub by_round: Option<Estimate>,
     pub by_depth: Vec<ProgramAtDepth>,
 }
 
@@ -144,7 +158,7 @@ pub struct ProgramAtDepth {
     pub iodepth: u32,
     pub run_count: u64,
     pub ns_per_event: Option<f64>,
-    /// Per second of fio run time, in the --bpf-stats runs.
+    /// Per second of fio run time, in the accounting runs.
     pub events_per_s: f64,
     pub events_per_io: f64,
 }
@@ -152,6 +166,9 @@ pub struct ProgramAtDepth {
 #[derive(Serialize)]
 pub struct Targets {
     pub iops_ratio_qd16: Verdict,
+    pub iops_ratio_qd1: Verdict,
+    /// Every program together per I/O at QD16.
+    pub ns_per_io_qd16: Verdict,
     pub ns_per_event_per_hook: Verdict,
     /// At QD16: stalltrace's BPF time per I/O at most a third of the peer's.
     pub versus_peer_qd16: Verdict,
@@ -168,16 +185,26 @@ fn side(runs: &[FioRun]) -> Side {
     }
 }
 
-fn daemon(traced: &[TracedRun]) -> Daemon {
-    Daemon {
-        cpu_pct_of_one_cpu: summary(
-            traced
-                .iter()
-                .map(|t| 100.0 * t.cpu_in_window_s / t.window_s),
-        ),
-        lifetime_cpu_s: summary(traced.iter().map(|t| t.lifetime_cpu_s)),
-        peak_rss_mib: summary(traced.iter().map(|t| t.peak_rss_kib as f64 / 1024.0)),
+fn ratios<'a>(untraced: &[FioRun], other: impl IntoIterator<Item = &'a FioRun>) -> Ratios {
+    let pairs: Vec<(&FioRun, &FioRun)> = untraced.iter().zip(other).collect();
+    let of = |f: fn(&FioRun) -> f64| Estimate::of(pairs.iter().map(|(u, t)| f(t) / f(u)));
+    Ratios {
+        iops: of(|r| r.iops),
+        p50_us: of(|r| r.p50_us),
+        p99_us: of(|r| r.p99_us),
     }
+}
+
+fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessResult {
+    let uses: Vec<&ProcessUse> = uses.into_iter().collect();
+    ProcessResult {
+        cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
+        peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
+    }
+}
+
+fn is_block(family: &str) -> bool {
+    family == "block"
 }
 
 /// Counters of every block program, summed over `runs`, keyed by (family,
@@ -186,100 +213,77 @@ fn daemon(traced: &[TracedRun]) -> Daemon {
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
 ) -> BTreeMap<programs::Key, ProgramCost> {
-    programs::totals(runs.into_iter().map(|r| &r.stop), |f| f == "block")
+    programs::sum(runs.into_iter().flat_map(|r| &r.programs), is_block)
 }
 
-fn fio_runs(traced: &[TracedRun]) -> Vec<FioRun> {
-    traced.iter().map(|r| r.fio).collect()
+/// stalltrace's block programs in one accounting run: run time and I/Os.
+fn round_cost(r: &TracedRun) -> RoundCost {
+    RoundCost {
+        ns: r
+            .programs
+            .iter()
+            .filter(|p| is_block(&p.family))
+            .map(|p| p.run_time_ns as f64)
+            .sum(),
+        units: r.fio.ios as f64,
+    }
 }
 
-fn peer_fio(runs: &[PeerRun]) -> Vec<FioRun> {
-    runs.iter().map(|r| r.fio).collect()
+fn peer_round_cost(r: &PeerRun) -> RoundCost {
+    RoundCost {
+        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
+        units: r.fio.ios as f64,
+    }
 }
 
-pub fn aggregate(
-    settings: &Settings,
-    m: &Measured,
-    host: Host,
-    wall_time_s: f64,
-    load_average: [String; 2],
-) -> BlockResults {
-    let depths: Vec<DepthResult> = m
-        .depths
-        .iter()
-        .map(|d| {
-            let (u, t, ts) = (
-                side(&d.untraced),
-                side(&fio_runs(&d.traced)),
-                side(&fio_runs(&d.traced_bpf_stats)),
-            );
-            let pairs = || d.untraced.iter().zip(&d.traced);
-            let stats_pairs = || d.untraced.iter().zip(&d.traced_bpf_stats);
-            let ios: u64 = d.traced_bpf_stats.iter().map(|r| r.fio.ios).sum();
-            let bpf_ns: u64 = program_totals(&d.traced_bpf_stats)
-                .values()
-                .map(|p| p.run_time_ns)
-                .sum();
-            let peer = side(&peer_fio(&d.peer));
-            let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
-            let peer_ios: u64 = d.peer_bpf_stats.iter().map(|r| r.fio.ios).sum();
-            let peer_ns_per_io = peer_cost.run_time_ns as f64 / peer_ios.max(1) as f64;
-            let bpf_ns_per_io = bpf_ns as f64 / ios.max(1) as f64;
-            let paired_peer_iops_ratio = summary(
-                d.untraced
-                    .iter()
-                    .zip(&d.peer)
-                    .map(|(u, p)| p.fio.iops / u.iops),
-            );
-            let st_programs: Vec<(String, u64, u64)> = program_totals(&d.traced_bpf_stats)
-                .into_values()
-                .map(|p| (p.program, p.run_count, p.run_time_ns))
-                .collect();
-            let versus_peer = Comparison {
-                same_hooks: peers::same_hooks(
-                    &["block_rq_issue", "block_rq_complete"],
-                    &st_programs,
-                    &peer_cost,
-                ),
-                unit: "I/O".into(),
-                stalltrace_ns_per_unit: bpf_ns_per_io,
-                peer_ns_per_unit: peer_ns_per_io,
-                factor: peer_ns_per_io / bpf_ns_per_io.max(f64::MIN_POSITIVE),
-                stalltrace_overhead: summary(pairs().map(|(u, t)| 1.0 - t.fio.iops / u.iops)),
-                peer_overhead: summary(
-                    d.untraced
-                        .iter()
-                        .zip(&d.peer)
-                        .map(|(u, p)| 1.0 - p.fio.iops / u.iops),
-                ),
-            };
-            DepthResult {
-                peer_iops_ratio: peer.iops.median / u.iops.median,
-                peer_p99_ratio: peer.p99_us.median / u.p99_us.median,
-                paired_peer_iops_ratio,
-                peer_ns_per_io,
-                peer_cost,
-                versus_peer,
-                peer,
-                iodepth: d.iodepth,
-                iops_ratio: t.iops.median / u.iops.median,
-                p99_ratio: t.p99_us.median / u.p99_us.median,
-                paired_iops_ratio: summary(pairs().map(|(u, t)| t.fio.iops / u.iops)),
-                paired_p99_ratio: summary(pairs().map(|(u, t)| t.fio.p99_us / u.p99_us)),
-                bpf_stats_iops_ratio: ts.iops.median / u.iops.median,
-                bpf_stats_p99_ratio: ts.p99_us.median / u.p99_us.median,
-                paired_bpf_stats_iops_ratio: summary(
-                    stats_pairs().map(|(u, t)| t.fio.iops / u.iops),
-                ),
-                bpf_ns_per_io,
-                untraced: u,
-                traced: t,
-                traced_bpf_stats: ts,
-                daemon: daemon(&d.traced),
-            }
-        })
+fn depth_result(d: &DepthRuns) -> DepthResult {
+    let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.fio).collect::<Vec<_>>();
+    let peer_fio: Vec<FioRun> = d.peer.iter().map(|r| r.fio).collect();
+    let st_rounds: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
+    let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats.iter().map(peer_round_cost).collect();
+    let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(&d.traced_bpf_stats)
+        .into_values()
+        .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
+    let overhead = |runs: &[FioRun]| -> Vec<f64> {
+        d.untraced
+            .iter()
+            .zip(runs)
+            .map(|(u, t)| 1.0 - t.iops / u.iops)
+            .collect()
+    };
+    let versus_peer = Comparison::new(
+        "I/O",
+        &st_rounds,
+        &peer_rounds,
+        (overhead(&fio_of(&d.traced)), overhead(&peer_fio)),
+        peers::same_hooks(
+            &["block_rq_issue", "block_rq_complete"],
+            &st_programs,
+            &peer_cost,
+        ),
+    );
+    DepthResult {
+        iodepth: d.iodepth,
+        traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.fio)),
+        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.fio)),
+        peer_ratio: ratios(&d.untraced, &peer_fio),
+        untraced: side(&d.untraced),
+        traced: side(&fio_of(&d.traced)),
+        traced_bpf_stats: side(&fio_of(&d.traced_bpf_stats)),
+        peer: side(&peer_fio),
+        bpf_ns_per_io: versus_peer.stalltrace_ns_per_unit,
+        peer_ns_per_io: versus_peer.peer_ns_per_unit,
+        peer_cost,
+        versus_peer,
+        daemon: process(d.traced.iter().map(|r| &r.usage)),
+        peer_process: process(d.peer.iter().map(|r| &r.usage)),
+    }
+}
 
+/// Each program over all accounting runs, round by round and depth by depth.
+fn program_results(m: &Measured) -> Vec<ProgramResult> {
     let per_depth: Vec<_> = m
         .depths
         .iter()
@@ -289,10 +293,21 @@ pub fn aggregate(
             (d.iodepth, program_totals(&d.traced_bpf_stats), seconds, ios)
         })
         .collect();
-    let programs: Vec<ProgramResult> =
-        program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats))
-            .into_iter()
-            .map(|(key, total)| ProgramResult {
+    let rounds = m.depths.iter().map(|d| d.traced_bpf_stats.len()).max();
+    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> = (0..rounds.unwrap_or(0))
+        .map(|i| program_totals(m.depths.iter().filter_map(|d| d.traced_bpf_stats.get(i))))
+        .collect();
+    let recursion = programs::totals(m.daemons.iter().map(|l| &l.stop), is_block);
+    program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats))
+        .into_iter()
+        .map(|(key, mut total)| {
+            total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
+            ProgramResult {
+                by_round: Estimate::of(
+                    per_round
+                        .iter()
+                        .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
+                ),
                 by_depth: per_depth
                     .iter()
                     .map(|(iodepth, totals, seconds, ios)| {
@@ -307,40 +322,100 @@ pub fn aggregate(
                     })
                     .collect(),
                 total: total.into(),
-            })
-            .collect();
+            }
+        })
+        .collect()
+}
 
-    let lost = programs::lost(
-        m.depths
-            .iter()
-            .flat_map(|d| d.traced.iter().chain(&d.traced_bpf_stats))
-            .map(|r| &r.stop),
-    );
+/// Cost per I/O of stalltrace and of the peer at each depth.
+fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
+    let mut out = Vec::new();
+    for (d, r) in m.depths.iter().zip(depths) {
+        let workload = format!("fio QD{}", d.iodepth);
+        out.push(UnitCost {
+            workload: workload.clone(),
+            tool: "stalltrace".into(),
+            per_unit: vec![PerUnit::new(
+                "I/O",
+                d.traced_bpf_stats.iter().map(|r| round_cost(r).per_unit()),
+            )],
+            process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
+            measured_at: format!("{} IOPS", rate_text(r.traced.iops.median)),
+            peak_rss_mib: r.daemon.peak_rss_mib,
+        });
+        out.push(UnitCost {
+            workload,
+            tool: "bpftrace (peer)".into(),
+            per_unit: vec![PerUnit::new(
+                "I/O",
+                d.peer_bpf_stats
+                    .iter()
+                    .map(|r| peer_round_cost(r).per_unit()),
+            )],
+            process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
+            measured_at: format!("{} IOPS", rate_text(r.peer.iops.median)),
+            peak_rss_mib: r.peer_process.peak_rss_mib,
+        });
+    }
+    out
+}
 
+pub fn aggregate(
+    settings: &Settings,
+    m: &Measured,
+    host: Host,
+    wall_time_s: f64,
+    load_average: [String; 2],
+) -> BlockResults {
+    let depths: Vec<DepthResult> = m.depths.iter().map(depth_result).collect();
+    let programs = program_results(m);
+    let lost = programs::lost(m.daemons.iter().map(|l| &l.stop));
     let headline = depths
         .iter()
         .find(|d| d.iodepth == 16)
         .unwrap_or(&depths[0]);
+    let peer_rounds: Vec<PeerCost> = (0..settings.rounds)
+        .filter_map(|i| {
+            let runs: Vec<&PeerRun> = m
+                .depths
+                .iter()
+                .filter_map(|d| d.peer_bpf_stats.get(i))
+                .collect();
+            (!runs.is_empty()).then(|| peers::sum_costs(runs.iter().map(|r| &r.programs)))
+        })
+        .collect();
+    let unit_costs = unit_costs(m, &depths);
+    let qd1 = depths.iter().find(|d| d.iodepth == 1);
+    let ns_per_io = unit_costs
+        .iter()
+        .find(|u| u.tool == "stalltrace" && u.workload == format!("fio QD{}", headline.iodepth))
+        .and_then(|u| u.per_unit.first())
+        .and_then(|p| p.bpf_ns.as_ref());
     BlockResults {
         targets: Targets {
-            iops_ratio_qd16: iops_verdict(headline.iops_ratio),
-            ns_per_event_per_hook: ns_verdict(&programs),
+            iops_ratio_qd16: verdicts::iops(headline),
+            iops_ratio_qd1: qd1.map_or_else(|| verdicts::iops(headline), verdicts::iops),
+            ns_per_io_qd16: verdicts::ns_per_io(ns_per_io, headline.iodepth),
+            ns_per_event_per_hook: verdicts::ns_per_event(&programs),
             versus_peer_qd16: peers::factor_verdict(
                 &headline.versus_peer,
                 &format!("QD{}", headline.iodepth),
             ),
         },
-        peer: PeerInfo::new(
-            &peers::BLOCK_LATENCY,
-            peers::sum_costs(
-                m.depths
-                    .iter()
-                    .flat_map(|d| &d.peer_bpf_stats)
-                    .map(|r| &r.programs),
-            ),
-            settings.rounds.min(super::BPF_STATS_ROUNDS),
-            m.unavailable.clone(),
-        ),
+        peer: PeerInfo::new(&peers::BLOCK_LATENCY, &peer_rounds, m.unavailable.clone()),
+        unit_cost_formula: unitcost::FORMULA,
+        unit_costs,
+        daemon_lifetime_cpu_s: Summary::of(
+            &m.daemons
+                .iter()
+                .map(|l| l.lifetime_cpu_s)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(Summary {
+            median: 0.0,
+            min: 0.0,
+            max: 0.0,
+        }),
         host,
         command: "cargo xtask bench block",
         wall_time_s,
@@ -354,8 +429,9 @@ pub fn aggregate(
                 settings.runtime_s,
                 fio::WORKLOAD.join(" ")
             ),
-            tracer: tracer::command_line(false),
-            tracer_bpf_stats: tracer::command_line(true),
+            tracer: crate::bench::tracer::command_line(false),
+            tracer_bpf_stats: paired::TRACER_BPF_STATS,
+            order: paired::ORDER,
             configs: CONFIGS,
         },
         hooks: m.hooks.clone(),
@@ -368,187 +444,5 @@ pub fn aggregate(
     }
 }
 
-fn iops_verdict(ratio: f64) -> Verdict {
-    let met = ratio >= IOPS_RATIO_TARGET;
-    let lost_pct = (1.0 - ratio) * 100.0;
-    let allowed_pct = (1.0 - IOPS_RATIO_TARGET) * 100.0;
-    Verdict {
-        target: format!("traced (no --bpf-stats) / untraced IOPS at QD16 >= {IOPS_RATIO_TARGET}"),
-        measured: format!("{ratio:.3}"),
-        met,
-        detail: if met {
-            format!(
-                "met with {:.3} to spare (traced lost {lost_pct:.1}% of IOPS; {allowed_pct:.0}% allowed)",
-                ratio - IOPS_RATIO_TARGET
-            )
-        } else {
-            format!(
-                "missed by {:.3} (traced lost {lost_pct:.1}% of IOPS; {allowed_pct:.0}% allowed)",
-                IOPS_RATIO_TARGET - ratio
-            )
-        },
-    }
-}
-
-fn ns_verdict(programs: &[ProgramResult]) -> Verdict {
-    let target = format!("<= {NS_PER_EVENT_TARGET:.0} ns per event, every hook");
-    let ran: Vec<(&str, f64)> = programs
-        .iter()
-        .filter_map(|p| Some((p.total.program.as_str(), p.total.ns_per_event?)))
-        .collect();
-    let Some(&(worst, worst_ns)) = ran.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
-        return Verdict {
-            target,
-            measured: "no program ran".into(),
-            met: false,
-            detail: "not measured: no program counted a run in the --bpf-stats rounds".into(),
-        };
-    };
-    let over = ran
-        .iter()
-        .filter(|(_, ns)| *ns > NS_PER_EVENT_TARGET)
-        .count();
-    let idle: Vec<&str> = programs
-        .iter()
-        .filter(|p| p.total.ns_per_event.is_none())
-        .map(|p| p.total.program.as_str())
-        .collect();
-    let mut detail = if over == 0 {
-        format!(
-            "met by every hook; worst {worst} at {worst_ns:.0} ns, {:.0} ns to spare",
-            NS_PER_EVENT_TARGET - worst_ns
-        )
-    } else {
-        format!(
-            "missed: {over} of {} hooks over; worst {worst} at {worst_ns:.0} ns, over by {:.0} ns ({:.1}x the target)",
-            ran.len(),
-            worst_ns - NS_PER_EVENT_TARGET,
-            worst_ns / NS_PER_EVENT_TARGET
-        )
-    };
-    if !idle.is_empty() {
-        detail += &format!("; never ran: {}", idle.join(", "));
-    }
-    Verdict {
-        target,
-        measured: format!("worst {worst_ns:.0} ns ({worst})"),
-        met: over == 0,
-        detail,
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bench::block::{DepthRuns, render};
-    use crate::bench::tracer::{ProgramCost, StopRecord};
-
-    fn fio(iops: f64, p99_us: f64) -> FioRun {
-        FioRun {
-            iops,
-            p50_us: p99_us / 2.0,
-            p99_us,
-            ios: (iops * 10.0) as u64,
-            runtime_s: 10.0,
-            others_user_cpu_pct: 0.0,
-            steal_pct: 0.0,
-        }
-    }
-
-    fn traced(iops: f64, p99_us: f64, run_count: u64, cpu_s: f64) -> TracedRun {
-        TracedRun {
-            fio: fio(iops, p99_us),
-            stop: StopRecord {
-                kind: "stop".into(),
-                lost: BTreeMap::new(),
-                records: BTreeMap::new(),
-                programs: vec![ProgramCost {
-                    family: "block".into(),
-                    program: "on_block_rq_issue".into(),
-                    run_count,
-                    run_time_ns: run_count * 100,
-                    recursion_misses: 0,
-                }],
-            },
-            cpu_in_window_s: cpu_s,
-            window_s: 10.0,
-            lifetime_cpu_s: cpu_s,
-            peak_rss_kib: 1024,
-        }
-    }
-
-    /// The ratios and the target come from the runs without --bpf-stats, the
-    /// programs' cost from the runs with it, the daemon's figures from the former.
-    #[test]
-    fn each_figure_comes_from_its_configuration() {
-        let m = Measured {
-            depths: vec![DepthRuns {
-                iodepth: 16,
-                untraced: vec![fio(100_000.0, 100.0); 3],
-                traced: (0..3).map(|_| traced(98_000.0, 110.0, 0, 0.01)).collect(),
-                traced_bpf_stats: (0..3)
-                    .map(|_| traced(80_000.0, 150.0, 800_000, 0.02))
-                    .collect(),
-                peer: (0..3)
-                    .map(|_| PeerRun {
-                        fio: fio(90_000.0, 120.0),
-                        programs: Vec::new(),
-                    })
-                    .collect(),
-                peer_bpf_stats: vec![PeerRun {
-                    fio: fio(80_000.0, 150.0),
-                    programs: vec![crate::bench::peers::PeerProgram {
-                        tracepoint: "block_rq_issue".into(),
-                        run_count: 800_000,
-                        run_time_ns: 800_000 * 600,
-                    }],
-                }],
-            }],
-            direct_io: true,
-            hooks: vec!["block_rq_issue (tp_btf)".into()],
-            warnings: Vec::new(),
-            unavailable: Vec::new(),
-        };
-        let settings = Settings {
-            rounds: 3,
-            runtime_s: 10,
-        };
-        let host = Host {
-            date: "today".into(),
-            kernel: "6.18".into(),
-            cpu_model: "test".into(),
-            cpus: 2,
-        };
-        let r = aggregate(&settings, &m, host, 1.0, [String::new(), String::new()]);
-        let d = &r.depths[0];
-        assert!((d.iops_ratio - 0.98).abs() < 1e-9);
-        assert!((d.p99_ratio - 1.1).abs() < 1e-9);
-        assert!((d.bpf_stats_iops_ratio - 0.8).abs() < 1e-9);
-        assert!((d.paired_bpf_stats_iops_ratio.median - 0.8).abs() < 1e-9);
-        assert!(r.targets.iops_ratio_qd16.met);
-        assert!((d.daemon.cpu_pct_of_one_cpu.median - 0.1).abs() < 1e-9);
-
-        let p = &r.programs[0];
-        assert_eq!(p.total.run_count, 2_400_000);
-        assert_eq!(p.total.ns_per_event, Some(100.0));
-        assert!((p.by_depth[0].events_per_s - 80_000.0).abs() < 1e-9);
-        assert!((p.by_depth[0].events_per_io - 1.0).abs() < 1e-9);
-        assert!((d.bpf_ns_per_io - 100.0).abs() < 1e-9);
-        assert!((d.peer_ns_per_io - 600.0).abs() < 1e-9);
-        assert!((d.versus_peer.factor - 6.0).abs() < 1e-9);
-        assert!(r.targets.versus_peer_qd16.met);
-        assert!((d.peer_iops_ratio - 0.9).abs() < 1e-9);
-
-        let md = render::markdown(&r);
-        for needle in [
-            "QD16 traced+bpf-stats/untraced",
-            "Floor on this VM",
-            "measured separately (not by this suite)",
-        ] {
-            assert!(
-                md.to_lowercase().contains(&needle.to_lowercase()),
-                "{needle}"
-            );
-        }
-    }
-}
+mod tests;

@@ -2,12 +2,15 @@
 
 use std::fmt::Write;
 
+use std::collections::BTreeMap;
+
+use super::quiet_host::{BUSY_USER_CPU_PCT, QUIET_BUDGET, QUIET_PER_RUN};
 use super::results::{NetResults, Side, WorkloadResult};
 use super::workload::{Bound, WORKLOADS, Workload};
 use crate::bench::publish::{self, Verdict};
-use crate::bench::stats::{Summary, range};
-use crate::bench::table;
+use crate::bench::stats::{Estimate, Summary, range};
 use crate::bench::tracer::programs;
+use crate::bench::{table, unitcost};
 
 fn workload(key: &str) -> &'static Workload {
     WORKLOADS
@@ -31,14 +34,15 @@ pub fn markdown(r: &NetResults) -> String {
          - iperf3, unpaced: `{}`\n\
          - iperf3, loss case: `{}`, with {}\n\
          - Traced: `{}` (\"traced\", stalltrace as deployed: the ratios and the targets use it); \
-         the same with `--bpf-stats` (\"traced+bpf-stats\": per-program ns/event and events/s \
-         come from it; its figures are shown but judge nothing); network-path hooks: {}\n\
-         - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with bpf_stats \
-         on, \"bpftrace+bpf-stats\")\n\
-         - Order: each of {} rounds runs sockperf, then iperf3 unpaced, then iperf3 with loss, \
-         each untraced, traced, traced+bpf-stats, bpftrace, bpftrace+bpf-stats in turn (the \
-         two bpf-stats configurations in the first {} rounds only), so drift on the host hits \
-         them alike; {} s per run; figures are medians over rounds, with min–max\n\
+         \"traced+bpf-stats\": {} (per-program ns/event and events/s come from it; its figures \
+         are shown but judge nothing); network-path hooks: {}\n\
+         - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with the \
+         accounting on, \"bpftrace+bpf-stats\")\n\
+         - Order: {} rounds of {} s runs of sockperf, iperf3 unpaced and iperf3 with loss; {}. \
+         Figures that judge are per-round ratios (each run over the untraced run of the same \
+         round and workload) or per-round costs, given as median [95% interval] (method: see \
+         [Method](#method-rounds-intervals-verdicts)); the configurations' own figures are \
+         medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
         h.date,
         h.kernel,
@@ -53,10 +57,11 @@ pub fn markdown(r: &NetResults) -> String {
         st.iperf3_loss,
         st.loss_rule,
         st.tracer,
+        st.tracer_bpf_stats,
         r.hooks.join("; "),
         st.rounds,
-        r.peer.bpf_stats_rounds,
         st.runtime_s,
+        st.order,
         r.load_average[0],
         r.load_average[1],
     );
@@ -89,7 +94,7 @@ pub fn markdown(r: &NetResults) -> String {
         let _ = writeln!(
             s,
             "\nThe same question answered without run-to-run noise, from the hooks' own run \
-             time (kernel bpf_stats, traced+bpf-stats rounds; the accounting adds two clock \
+             time (kernel bpf_stats, traced+bpf-stats runs; the accounting adds two clock \
              reads per run, so a little high): {}. Against a 2% target.",
             shares.join("; ")
         );
@@ -100,20 +105,8 @@ pub fn markdown(r: &NetResults) -> String {
     }
 
     programs(&mut s, r);
-    let per_unit: Vec<(String, String, f64, f64)> = r
-        .workloads
-        .iter()
-        .map(|wr| {
-            let c = &wr.versus_peer;
-            (
-                wr.key.to_string(),
-                c.unit.clone(),
-                c.stalltrace_ns_per_unit,
-                c.peer_ns_per_unit,
-            )
-        })
-        .collect();
-    s += &r.peer.markdown(&per_unit);
+    unit_costs(&mut s, r);
+    s += &r.peer.markdown();
     daemon(&mut s, r);
     notes(&mut s, r);
     s
@@ -153,43 +146,35 @@ fn workload_table(s: &mut String, wr: &WorkloadResult) {
         ));
         rows.push(row);
     }
-    for (name, ratios) in [
-        ("traced/untraced", &wr.ratio),
-        ("traced+bpf-stats/untraced", &wr.bpf_stats_ratio),
-        ("bpftrace/untraced", &wr.peer_ratio),
-    ] {
+    let ratio_rows: [(&str, &BTreeMap<&str, Estimate>); 3] = [
+        ("traced/untraced, per round", &wr.ratio),
+        ("traced+bpf-stats/untraced, per round", &wr.bpf_stats_ratio),
+        ("bpftrace/untraced, per round", &wr.peer_ratio),
+    ];
+    for (name, ratios) in ratio_rows {
         let mut row = vec![name.to_string()];
         for f in w.figures {
-            row.push(ratios.get(f.key).map_or("–".into(), |r| format!("{r:.3}")));
-            row.push(String::new());
+            match ratios.get(f.key) {
+                Some(e) => row.extend([e.text(3), e.range_text(3)]),
+                None => row.extend(["–".into(), String::new()]),
+            }
         }
         row.extend([String::new(), String::new()]);
         rows.push(row);
     }
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
     *s += &table::markdown(&refs, &rows);
-    let (p, b, pe) = (
-        &wr.paired_ratio,
-        &wr.paired_bpf_stats_ratio,
-        &wr.paired_peer_ratio,
-    );
-    let _ = writeln!(
-        s,
-        "\nPer-round ratios of {} (each run over the untraced run of the same round), median \
-         (min–max): traced {:.3} ({}), traced+bpf-stats {:.3} ({}), bpftrace {:.3} ({}).",
-        w.figures[0].header,
-        p.median,
-        range(p, 3),
-        b.median,
-        range(b, 3),
-        pe.median,
-        range(pe, 3)
-    );
+    *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round; \
+           median [95% interval] of those ratios, and their min–max.\n";
 }
 
 fn programs(s: &mut String, r: &NetResults) {
-    *s += "\n### Cost per network-path program (kernel bpf_stats, summed over the traced+bpf-stats rounds)\n\n";
-    let mut headers = vec!["program".to_string(), "ns/event".into()];
+    *s += "\n### Cost per network-path program (kernel bpf_stats, the traced+bpf-stats runs)\n\n";
+    let mut headers = vec![
+        "program".to_string(),
+        "ns/event".into(),
+        "per round: median [95% CI]".into(),
+    ];
     for wr in &r.workloads {
         let w = workload(wr.key);
         headers.extend([
@@ -207,7 +192,9 @@ fn programs(s: &mut String, r: &NetResults) {
                 .by_workload
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_unit));
-            programs::table_row(&p.total, parts)
+            let mut row = programs::table_row(&p.total, parts);
+            row.insert(2, p.by_round.as_ref().map_or("–".into(), |e| e.text(0)));
+            row
         })
         .collect();
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
@@ -224,9 +211,44 @@ fn programs(s: &mut String, r: &NetResults) {
         .collect();
     let _ = writeln!(
         s,
-        "\nAll network-path programs together, BPF run time in the traced+bpf-stats rounds: {}.",
+        "\n\"ns/event\" is over every traced+bpf-stats run (run time summed over runs summed); \
+         \"per round\" takes each round's runs (every workload) alone. All network-path programs \
+         together, BPF run time in the traced+bpf-stats runs: {}.",
         together.join("; ")
     );
+}
+
+fn unit_costs(s: &mut String, r: &NetResults) {
+    let others: Vec<String> = r
+        .workloads
+        .iter()
+        .filter_map(|wr| {
+            let e = wr.bpf.other_ns_per_segment.as_ref()?;
+            Some(format!("{} {} ns", wr.key, e.text(0)))
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\n### Cost per unit of work\n\n\
+         BPF run time per TCP segment, as the kernel counts segments (InSegs and OutSegs of \
+         /proc/net/snmp, both namespaces: a TSO or GRO packet counts as the segments it \
+         carries): the receive path's programs (tcp_probe, the receive hooks, socket reads) \
+         per segment received, the send path's (transmit hooks, socket writes, \
+         retransmissions) per segment sent; each round's accounting run, median [95% \
+         interval]; the same as a share of one core at 100 000 segments per second (the \
+         formula is under [Method](#method-rounds-intervals-verdicts)); and the tool's own \
+         process while the client ran, in the runs without the accounting (stalltrace's \
+         daemon; bpftrace). Programs on neither path (socket state changes, transmit timeouts, \
+         BQL stalls) per segment received or sent: {}. The peer's one hook \
+         (tcp_retransmit_skb) runs only on retransmissions, so outside the loss case its cost \
+         per segment is nothing.\n",
+        if others.is_empty() {
+            "not measured".to_string()
+        } else {
+            others.join("; ")
+        }
+    );
+    *s += &unitcost::markdown(&r.unit_costs);
 }
 
 /// The hooks against the kernel's own packet counters.
@@ -236,19 +258,6 @@ fn cross_check(r: &NetResults) -> String {
             format!("{:.3} ({})", c.median, range(&c, 3))
         })
     };
-    let records: Vec<String> = r
-        .workloads
-        .iter()
-        .map(|wr| {
-            let c = &wr.tx_seen_per_counted;
-            format!(
-                "{} traced {}, traced+bpf-stats {}",
-                wr.key,
-                fmt(c.traced),
-                fmt(c.traced_bpf_stats)
-            )
-        })
-        .collect();
     let stats: Vec<String> = r
         .workloads
         .iter()
@@ -260,17 +269,7 @@ fn cross_check(r: &NetResults) -> String {
             .map(|s| s.min)
             .fold(f64::INFINITY, f64::min)
     };
-    let records_worst = worst(
-        &r.workloads
-            .iter()
-            .flat_map(|wr| {
-                [
-                    wr.tx_seen_per_counted.traced,
-                    wr.tx_seen_per_counted.traced_bpf_stats,
-                ]
-            })
-            .collect::<Vec<_>>(),
-    );
+    let records = r.daemon_lives.tx_seen_per_counted;
     let stats_worst = worst(
         &r.workloads
             .iter()
@@ -288,21 +287,21 @@ fn cross_check(r: &NetResults) -> String {
     };
     format!(
         "- Cross-checks of the hooks against the kernel's own packet counters, median \
-         (min–max) over runs. (1) The daemon's own `netdev` records for the client's veth: \
-         transmits its hooks saw (`qdisc_us.count + qdisc_untimed`) over the `tx_packets` it \
-         read from netlink over the same intervals (1.000 when no transmit is missed): {}; {}. \
-         (2) bpf_stats: runs of net_dev_start_xmit over the packets both veth ends sent while \
-         the client ran (`ip -s link`; at least 1 when none is missed, as the daemon also \
-         sees packets around the client's window and on other interfaces): {}; {}.\n",
-        records.join("; "),
-        judge(records_worst, 0.99),
+         (min–max). (1) Each round's daemon's own `netdev` records for the client's veth, over \
+         its life: transmits its hooks saw (`qdisc_us.count + qdisc_untimed`) over the \
+         `tx_packets` it read from netlink over the same intervals (1.000 when no transmit is \
+         missed): {}; {}. (2) bpf_stats: runs of net_dev_start_xmit over the packets both veth \
+         ends sent while the client ran (`ip -s link`; at least 1 when none is missed, as the \
+         daemon also sees packets on other interfaces), per traced+bpf-stats run: {}; {}.\n",
+        fmt(records),
+        judge(worst(&[records]), 0.99),
         stats.join("; "),
         judge(stats_worst, 0.98),
     )
 }
 
 fn daemon(s: &mut String, r: &NetResults) {
-    *s += "\n### The daemon itself (traced rounds, without --bpf-stats)\n\n";
+    *s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
     let rows: Vec<Vec<String>> = r
         .workloads
         .iter()
@@ -310,26 +309,38 @@ fn daemon(s: &mut String, r: &NetResults) {
             let d = &wr.daemon;
             vec![
                 wr.key.to_string(),
-                format!("{:.2}", d.cpu_pct_of_one_cpu.median),
-                range(&d.cpu_pct_of_one_cpu, 2),
-                format!("{:.2}", d.lifetime_cpu_s.median),
-                format!("{:.1}", d.peak_rss_mib.max),
-                format!("{:.0}", d.records.median),
-                format!("{:.0}", d.tcp_retransmit_records.median),
+                d.cpu_pct_of_one_cpu
+                    .as_ref()
+                    .map_or("–".into(), |e| e.text(2)),
+                d.cpu_pct_of_one_cpu
+                    .as_ref()
+                    .map_or("–".into(), |e| e.range_text(2)),
+                format!("{:.1}", d.peak_rss_mib),
             ]
         })
         .collect();
     *s += &table::markdown(
         &[
             "workload",
-            "CPU % of one CPU while the client ran",
+            "CPU % of one CPU while the client ran, median [95% CI]",
             "min–max",
-            "CPU s over its life",
             "peak RSS MiB (VmHWM)",
-            "records per run",
-            "tcp_retransmit records per run",
         ],
         &rows,
+    );
+    let l = &r.daemon_lives;
+    let _ = writeln!(
+        s,
+        "\nEach round's daemon over its life (load, verify, attach, its {} runs, detach), \
+         median (min–max): CPU s {:.2} ({}), records written {:.0} ({}), of which \
+         `tcp_retransmit` {:.0} ({}).",
+        2 * r.workloads.len(),
+        l.lifetime_cpu_s.median,
+        range(&l.lifetime_cpu_s, 2),
+        l.records.median,
+        range(&l.records, 0),
+        l.tcp_retransmit_records.median,
+        range(&l.tcp_retransmit_records, 0),
     );
 }
 
@@ -343,12 +354,12 @@ fn notes(s: &mut String, r: &NetResults) {
            peer prints every event through bpftrace's perf-event output (with a timestamp), \
            which is most of its cost per event; stalltrace writes a fixed record to a ring \
            buffer and formats it in user space.\n";
-    *s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), from the \
-           traced+bpf-stats rounds only; with bpf_stats on, the kernel reads the clock before \
-           and after every run of every BPF program on the host, so those rounds are slower \
-           than stalltrace as deployed and judge nothing. Without `--bpf-stats` the programs \
-           count no runs; a traced run whose programs did (someone else held bpf_stats on) \
-           was run again. The floor measured by hand on this VM for the block suite (an empty \
+    *s += "- ns/event is the kernel's own accounting (`run_time_ns / run_count`), read with \
+           `bpftool prog show` before and after each traced+bpf-stats run; with the accounting \
+           on, the kernel reads the clock before and after every run of every BPF program on \
+           the host, so those runs are slower than stalltrace as deployed and judge nothing. \
+           In a traced run the programs count no runs; a traced run whose programs did \
+           (someone else held bpf_stats on) was run again. The floor measured by hand on this VM for the block suite (an empty \
            tp_btf program ~60 ns/event with bpf_stats on, one `bpf_ktime_get_ns()` ~60 ns) \
            applies here too.\n";
     *s += "- events/s and events per transaction count every event on the host while the \
@@ -368,8 +379,9 @@ fn notes(s: &mut String, r: &NetResults) {
            a cross-CPU wake-up in a VM being an IPI and an exit from idle), switching from \
            run to run. Pinned, sockperf's p50 is mostly the sleep/wake-up path on one CPU, \
            so 2% of it is a fraction of a µs, well inside what moves between two untraced \
-           runs; the min–max columns and the per-round ratios say how far to trust a ratio. \
-           The p99 is noisier still and judges nothing. \"others' CPU %\" is the user-space \
+           runs; the per-round ratios' intervals say how far to trust a ratio, and a target \
+           whose interval straddles it is inconclusive. The p99 is noisier still and judges \
+           nothing. \"others' CPU %\" is the user-space \
            CPU of every other process on the host while the client ran (host user time minus \
            the client's, the servers' and the daemon's): where it is high, a neighbour, not \
            stalltrace, moved the figures; kernel-side noise (someone else's networking or \
@@ -383,14 +395,21 @@ fn notes(s: &mut String, r: &NetResults) {
            over. Its throughput is what the congestion control (here the host's default) \
            makes of 2% loss under a 500 Mbit/s pace; it is where `tcp_retransmit_skb` fires \
            and the daemon writes `tcp_retransmit` records.\n";
-    *s += "- Before each run the suite waits for a quiet host: nobody else's network-path \
-           BPF links or fio/iperf3/sockperf, and under 25% of a CPU of other processes' user \
-           time (up to 1 minute per run and 3 minutes in all, then it measures anyway). A run \
-           that had someone else's network hooks or load generators around it is run again, \
-           up to 3 attempts, and kept with a warning below after that; CPU load alone only \
-           shows in \"others' CPU %\". The suite's wall time includes that waiting.\n";
+    let _ = writeln!(
+        s,
+        "- Before each run the suite waits for a quiet host: nobody else's network-path BPF \
+         links or fio/iperf3/sockperf, and under {BUSY_USER_CPU_PCT:.0}% of a CPU of user time \
+         on the host (up to {} s per run and {} s in all, then it measures anyway). A run that \
+         had someone else's network hooks or load generators around it is run again, up to 3 \
+         attempts, and kept with a warning below after that; a failed run (a server killed by \
+         someone else's cleanup) runs its whole block again; CPU load alone only shows in \
+         \"others' CPU %\". The suite's wall time includes that waiting.",
+        QUIET_PER_RUN.as_secs(),
+        QUIET_BUDGET.as_secs()
+    );
     *s += &cross_check(r);
-    *s += "- \"CPU s over its life\" includes loading and verifying the programs, attaching and \
-           detaching; the percentage is the steady state while the client ran.\n";
+    *s += "- The daemon's CPU is user + system time of all its threads while the client ran \
+           (schedstat, to the ns), in % of one CPU; \"CPU s\" over a daemon's life includes \
+           loading and verifying the programs, attaching and detaching.\n";
     *s += &publish::lost_and_warnings(&r.lost, &r.warnings);
 }

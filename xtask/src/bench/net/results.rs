@@ -1,21 +1,30 @@
 //! From raw runs to the published figures: medians and ranges per workload
-//! and configuration, ratios traced / untraced (the targets are judged on the
-//! traced runs without `--bpf-stats`), per-program cost summed over the
-//! `--bpf-stats` runs. Everything here is serialized as-is into benchmarks.json.
+//! and configuration; per-round ratios (each run over the untraced run of
+//! the same round) with their median and 95% interval, on which the targets
+//! are judged (see `verdicts`); per-program cost, summed over the
+//! accounting runs and round by round; cost per received and per sent TCP
+//! segment for stalltrace and the peer. Everything here is serialized as-is
+//! into benchmarks.json.
+
+mod costs;
+mod verdicts;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::segments;
 use super::workload::{self, Bound, Run, Workload};
-use super::{Measured, RATIO_TARGET, TracedRun, WorkloadRuns, on_net_path};
+use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::netpair::NFT_TABLE;
-use crate::bench::peers::{self, Comparison, PeerInfo};
+use crate::bench::paired::{self, ProcessUse};
+use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
-use crate::bench::stats::{Summary, summary};
+use crate::bench::stats::{Estimate, Summary, summary};
 use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
 use crate::bench::tracer::{self, ProgramCost};
+use crate::bench::unitcost::{self, UnitCost};
 
 #[derive(Serialize)]
 pub struct NetResults {
@@ -29,9 +38,16 @@ pub struct NetResults {
     pub workloads: Vec<WorkloadResult>,
     /// The bpftrace peer doing the same job, and the usual peers that cannot run here.
     pub peer: PeerInfo,
-    /// Network-path programs (every family but block), summed over the `--bpf-stats` runs.
+    /// Network-path programs (every family but block), summed over the
+    /// accounting runs, and round by round.
     pub programs: Vec<ProgramResult>,
-    /// Records the daemon could not deliver, summed over both traced configurations.
+    /// BPF run time per received and per sent segment and the process's own
+    /// CPU and memory, for stalltrace and the peer on each workload.
+    pub unit_costs: Vec<UnitCost>,
+    /// How a BPF time per unit becomes a share of a core at a rate.
+    pub unit_cost_formula: &'static str,
+    pub daemon_lives: Lives,
+    /// Records the daemon could not deliver, summed over every daemon's life.
     pub lost: BTreeMap<String, u64>,
     /// /proc/loadavg before and after: a busy host shows here.
     pub load_average: [String; 2],
@@ -48,18 +64,32 @@ pub struct Setup {
     pub iperf3: String,
     pub iperf3_loss: String,
     pub loss_rule: String,
-    /// The "traced" configuration: stalltrace as deployed.
+    /// The daemon of the traced block: stalltrace as deployed.
     pub tracer: String,
-    /// The "traced_bpf_stats" configuration.
-    pub tracer_bpf_stats: String,
+    /// How the runs with the accounting differ.
+    pub tracer_bpf_stats: &'static str,
+    pub order: &'static str,
     pub configs: &'static str,
 }
 
-pub const CONFIGS: &str = "per round and workload, in this order: untraced; traced \
-     (stalltrace without --bpf-stats: the ratios and the targets use it; the daemon's CPU \
-     and RSS come from it); traced_bpf_stats (stalltrace with --bpf-stats: ns/event and \
-     events/s per program come from it; its figures pay the kernel's accounting on every \
-     program run and judge nothing)";
+pub const CONFIGS: &str = "per round and workload: untraced; traced (stalltrace without the \
+     accounting: the ratios and the targets use it; the daemon's CPU and RSS come from it); \
+     traced_bpf_stats (the same daemon with the kernel's accounting on: ns/event and events/s \
+     per program come from it; its figures pay the accounting on every program run and judge \
+     nothing); bpftrace and bpftrace_bpf_stats (the peer, likewise)";
+
+/// Each round's daemon, over its whole life (every workload's runs).
+#[derive(Serialize)]
+pub struct Lives {
+    /// Load, verify, attach, its runs, detach.
+    pub lifetime_cpu_s: Summary,
+    /// Records it wrote, all types, and `tcp_retransmit` records.
+    pub records: Summary,
+    pub tcp_retransmit_records: Summary,
+    /// Transmits on the client's veth its hooks saw over those the kernel
+    /// counted (netlink), from its own `netdev` records; 1 when none was missed.
+    pub tx_seen_per_counted: Option<Summary>,
+}
 
 #[derive(Serialize)]
 pub struct Side {
@@ -70,70 +100,42 @@ pub struct Side {
     pub runs: Vec<Run>,
 }
 
+/// A process's use while the client ran, in the runs without the accounting.
+#[derive(Serialize)]
+pub struct ProcessResult {
+    pub cpu_pct_of_one_cpu: Option<Estimate>,
+    /// The largest VmHWM over the rounds.
+    pub peak_rss_mib: f64,
+}
+
 #[derive(Serialize)]
 pub struct WorkloadResult {
     pub key: &'static str,
     pub title: &'static str,
     pub untraced: Side,
-    /// Without --bpf-stats: what the ratios and the targets are about.
+    /// Without the accounting: what the ratios and the targets are about.
     pub traced: Side,
-    /// With --bpf-stats: shown, judges nothing.
+    /// With the accounting: shown, judges nothing.
     pub traced_bpf_stats: Side,
-    /// Medians, traced / untraced, per figure (where the untraced median is not 0).
-    pub ratio: BTreeMap<&'static str, f64>,
-    /// Medians, traced_bpf_stats / untraced.
-    pub bpf_stats_ratio: BTreeMap<&'static str, f64>,
-    /// The target figure of each traced run over the untraced run of the same
-    /// round: less exposed to drift on a shared host than the ratio of medians.
-    pub paired_ratio: Summary,
-    pub paired_bpf_stats_ratio: Summary,
-    /// From the traced runs (without --bpf-stats).
-    pub daemon: Daemon,
-    /// All network-path programs together, in the --bpf-stats runs.
+    pub peer: Side,
+    /// Per figure of the workload: each run over the untraced run of the
+    /// same round, median and 95% interval (figures whose untraced value is
+    /// 0 in every round have none).
+    pub ratio: BTreeMap<&'static str, Estimate>,
+    pub bpf_stats_ratio: BTreeMap<&'static str, Estimate>,
+    pub peer_ratio: BTreeMap<&'static str, Estimate>,
+    pub daemon: ProcessResult,
+    pub peer_process: ProcessResult,
+    /// All network-path programs together, in the accounting runs.
     pub bpf: BpfLoad,
     /// A cross-check of the hooks against the kernel's own counters: runs of
     /// netdev's net_dev_start_xmit program over the packets both veth ends
-    /// sent (`ip -s link`), per --bpf-stats run. At least 1 when no packet
-    /// was missed (the daemon also sees packets outside the client's window
-    /// and on other interfaces); None without that program.
+    /// sent (`ip -s link`), per accounting run. At least 1 when no packet
+    /// was missed (the daemon also sees packets on other interfaces); None
+    /// without that program.
     pub xmit_runs_per_veth_packet: Option<Summary>,
-    /// The same from the daemon's own records, in both traced configurations:
-    /// transmits on the client's veth its hooks saw over those the kernel
-    /// counted (netlink), over the daemon's whole life; 1 when none was missed.
-    pub tx_seen_per_counted: Coverage,
-    /// The bpftrace peer as run (without bpf_stats), its ratios to untraced,
-    /// and its cost per transaction against stalltrace's.
-    pub peer: Side,
-    pub peer_ratio: BTreeMap<&'static str, f64>,
-    pub paired_peer_ratio: Summary,
+    /// stalltrace against the peer, per transaction, round by round.
     pub versus_peer: Comparison,
-}
-
-#[derive(Serialize)]
-pub struct Coverage {
-    pub traced: Option<Summary>,
-    pub traced_bpf_stats: Option<Summary>,
-}
-
-fn coverage(runs: &[TracedRun]) -> Option<Summary> {
-    let ratios: Vec<f64> = runs
-        .iter()
-        .filter(|r| r.tx_counted > 0)
-        .map(|r| r.tx_seen as f64 / r.tx_counted as f64)
-        .collect();
-    Summary::of(&ratios)
-}
-
-#[derive(Serialize)]
-pub struct Daemon {
-    /// While the client ran: CPU time / wall time, in % of one CPU.
-    pub cpu_pct_of_one_cpu: Summary,
-    /// Whole life of each daemon: load, verify, attach, run, detach.
-    pub lifetime_cpu_s: Summary,
-    pub peak_rss_mib: Summary,
-    /// Records it wrote per run, all types, and `tcp_retransmit` records.
-    pub records: Summary,
-    pub tcp_retransmit_records: Summary,
 }
 
 #[derive(Serialize)]
@@ -143,17 +145,22 @@ pub struct BpfLoad {
     /// An estimate of the hooks' cost free of run-to-run noise: their run
     /// time as a share of what bounds the workload (sockperf: of the untraced
     /// p50 round trip; unpaced iperf3: of the one CPU it keeps busy); None
-    /// for a paced workload. Measured with bpf_stats on, so a little high.
+    /// for a paced workload. Measured with the accounting on, so a little high.
     pub share_of_bound: Option<f64>,
-    /// Run time of the programs per transaction (`unit`).
+    /// Run time of the programs per transaction (`unit`), over all runs.
     pub ns_per_unit: f64,
     pub unit: &'static str,
+    /// Programs on neither path (state changes, timeouts), run time per
+    /// segment received or sent, round by round.
+    pub other_ns_per_segment: Option<Estimate>,
 }
 
 #[derive(Serialize)]
 pub struct ProgramResult {
     #[serde(flatten)]
     pub total: ProgramTotal,
+    /// ns/event in each round's accounting runs (every workload): median and interval.
+    pub by_round: Option<Estimate>,
     pub by_workload: Vec<ProgramInWorkload>,
 }
 
@@ -162,7 +169,7 @@ pub struct ProgramInWorkload {
     pub workload: &'static str,
     pub run_count: u64,
     pub ns_per_event: Option<f64>,
-    /// Per second of client run time, in the --bpf-stats runs.
+    /// Per second of client run time, in the accounting runs.
     pub events_per_s: f64,
     /// Per transaction (a round trip; a MB received).
     pub events_per_unit: f64,
@@ -184,44 +191,27 @@ fn side(runs: &[Run]) -> Side {
     }
 }
 
-fn ratios(num: &Side, den: &Side) -> BTreeMap<&'static str, f64> {
-    num.figures
+/// Each of `w`'s figures, `other`'s run over `untraced`'s of the same round.
+fn ratios<'a>(
+    w: &Workload,
+    untraced: &[Run],
+    other: impl IntoIterator<Item = &'a Run>,
+) -> BTreeMap<&'static str, Estimate> {
+    let pairs: Vec<(&Run, &Run)> = untraced.iter().zip(other).collect();
+    w.figures
         .iter()
-        .filter_map(|(k, n)| {
-            let d = den.figures.get(k)?.median;
-            (d > 0.0).then(|| (*k, n.median / d))
+        .filter_map(|f| {
+            let e = Estimate::of(pairs.iter().map(|(u, t)| t.figure(f.key) / u.figure(f.key)))?;
+            Some((f.key, e))
         })
         .collect()
 }
 
-fn paired(untraced: &[Run], traced: &[TracedRun], key: &str) -> Summary {
-    summary(
-        untraced
-            .iter()
-            .zip(traced)
-            .map(|(u, t)| t.run.figure(key) / u.figure(key)),
-    )
-}
-
-fn daemon(traced: &[TracedRun]) -> Daemon {
-    Daemon {
-        cpu_pct_of_one_cpu: summary(
-            traced
-                .iter()
-                .map(|t| 100.0 * t.cpu_in_window_s / t.window_s),
-        ),
-        lifetime_cpu_s: summary(traced.iter().map(|t| t.lifetime_cpu_s)),
-        peak_rss_mib: summary(traced.iter().map(|t| t.peak_rss_kib as f64 / 1024.0)),
-        records: summary(
-            traced
-                .iter()
-                .map(|t| t.stop.records.values().sum::<u64>() as f64),
-        ),
-        tcp_retransmit_records: summary(
-            traced
-                .iter()
-                .map(|t| t.stop.records.get("tcp_retransmit").copied().unwrap_or(0) as f64),
-        ),
+fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessResult {
+    let uses: Vec<&ProcessUse> = uses.into_iter().collect();
+    ProcessResult {
+        cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
+        peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
     }
 }
 
@@ -229,44 +219,72 @@ fn daemon(traced: &[TracedRun]) -> Daemon {
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
 ) -> BTreeMap<programs::Key, ProgramCost> {
-    programs::totals(runs.into_iter().map(|r| &r.stop), on_net_path)
+    programs::sum(runs.into_iter().flat_map(|r| &r.programs), on_net_path)
 }
 
-/// Client seconds and transactions of the --bpf-stats runs of one workload.
-fn exposure(runs: &WorkloadRuns) -> (f64, f64) {
-    let unit = runs.workload.unit_figure;
-    let s = &runs.traced_bpf_stats;
-    (
-        s.iter().map(|r| r.run.seconds).sum(),
-        s.iter().map(|r| r.run.figure(unit)).sum(),
-    )
+/// The network-path programs of one run, as (name, run time).
+fn net_programs(r: &TracedRun) -> impl Iterator<Item = (&str, u64)> {
+    r.programs
+        .iter()
+        .filter(|p| on_net_path(&p.family))
+        .map(|p| (p.program.as_str(), p.run_time_ns))
+}
+
+/// stalltrace's network-path programs in one accounting run: run time and
+/// transactions (the workload's unit).
+fn round_cost(w: &Workload, r: &TracedRun) -> RoundCost {
+    RoundCost {
+        ns: net_programs(r).map(|(_, ns)| ns as f64).sum(),
+        units: r.run.figure(w.unit_figure),
+    }
+}
+
+fn peer_round_cost(w: &Workload, r: &PeerRun) -> RoundCost {
+    RoundCost {
+        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
+        units: r.run.figure(w.unit_figure),
+    }
+}
+
+/// Run time per received segment and per sent segment, one value per run.
+fn per_segment<'a>(
+    runs: impl IntoIterator<Item = (&'a Run, (f64, f64, f64))>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for (run, (rx, tx, other)) in runs {
+        let (i, o) = (run.figure("in_segs"), run.figure("out_segs"));
+        out.0.push(rx / i);
+        out.1.push(tx / o);
+        out.2.push(other / (i + o));
+    }
+    out
 }
 
 fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
-    let ratios: Vec<f64> =
-        runs.traced_bpf_stats
-            .iter()
-            .filter_map(|r| {
-                let xmit =
-                    r.stop.programs.iter().find(|p| {
-                        p.family == "netdev" && p.program.ends_with("net_dev_start_xmit")
-                    })?;
-                let packets = r.run.figure("veth_packets");
-                (packets > 0.0).then(|| xmit.run_count as f64 / packets)
-            })
-            .collect();
+    let ratios: Vec<f64> = runs
+        .traced_bpf_stats
+        .iter()
+        .filter_map(|r| {
+            let xmit = r
+                .programs
+                .iter()
+                .find(|p| p.family == "netdev" && p.program.ends_with("net_dev_start_xmit"))?;
+            let packets = r.run.figure("veth_packets");
+            (packets > 0.0).then(|| xmit.run_count as f64 / packets)
+        })
+        .collect();
     Summary::of(&ratios)
 }
 
 fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
-    let (seconds, units) = exposure(runs);
-    let ns: u64 = program_totals(&runs.traced_bpf_stats)
-        .values()
-        .map(|p| p.run_time_ns)
-        .sum();
+    let w = runs.workload;
+    let s = &runs.traced_bpf_stats;
+    let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
+    let units: f64 = s.iter().map(|r| r.run.figure(w.unit_figure)).sum();
+    let ns: u64 = program_totals(s).values().map(|p| p.run_time_ns).sum();
     let cpu_pct_of_one_cpu = 100.0 * ns as f64 / 1e9 / seconds.max(f64::MIN_POSITIVE);
     let ns_per_unit = ns as f64 / units.max(f64::MIN_POSITIVE);
-    let share_of_bound = match runs.workload.bound {
+    let share_of_bound = match w.bound {
         Bound::RoundTrip => untraced
             .figures
             .get("p50_us")
@@ -275,119 +293,109 @@ fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
         Bound::OneCpu => Some(cpu_pct_of_one_cpu / 100.0),
         Bound::Paced => None,
     };
+    let (_, _, other) = per_segment(s.iter().map(|r| (&r.run, segments::split(net_programs(r)))));
     BpfLoad {
         cpu_pct_of_one_cpu,
         share_of_bound,
         ns_per_unit,
-        unit: runs.workload.unit,
+        unit: w.unit,
+        other_ns_per_segment: Estimate::of(other),
     }
 }
 
-pub fn aggregate(
-    settings: &Settings,
-    m: &Measured,
-    host: Host,
-    wall_time_s: f64,
-    load_average: [String; 2],
-) -> NetResults {
-    let workloads: Vec<WorkloadResult> = m
-        .workloads
-        .iter()
-        .map(|runs| {
-            let w = runs.workload;
-            let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
-            let (u, t, ts) = (
-                side(&runs.untraced),
-                side(&traced_runs(&runs.traced)),
-                side(&traced_runs(&runs.traced_bpf_stats)),
-            );
-            let key = w.figures[0].key;
-            let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
-            let peer = side(&peer_runs);
-            let bpf = bpf_load(runs, &u);
-            let peer_cost = peers::sum_costs(runs.peer_bpf_stats.iter().map(|r| &r.programs));
-            let peer_units: f64 = runs
-                .peer_bpf_stats
-                .iter()
-                .map(|r| r.run.figure(w.unit_figure))
-                .sum();
-            let peer_ns_per_unit = peer_cost.run_time_ns as f64 / peer_units.max(f64::MIN_POSITIVE);
-            // Overhead as a fraction, positive when the tool made things worse.
-            let overhead = |u: &Run, t: &Run| {
+fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
+    let w = runs.workload;
+    let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
+    let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
+    let untraced = side(&runs.untraced);
+    let key = w.figures[0].key;
+    // Overhead as a fraction, positive when the tool made things worse.
+    let overhead = |other: &[Run]| -> Vec<f64> {
+        runs.untraced
+            .iter()
+            .zip(other)
+            .map(|(u, t)| {
                 let r = t.figure(key) / u.figure(key);
                 if w.higher_is_better { 1.0 - r } else { r - 1.0 }
-            };
-            let st_programs: Vec<(String, u64, u64)> = program_totals(&runs.traced_bpf_stats)
-                .into_values()
-                .filter(|p| p.family == "tcp")
-                .map(|p| (p.program, p.run_count, p.run_time_ns))
-                .collect();
-            let versus_peer = Comparison {
-                same_hooks: peers::same_hooks(&["tcp_retransmit_skb"], &st_programs, &peer_cost),
-                unit: w.unit.to_string(),
-                stalltrace_ns_per_unit: bpf.ns_per_unit,
-                peer_ns_per_unit,
-                factor: peer_ns_per_unit / bpf.ns_per_unit.max(f64::MIN_POSITIVE),
-                stalltrace_overhead: summary(
-                    runs.untraced
-                        .iter()
-                        .zip(&runs.traced)
-                        .map(|(u, t)| overhead(u, &t.run)),
-                ),
-                peer_overhead: summary(
-                    runs.untraced
-                        .iter()
-                        .zip(&runs.peer)
-                        .map(|(u, p)| overhead(u, &p.run)),
-                ),
-            };
-            WorkloadResult {
-                peer_ratio: ratios(&peer, &u),
-                paired_peer_ratio: summary(
-                    runs.untraced
-                        .iter()
-                        .zip(&runs.peer)
-                        .map(|(u, p)| p.run.figure(key) / u.figure(key)),
-                ),
-                versus_peer,
-                peer,
-                key: w.key,
-                title: w.title,
-                ratio: ratios(&t, &u),
-                bpf_stats_ratio: ratios(&ts, &u),
-                paired_ratio: paired(&runs.untraced, &runs.traced, key),
-                paired_bpf_stats_ratio: paired(&runs.untraced, &runs.traced_bpf_stats, key),
-                daemon: daemon(&runs.traced),
-                bpf,
-                xmit_runs_per_veth_packet: xmit_coverage(runs),
-                tx_seen_per_counted: Coverage {
-                    traced: coverage(&runs.traced),
-                    traced_bpf_stats: coverage(&runs.traced_bpf_stats),
-                },
-                untraced: u,
-                traced: t,
-                traced_bpf_stats: ts,
-            }
-        })
+            })
+            .collect()
+    };
+    let peer_cost = peers::sum_costs(runs.peer_bpf_stats.iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(&runs.traced_bpf_stats)
+        .into_values()
+        .filter(|p| p.family == "tcp")
+        .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
+    let st_rounds: Vec<RoundCost> = runs
+        .traced_bpf_stats
+        .iter()
+        .map(|r| round_cost(w, r))
+        .collect();
+    let peer_rounds: Vec<RoundCost> = runs
+        .peer_bpf_stats
+        .iter()
+        .map(|r| peer_round_cost(w, r))
+        .collect();
+    let versus_peer = Comparison::new(
+        w.unit,
+        &st_rounds,
+        &peer_rounds,
+        (overhead(&traced_runs(&runs.traced)), overhead(&peer_runs)),
+        peers::same_hooks(&["tcp_retransmit_skb"], &st_programs, &peer_cost),
+    );
+    WorkloadResult {
+        key: w.key,
+        title: w.title,
+        ratio: ratios(w, &runs.untraced, runs.traced.iter().map(|r| &r.run)),
+        bpf_stats_ratio: ratios(
+            w,
+            &runs.untraced,
+            runs.traced_bpf_stats.iter().map(|r| &r.run),
+        ),
+        peer_ratio: ratios(w, &runs.untraced, &peer_runs),
+        daemon: process(runs.traced.iter().map(|r| &r.usage)),
+        peer_process: process(runs.peer.iter().map(|r| &r.usage)),
+        bpf: bpf_load(runs, &untraced),
+        xmit_runs_per_veth_packet: xmit_coverage(runs),
+        versus_peer,
+        untraced,
+        traced: side(&traced_runs(&runs.traced)),
+        traced_bpf_stats: side(&traced_runs(&runs.traced_bpf_stats)),
+        peer: side(&peer_runs),
+    }
+}
 
+/// Each network-path program over all accounting runs, round by round and
+/// workload by workload.
+fn program_results(m: &Measured) -> Vec<ProgramResult> {
     let per_workload: Vec<_> = m
         .workloads
         .iter()
         .map(|runs| {
-            let (seconds, units) = exposure(runs);
-            (
-                runs.workload.key,
-                program_totals(&runs.traced_bpf_stats),
-                seconds,
-                units,
-            )
+            let s = &runs.traced_bpf_stats;
+            let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
+            let units: f64 = s
+                .iter()
+                .map(|r| r.run.figure(runs.workload.unit_figure))
+                .sum();
+            (runs.workload.key, program_totals(s), seconds, units)
         })
         .collect();
-    let programs: Vec<ProgramResult> =
-        program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats))
-            .into_iter()
-            .map(|(key, total)| ProgramResult {
+    let rounds = m.workloads.iter().map(|w| w.traced_bpf_stats.len()).max();
+    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> = (0..rounds.unwrap_or(0))
+        .map(|i| program_totals(m.workloads.iter().filter_map(|w| w.traced_bpf_stats.get(i))))
+        .collect();
+    let recursion = programs::totals(m.daemons.iter().map(|l| &l.stop), on_net_path);
+    program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats))
+        .into_iter()
+        .map(|(key, mut total)| {
+            total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
+            ProgramResult {
+                by_round: Estimate::of(
+                    per_round
+                        .iter()
+                        .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
+                ),
                 by_workload: per_workload
                     .iter()
                     .map(|(workload, totals, seconds, units)| {
@@ -402,27 +410,42 @@ pub fn aggregate(
                     })
                     .collect(),
                 total: total.into(),
-            })
-            .collect();
+            }
+        })
+        .collect()
+}
 
-    let lost = programs::lost(
-        m.workloads
-            .iter()
-            .flat_map(|w| w.traced.iter().chain(&w.traced_bpf_stats))
-            .map(|r| &r.stop),
-    );
-
+pub fn aggregate(
+    settings: &Settings,
+    m: &Measured,
+    host: Host,
+    wall_time_s: f64,
+    load_average: [String; 2],
+) -> NetResults {
+    let workloads: Vec<WorkloadResult> = m.workloads.iter().map(workload_result).collect();
     let mut targets: Vec<Verdict> = m
         .workloads
         .iter()
         .zip(&workloads)
-        .map(|(runs, r)| verdict(runs.workload, r))
+        .map(|(runs, r)| verdicts::ratio(runs.workload, r))
         .collect();
     // Against the peer only where its job exists: retransmits, in the loss
     // case (elsewhere its one hook never fires; the Peers table shows those).
     for r in workloads.iter().filter(|r| r.key == "iperf3_loss") {
         targets.push(peers::factor_verdict(&r.versus_peer, r.key));
     }
+    let unit_costs = costs::unit_costs(m, &workloads);
+    targets.push(verdicts::ns_per_sent_segment(&unit_costs, "sockperf"));
+    let peer_rounds: Vec<PeerCost> = (0..settings.rounds)
+        .filter_map(|i| {
+            let runs: Vec<&PeerRun> = m
+                .workloads
+                .iter()
+                .filter_map(|w| w.peer_bpf_stats.get(i))
+                .collect();
+            (!runs.is_empty()).then(|| peers::sum_costs(runs.iter().map(|r| &r.programs)))
+        })
+        .collect();
     let filters = ["--netns", "CLIENT_NS"];
     let cmd = |args: Vec<String>| {
         format!(
@@ -467,84 +490,21 @@ pub fn aggregate(
                 workload::LOSS_PERCENT
             ),
             tracer: tracer::command_line_with(false, &filters),
-            tracer_bpf_stats: tracer::command_line_with(true, &filters),
+            tracer_bpf_stats: paired::TRACER_BPF_STATS,
+            order: paired::ORDER,
             configs: CONFIGS,
         },
         hooks: m.hooks.clone(),
         targets,
+        unit_cost_formula: unitcost::FORMULA,
+        unit_costs,
+        programs: program_results(m),
         workloads,
-        peer: PeerInfo::new(
-            &peers::TCP_RETRANSMIT,
-            peers::sum_costs(
-                m.workloads
-                    .iter()
-                    .flat_map(|w| &w.peer_bpf_stats)
-                    .map(|r| &r.programs),
-            ),
-            settings.rounds.min(super::BPF_STATS_ROUNDS),
-            m.unavailable.clone(),
-        ),
-        programs,
-        lost,
+        peer: PeerInfo::new(&peers::TCP_RETRANSMIT, &peer_rounds, m.unavailable.clone()),
+        daemon_lives: costs::lives(m),
+        lost: programs::lost(m.daemons.iter().map(|l| &l.stop)),
         load_average,
         warnings: m.warnings.clone(),
-    }
-}
-
-/// The target on a workload's first figure: within 2% of untraced.
-fn verdict(w: &Workload, r: &WorkloadResult) -> Verdict {
-    let fig = &w.figures[0];
-    let name = match w.key {
-        "sockperf" => "sockperf round-trip p50".to_string(),
-        "iperf3" => "iperf3 unpaced received throughput".to_string(),
-        key => format!("{key} received throughput"),
-    };
-    let Some(&ratio) = r.ratio.get(fig.key) else {
-        return Verdict {
-            target: name,
-            measured: "no figure".into(),
-            met: false,
-            detail: "not measured: the untraced median was 0".into(),
-        };
-    };
-    let (bound, met, change, what) = if w.higher_is_better {
-        let bound = 1.0 - RATIO_TARGET;
-        (bound, ratio >= bound, (1.0 - ratio) * 100.0, "lost")
-    } else {
-        let bound = 1.0 + RATIO_TARGET;
-        (bound, ratio <= bound, (ratio - 1.0) * 100.0, "added")
-    };
-    let op = if w.higher_is_better { ">=" } else { "<=" };
-    let allowed = RATIO_TARGET * 100.0;
-    let p = &r.paired_ratio;
-    let paired = format!(
-        "per-round ratios {:.3} ({:.3}–{:.3})",
-        p.median, p.min, p.max
-    );
-    let change = if change >= 0.0 {
-        format!("traced {what} {change:.1}%")
-    } else {
-        let opposite = if what == "lost" { "gained" } else { "took off" };
-        format!("traced {opposite} {:.1}%", -change)
-    };
-    let margin = (allowed
-        - (if w.higher_is_better {
-            1.0 - ratio
-        } else {
-            ratio - 1.0
-        }) * 100.0)
-        .abs();
-    Verdict {
-        target: format!("{name}, traced / untraced {op} {bound:.2}"),
-        measured: format!("{ratio:.3}"),
-        met,
-        detail: if met {
-            format!(
-                "met with {margin:.1} points to spare ({change}; {allowed:.0}% allowed; {paired})"
-            )
-        } else {
-            format!("missed by {margin:.1} points ({change}; {allowed:.0}% allowed; {paired})")
-        },
     }
 }
 

@@ -225,7 +225,9 @@ pub struct Run {
     /// sockperf: p50_us, p99_us, avg_us (round trip, its valid window),
     /// round_trips (whole run); iperf3: received_mbps, received_mb,
     /// retransmits (the sender's segments), dropped_skbs (the loss rule's
-    /// drops); both: veth_packets (sent by both veth ends while the client ran).
+    /// drops); both: veth_packets (sent by both veth ends while the client
+    /// ran), in_segs and out_segs (TCP segments both namespaces received and
+    /// sent meanwhile, /proc/net/snmp).
     pub figures: BTreeMap<&'static str, f64>,
     /// User-space CPU of every other process on the host while the client
     /// ran (host user time minus the client's, the servers' and the daemon's),
@@ -273,8 +275,16 @@ pub fn run(
     let packets = || -> anyhow::Result<u64> {
         Ok(pair.tx_packets(Side::Client)? + pair.tx_packets(Side::Server)?)
     };
+    // Both namespaces: every segment of the workload is sent by one and
+    // received by the other, and the hooks run at both ends.
+    let segments = || -> anyhow::Result<(u64, u64)> {
+        let (ci, co) = pair.tcp_segments(Side::Client)?;
+        let (si, so) = pair.tcp_segments(Side::Server)?;
+        Ok((ci + si, co + so))
+    };
     let dropped0 = dropped()?;
     let packets0 = packets()?;
+    let segments0 = segments()?;
     let began = Instant::now();
     let mut figures = match w.kind {
         Kind::PingPong => sockperf(pair, secs)?,
@@ -285,6 +295,9 @@ pub fn run(
     let ours = hostcpu::children_user_s() - children0 + servers.user_s() - servers0 + daemon_user()
         - daemon0;
     figures.insert("veth_packets", packets()?.saturating_sub(packets0) as f64);
+    let (in_segs, out_segs) = segments()?;
+    figures.insert("in_segs", in_segs.saturating_sub(segments0.0) as f64);
+    figures.insert("out_segs", out_segs.saturating_sub(segments0.1) as f64);
     if let Kind::Stream { .. } = w.kind {
         figures.insert("dropped_skbs", dropped()?.saturating_sub(dropped0) as f64);
     }

@@ -75,7 +75,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
             RSS_SLACK_SHARE * 100.0
         ),
         measured,
-        met: ok,
+        outcome: ok.into(),
         detail: format!(
             "VmRSS first {first:.1}, last {last:.1}, max {:.1} MiB; peak (VmHWM) {:.1} MiB",
             rss.iter().copied().fold(0.0, f64::max),
@@ -118,7 +118,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
                 MAP_SLACK_SHARE * 100.0
             ),
             measured,
-            met: ok && bound,
+            outcome: (ok && bound).into(),
             detail,
         });
     }
@@ -144,7 +144,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
              segments one record carried, plus tcp.retransmit_unseen_segs (host-wide)"
         ),
         measured: format!("{} vs {} ({d:+})", t.sent_segs, r.kernel.retrans_segs),
-        met: d <= TCP_MARGIN && d >= -(TCP_MARGIN + could_carry + unseen),
+        outcome: (d <= TCP_MARGIN && d >= -(TCP_MARGIN + could_carry + unseen)).into(),
         detail: format!(
             "{} records; segments by err: {}; ring-buffer losses {rb_lost} (could carry \
              {could_carry} segments); unseen segments {unseen}; nftables dropped {} packets; \
@@ -162,7 +162,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
              (±{TCP_MARGIN}), as docs/records.md says; a shortfall only as for delivery above"
         ),
         measured: format!("{} vs {} ({d:+})", t.counted_segs, r.kernel.retrans_segs),
-        met: d <= TCP_MARGIN && d >= -(TCP_MARGIN + could_carry + unseen),
+        outcome: (d <= TCP_MARGIN && d >= -(TCP_MARGIN + could_carry + unseen)).into(),
         detail: format!(
             "{} records not marked counted ({} segments; by err: {}); tcp_rtt retrans_segs {}",
             t.uncounted,
@@ -181,7 +181,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
             "{} vs {} ({d:+})",
             t.rtt_retrans_segs, r.kernel.retrans_segs
         ),
-        met: d.abs() <= TCP_MARGIN,
+        outcome: (d.abs() <= TCP_MARGIN).into(),
         detail: format!("unseen segments (host-wide) {unseen}"),
     });
     let d = t.syn_retransmits as i64 - r.kernel.syn_retrans as i64;
@@ -191,7 +191,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
              shortfall only up to tcp.retransmit_ringbuf_full"
         ),
         measured: format!("{} vs {} ({d:+})", t.syn_retransmits, r.kernel.syn_retrans),
-        met: d <= TCP_MARGIN && d >= -(TCP_MARGIN + rb_lost),
+        outcome: (d <= TCP_MARGIN && d >= -(TCP_MARGIN + rb_lost)).into(),
         detail: "connections opened through the loss: the short sqlclient runs".into(),
     });
     // TCPTimeouts also counts the timeouts of connections not yet established
@@ -206,7 +206,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
              too) − {TCP_MARGIN}, a further shortfall only up to tcp.retransmit_ringbuf_full"
         ),
         measured: format!("{} vs {} ({d:+})", t.timer_rtos, r.kernel.timeouts),
-        met: d <= TCP_MARGIN && d >= -(TCP_MARGIN + rb_lost + syn),
+        outcome: (d <= TCP_MARGIN && d >= -(TCP_MARGIN + rb_lost + syn)).into(),
         detail: format!(
             "`syn` records {syn}; per-peer counters (tcp_rtt rtos) {}",
             t.rtt_rtos
@@ -244,7 +244,7 @@ pub fn verdicts(r: &Run) -> Vec<Verdict> {
             t.total_records(),
             t.lost.values().sum::<u64>()
         ),
-        met: mismatched.is_empty() && t.unreadable == 0,
+        outcome: (mismatched.is_empty() && t.unreadable == 0).into(),
         detail: if mismatched.is_empty() && t.unreadable == 0 {
             format!("lost by source: {}", lost_text(&t.lost))
         } else {
@@ -331,7 +331,7 @@ fn disk_verdict(r: &Run, dev: &str) -> Verdict {
             )
         },
         measured: measured.join("; "),
-        met,
+        outcome: met.into(),
         detail: format!(
             "requests {} vs diskstats {} (never equal on a disk that takes flushes); completions \
              unseen {}; lost that drops requests {io_lost} (host-wide); minutes outside the \

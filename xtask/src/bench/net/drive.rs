@@ -1,0 +1,438 @@
+//! The net suite's paired-run driver: every round, the untraced, traced and
+//! peer blocks in the order `paired` gives, each workload once per
+//! configuration; one daemon and one bpftrace per round.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::quiet_host::Quiet;
+use super::workload::{self, Run, Servers, WORKLOADS, Workload};
+use super::{
+    DaemonLife, Measured, PeerRun, Settings, TracedRun, WorkloadRuns, disturbance, on_net_path,
+    transmits,
+};
+use crate::bench::netpair::{NetPair, Side};
+use crate::bench::paired::{self, Block, Window};
+use crate::bench::peers::{self, Bpftrace};
+use crate::bench::quiet;
+use crate::bench::tracer::programs::{self, total_runs};
+use crate::bench::tracer::{self, Tracer};
+
+struct Ctx<'a> {
+    settings: &'a Settings,
+    bin: &'a Path,
+    scratch: &'a Path,
+    filters: [&'a str; 2],
+    /// sysctl kernel.bpf_stats_enabled was 1: every run counts program runs.
+    stats_sysctl: bool,
+}
+
+impl Ctx<'_> {
+    fn label(&self, round: usize, w: &Workload, config: &str) -> String {
+        format!("round {round}/{} {} {config}", self.settings.rounds, w.key)
+    }
+}
+
+/// What every run needs and may change: the servers (restarted when someone
+/// else's cleanup kills one), the quiet-host budget, and what was restarted.
+struct State<'a> {
+    servers: Servers<'a>,
+    quiet: &'a mut Quiet,
+    restarted: Vec<String>,
+}
+
+impl State<'_> {
+    /// Before each attempt: the servers up, the scratch directory there
+    /// (someone else's cleanup of a shared host may remove either), and a
+    /// quiet host, waited for within the budget.
+    fn prepare(&mut self, scratch: &Path, label: &str, ours: &[u64]) -> anyhow::Result<()> {
+        fs::create_dir_all(scratch)
+            .with_context(|| format!("cannot create {}", scratch.display()))?;
+        for what in self.servers.restart_dead()? {
+            let w = format!("restarted a server: {what}");
+            eprintln!("bench: {w}");
+            self.restarted.push(w);
+        }
+        if let Some(why) = self.quiet.before_run(ours)? {
+            eprintln!("bench: {label}: measuring anyway: {why}");
+        }
+        Ok(())
+    }
+}
+
+pub fn measure(
+    settings: &Settings,
+    bin: &Path,
+    pair: &NetPair,
+    scratch: &Path,
+    quiet_host: &mut Quiet,
+    warnings: Vec<String>,
+) -> anyhow::Result<Measured> {
+    let client_netns = pair.netns(Side::Client).to_string();
+    let mut m = Measured {
+        workloads: WORKLOADS
+            .iter()
+            .map(|workload| WorkloadRuns {
+                workload,
+                untraced: Vec::new(),
+                traced: Vec::new(),
+                traced_bpf_stats: Vec::new(),
+                peer: Vec::new(),
+                peer_bpf_stats: Vec::new(),
+            })
+            .collect(),
+        daemons: Vec::new(),
+        hooks: Vec::new(),
+        congestion_control: pair
+            .exec(
+                Side::Client,
+                &["sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+            )?
+            .trim()
+            .to_string(),
+        warnings,
+        unavailable: Vec::new(),
+    };
+    eprintln!("bench: trying the usual peers (BCC, the bpftrace package's tools)");
+    m.unavailable = peers::unavailable(&["tcpretrans", "tcprtt"]);
+    for u in &m.unavailable {
+        eprintln!("bench: peer {}: {}", u.tool, u.verdict);
+    }
+    pair.drop_random(
+        Side::Server,
+        workload::LOSS_PERCENT,
+        workload::IPERF3_LOSS_PORT,
+    )?;
+    let server_addr = pair.addr(Side::Server).to_string();
+    let port = |p: u16| p.to_string();
+    let pinned = |args: &[&str]| workload::pinned(args);
+    let servers = Servers {
+        pair,
+        sockperf: pair.server(
+            Side::Server,
+            workload::SOCKPERF_PORT,
+            &pinned(&[
+                "sockperf",
+                "server",
+                "--tcp",
+                "-i",
+                &server_addr,
+                "-p",
+                &port(workload::SOCKPERF_PORT),
+            ]),
+            &scratch.join("sockperf-server.log"),
+        )?,
+        iperf3: pair.server(
+            Side::Server,
+            workload::IPERF3_PORT,
+            &pinned(&["iperf3", "-s", "-p", &port(workload::IPERF3_PORT)]),
+            &scratch.join("iperf3-server.log"),
+        )?,
+        iperf3_loss: pair.server(
+            Side::Server,
+            workload::IPERF3_LOSS_PORT,
+            &pinned(&["iperf3", "-s", "-p", &port(workload::IPERF3_LOSS_PORT)]),
+            &scratch.join("iperf3-loss-server.log"),
+        )?,
+    };
+    eprintln!(
+        "bench: {} <-> {} over veth {}/{} ({}), congestion control {}, clients and servers \
+         on CPU {}, {} rounds x {} s per run",
+        pair.netns(Side::Client),
+        pair.netns(Side::Server),
+        pair.veth(Side::Client),
+        pair.veth(Side::Server),
+        server_addr,
+        m.congestion_control,
+        workload::CPU,
+        settings.rounds,
+        settings.runtime_s
+    );
+    let mut st = State {
+        servers,
+        quiet: quiet_host,
+        restarted: Vec::new(),
+    };
+    // Fault in the binaries, sockets and the first connection's state once,
+    // so round 1's first runs do not pay for them alone.
+    for w in &WORKLOADS {
+        workload::run(&mut st.servers, w, 2, None)?;
+    }
+    let stats_sysctl = tracer::bpf_stats_sysctl();
+    if stats_sysctl {
+        let w = "sysctl kernel.bpf_stats_enabled was 1, so the traced runs without \
+                 the accounting paid the bpf_stats cost too"
+            .to_string();
+        eprintln!("bench: warning: {w}");
+        m.warnings.push(w);
+    }
+    let ctx = Ctx {
+        settings,
+        bin,
+        scratch,
+        filters: ["--netns", client_netns.as_str()],
+        stats_sysctl,
+    };
+    for round in 1..=settings.rounds {
+        let parts = paired::parts(round, WORKLOADS.len());
+        for block in paired::blocks(round) {
+            match block {
+                Block::Untraced => untraced(&ctx, &mut st, &mut m, round, &parts)?,
+                Block::Traced => traced(&ctx, &mut st, &mut m, round, &parts)?,
+                Block::Peer => peer(&ctx, &mut st, &mut m, round, &parts)?,
+            }
+        }
+    }
+    m.warnings.append(&mut st.restarted);
+    Ok(m)
+}
+
+fn untraced(
+    ctx: &Ctx,
+    st: &mut State,
+    m: &mut Measured,
+    round: usize,
+    parts: &[usize],
+) -> anyhow::Result<()> {
+    for &i in parts {
+        let w = m.workloads[i].workload;
+        let label = ctx.label(round, w, "untraced");
+        let run = quiet::retry_failures(&label, &mut m.warnings, || {
+            st.prepare(ctx.scratch, &label, &[])?;
+            let before = disturbance(&[]);
+            let run = workload::run(&mut st.servers, w, ctx.settings.runtime_s, None)?;
+            Ok((run, before.or_else(|| disturbance(&[]))))
+        })?;
+        progress(&label, w, &run);
+        m.workloads[i].untraced.push(run);
+    }
+    Ok(())
+}
+
+/// One run of workload `w` under a daemon or a peer (`ours`, `ids`), with
+/// the accounting on when `stats`; tried again (up to the usual attempts)
+/// when disturbed, its warnings into `warnings`.
+#[allow(clippy::too_many_arguments)]
+fn window(
+    ctx: &Ctx,
+    st: &mut State,
+    warnings: &mut Vec<String>,
+    label: &str,
+    w: &Workload,
+    (ours, ids): (&[u64], &[u64]),
+    stats: bool,
+    usage: &dyn Fn() -> anyhow::Result<tracer::Usage>,
+    tracer: Option<&Tracer>,
+) -> anyhow::Result<Window<Run>> {
+    quiet::retry(label, warnings, || {
+        st.prepare(ctx.scratch, label, ours)?;
+        let before = disturbance(ours);
+        let runtime_s = ctx.settings.runtime_s;
+        let servers = &mut st.servers;
+        let win = paired::window(ids, stats, usage, || {
+            workload::run(servers, w, runtime_s, tracer)
+        })?;
+        let disturbed = before.or_else(|| disturbance(ours)).or_else(|| {
+            paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&win.counters))
+        });
+        Ok((win, disturbed))
+    })
+}
+
+/// One daemon for the round: each workload as deployed and with the
+/// accounting on, each run's program counters read around it and named
+/// after the daemon has stopped (by its stop record). A failure (a server
+/// killed, the daemon gone) runs the whole block again with a new daemon.
+fn traced(
+    ctx: &Ctx,
+    st: &mut State,
+    m: &mut Measured,
+    round: usize,
+    parts: &[usize],
+) -> anyhow::Result<()> {
+    let block = format!("round {round}/{} traced block", ctx.settings.rounds);
+    let workloads: Vec<&'static Workload> = m.workloads.iter().map(|r| r.workload).collect();
+    let mut inner = Vec::new();
+    let (runs, life, hooks) = quiet::retry_failures(&block, &mut m.warnings, || {
+        inner.clear();
+        st.prepare(ctx.scratch, &block, &[])?;
+        let tag = format!("r{round}-traced");
+        let tracer = Tracer::start(ctx.bin, ctx.scratch, &tag, false, &ctx.filters)?;
+        let hooks: Vec<String> = tracer
+            .families()
+            .into_iter()
+            .filter(|f| on_net_path(f))
+            .map(|f| format!("{f}: {}", tracer.hooks_of(&f).join(", ")))
+            .collect();
+        let attached = tracer.attached_programs();
+        let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
+        let net_ids: Vec<u64> = attached
+            .iter()
+            .filter(|(_, f, _)| on_net_path(f))
+            .map(|(id, _, _)| *id)
+            .collect();
+        let ours = tracer.prog_ids();
+        let mut runs = Vec::new();
+        for &i in parts {
+            let w = workloads[i];
+            for stats in paired::stats_order(round) {
+                let config = if stats { "traced+bpf-stats" } else { "traced" };
+                let label = ctx.label(round, w, config);
+                let usage = || tracer.usage();
+                let win = window(
+                    ctx,
+                    st,
+                    &mut inner,
+                    &label,
+                    w,
+                    (&ours, &ids),
+                    stats,
+                    &usage,
+                    Some(&tracer),
+                )?;
+                progress(&label, w, &win.run);
+                if stats {
+                    let net: Vec<_> = win
+                        .counters
+                        .iter()
+                        .filter(|(id, _)| net_ids.contains(id))
+                        .map(|(_, c)| (c.run_count, c.run_time_ns))
+                        .collect();
+                    let (n, ns) = net.iter().fold((0, 0), |(a, b), (n, ns)| (a + n, b + ns));
+                    eprintln!(
+                        "bench: {:<42} {n} network-path program runs ({:.0}/s), {:.0} ns per run",
+                        "",
+                        n as f64 / win.run.seconds,
+                        ns as f64 / n.max(1) as f64
+                    );
+                }
+                runs.push((i, stats, win));
+            }
+        }
+        let out = tracer.out().to_path_buf();
+        let finished = tracer.stop()?;
+        let (tx_seen, tx_counted) = transmits(&out, st.servers.pair.veth(Side::Client))?;
+        eprintln!(
+            "bench: {:<42} hooks saw {tx_seen} of {tx_counted} transmits on the client veth",
+            format!("{block}:")
+        );
+        let names: BTreeMap<u64, String> = runs
+            .iter()
+            .flat_map(|(_, _, w)| w.counters.iter().map(|(id, c)| (*id, c.name.clone())))
+            .collect();
+        let keys = programs::resolve(&attached, &names, &finished.stop);
+        let runs: Vec<(usize, bool, TracedRun)> = runs
+            .into_iter()
+            .map(|(i, stats, w)| {
+                let run = TracedRun {
+                    run: w.run,
+                    programs: programs::window_costs(&w.counters, &keys, &finished.stop),
+                    usage: w.usage,
+                };
+                (i, stats, run)
+            })
+            .collect();
+        let life = DaemonLife {
+            stop: finished.stop,
+            lifetime_cpu_s: finished.lifetime_cpu_s,
+            tx_seen,
+            tx_counted,
+        };
+        Ok(((runs, life, hooks), None))
+    })?;
+    m.warnings.append(&mut inner);
+    if m.hooks.is_empty() {
+        m.hooks = hooks;
+    }
+    for (i, stats, run) in runs {
+        let r = &mut m.workloads[i];
+        if stats {
+            r.traced_bpf_stats.push(run);
+        } else {
+            r.traced.push(run);
+        }
+    }
+    m.daemons.push(life);
+    Ok(())
+}
+
+/// One bpftrace for the round, the same two runs per workload as the daemon's.
+fn peer(
+    ctx: &Ctx,
+    st: &mut State,
+    m: &mut Measured,
+    round: usize,
+    parts: &[usize],
+) -> anyhow::Result<()> {
+    let block = format!("round {round}/{} bpftrace block", ctx.settings.rounds);
+    let workloads: Vec<&'static Workload> = m.workloads.iter().map(|r| r.workload).collect();
+    let mut inner = Vec::new();
+    let runs = quiet::retry_failures(&block, &mut m.warnings, || {
+        inner.clear();
+        st.prepare(ctx.scratch, &block, &[])?;
+        let tag = format!("r{round}-bpftrace");
+        let peer = Bpftrace::start(&peers::TCP_RETRANSMIT, ctx.scratch, &tag)?;
+        let ids = peer.prog_ids();
+        let mut runs = Vec::new();
+        for &i in parts {
+            let w = workloads[i];
+            for stats in paired::stats_order(round) {
+                let config = if stats {
+                    "bpftrace+bpf-stats"
+                } else {
+                    "bpftrace"
+                };
+                let label = ctx.label(round, w, config);
+                let usage = || peer.usage();
+                let win = window(
+                    ctx,
+                    st,
+                    &mut inner,
+                    &label,
+                    w,
+                    (&ids, &ids),
+                    stats,
+                    &usage,
+                    None,
+                )?;
+                progress(&label, w, &win.run);
+                let run = PeerRun {
+                    programs: peer.costs(&win.counters),
+                    run: win.run,
+                    usage: win.usage,
+                };
+                runs.push((i, stats, run));
+            }
+        }
+        peer.stop()?;
+        Ok((runs, None))
+    })?;
+    m.warnings.append(&mut inner);
+    for (i, stats, run) in runs {
+        let r = &mut m.workloads[i];
+        if stats {
+            r.peer_bpf_stats.push(run);
+        } else {
+            r.peer.push(run);
+        }
+    }
+    Ok(())
+}
+
+/// One line per run, figures lined up across configurations.
+fn progress(label: &str, w: &Workload, run: &Run) {
+    let head = format!("{label}:");
+    let figures: Vec<String> = w
+        .figures
+        .iter()
+        .map(|f| format!("{} {:.*}", f.header, f.digits, run.figure(f.key)))
+        .collect();
+    eprintln!(
+        "bench: {head:<42} {} (steal {:.1}%)",
+        figures.join(", "),
+        run.steal_pct
+    );
+}

@@ -1,0 +1,226 @@
+//! The paired-run driver's order of play, shared by the block and net suites.
+//!
+//! A round measures every part of a suite (fio's depths, the net workloads)
+//! in three blocks: untraced; traced (one stalltrace daemon started for the
+//! block, each part run twice under it: as deployed, and with the kernel's
+//! per-program accounting turned on by the bench for that run only); the
+//! bpftrace peer (likewise, one bpftrace for the block). The blocks' order
+//! goes through all six permutations, the parts' order rotates, and which of
+//! a part's two runs under a daemon comes first alternates, so that drift on
+//! the host (a neighbour's build starting, the page cache, CPU placement)
+//! hits every configuration alike instead of always the one run last. Every
+//! figure that judges is then a per-round ratio (a traced run over the
+//! untraced run of the same part in the same round), and its median over the
+//! rounds comes with an interval (see `stats`).
+//!
+//! Starting a daemon (load, verify, attach: about a second here) is the
+//! costly part of a short run; one daemon per block instead of one per run
+//! is what lets rounds be short and many within the same time.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::peers::StatsOn;
+use super::tracer::Usage;
+use super::tracer::programs::{Counter, Snapshot};
+
+/// One of a round's three blocks.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Block {
+    Untraced,
+    Traced,
+    Peer,
+}
+
+use Block::{Peer, Traced, Untraced};
+
+/// The three rotations of U, T, P, then the three of U, P, T: over every
+/// three rounds each block takes each place once, over six each block also
+/// follows each other block equally often.
+const PERMUTATIONS: [[Block; 3]; 6] = [
+    [Untraced, Traced, Peer],
+    [Traced, Peer, Untraced],
+    [Peer, Untraced, Traced],
+    [Untraced, Peer, Traced],
+    [Peer, Traced, Untraced],
+    [Traced, Untraced, Peer],
+];
+
+/// The blocks of round `round` (1-based), in order.
+pub fn blocks(round: usize) -> [Block; 3] {
+    PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()]
+}
+
+/// Whether, under a daemon, each part's run with the kernel's accounting on
+/// comes before the run as deployed in round `round`. It alternates from
+/// round to round, and the pattern flips every six rounds, so that each
+/// order of blocks meets both.
+pub fn stats_first(round: usize) -> bool {
+    let i = round.max(1) - 1;
+    (i + i / PERMUTATIONS.len()).is_multiple_of(2)
+}
+
+/// The order of a suite's `n` parts in round `round`: rotated by one each round.
+pub fn parts(round: usize, n: usize) -> Vec<usize> {
+    let i = round.max(1) - 1;
+    (0..n).map(|j| (i + j) % n.max(1)).collect()
+}
+
+/// Under a daemon: each part's two runs, in this round's order (true: with
+/// the kernel's accounting on).
+pub fn stats_order(round: usize) -> [bool; 2] {
+    if stats_first(round) {
+        [true, false]
+    } else {
+        [false, true]
+    }
+}
+
+/// What a process (the daemon, bpftrace) used over one run.
+#[derive(Serialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessUse {
+    /// user + system, all threads, over the run.
+    pub cpu_s: f64,
+    pub window_s: f64,
+    /// VmHWM at the end of the run: the peak of its life so far.
+    pub peak_rss_kib: u64,
+}
+
+impl ProcessUse {
+    pub fn cpu_pct_of_one_cpu(&self) -> f64 {
+        100.0 * self.cpu_s / self.window_s
+    }
+
+    pub fn peak_rss_mib(&self) -> f64 {
+        self.peak_rss_kib as f64 / 1024.0
+    }
+}
+
+/// One run under a daemon or a peer: the workload's figures, what the
+/// process used, and its programs' counters over the run.
+pub struct Window<R> {
+    pub run: R,
+    pub usage: ProcessUse,
+    /// By program id: zero unless the kernel's accounting was on.
+    pub counters: BTreeMap<u64, Counter>,
+}
+
+/// Run `work` under a process whose usage `usage` reads and whose programs
+/// are `ids`, with the kernel's per-program accounting on for the run only
+/// when `stats` (`BPF_ENABLE_STATS`, held by this process: the same as the
+/// daemon's `--bpf-stats`, but for one run of the daemon's life).
+pub fn window<R>(
+    ids: &[u64],
+    stats: bool,
+    usage: impl Fn() -> anyhow::Result<Usage>,
+    work: impl FnOnce() -> anyhow::Result<R>,
+) -> anyhow::Result<Window<R>> {
+    let counters = Snapshot::take(ids)?;
+    let before = usage()?;
+    let began = Instant::now();
+    let on = stats.then(StatsOn::enable).transpose()?;
+    let run = work();
+    drop(on);
+    let window_s = began.elapsed().as_secs_f64();
+    let run = run?;
+    let after = usage()?;
+    Ok(Window {
+        run,
+        usage: ProcessUse {
+            cpu_s: (after.cpu_s - before.cpu_s).max(0.0),
+            window_s,
+            peak_rss_kib: after.peak_rss_kib,
+        },
+        counters: Snapshot::take(ids)?.since(&counters),
+    })
+}
+
+/// Why a run without the accounting is disturbed, if its programs counted
+/// runs all the same (`counted`): another process held bpf_stats on, so the
+/// run paid for them. Not when the sysctl has them on for good (`sysctl`:
+/// then every run pays, and a warning says so).
+pub fn stats_disturbance(stats: bool, sysctl: bool, counted: u64) -> Option<String> {
+    (!stats && !sysctl && counted > 0).then(|| {
+        format!(
+            "bpf_stats were on although the bench had not turned them on (the programs \
+             counted {counted} runs in this run): another process held them"
+        )
+    })
+}
+
+/// How the runs with the accounting differ from the traced ones, for the published setup.
+pub const TRACER_BPF_STATS: &str = "the same daemon (no --bpf-stats), with the kernel's \
+     per-program accounting turned on by the bench (BPF_ENABLE_STATS) for that run only, its \
+     programs' counters read with bpftool before and after the run";
+
+/// The order of play in words, for the published setup.
+pub const ORDER: &str = "each round runs three blocks: untraced; traced (one daemon \
+     started for the block, each part run under it as deployed and, in the same daemon's life, \
+     with the kernel's per-program accounting turned on by the bench for that run only); the \
+     bpftrace peer (one bpftrace for the block, the same two runs). The blocks' order goes \
+     through all six permutations, the parts' order rotates, and which of a part's two runs \
+     comes first alternates, so drift on the host hits every configuration alike";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_block_takes_every_place_equally_often() {
+        let mut seen = [[0; 3]; 3];
+        for round in 1..=6 {
+            for (place, b) in blocks(round).iter().enumerate() {
+                seen[*b as usize][place] += 1;
+            }
+        }
+        assert_eq!(seen, [[2; 3]; 3]);
+        assert_eq!(blocks(1), [Untraced, Traced, Peer]);
+        assert_eq!(blocks(7), blocks(1));
+        // Every round holds each block once.
+        for round in 1..=6 {
+            let mut b = blocks(round).to_vec();
+            b.sort_by_key(|b| *b as usize);
+            assert_eq!(b, [Untraced, Traced, Peer]);
+        }
+    }
+
+    #[test]
+    fn the_accounting_run_alternates_and_meets_every_order_both_ways() {
+        let firsts: Vec<bool> = (1..=12).map(stats_first).collect();
+        assert_eq!(&firsts[..6], [true, false, true, false, true, false]);
+        assert_eq!(&firsts[6..], [false, true, false, true, false, true]);
+        for p in 0..6 {
+            assert_ne!(stats_first(p + 1), stats_first(p + 7), "permutation {p}");
+        }
+    }
+
+    #[test]
+    fn accounting_counted_runs_disturb_only_runs_without_it() {
+        assert_eq!(stats_disturbance(true, false, 10), None);
+        assert_eq!(stats_disturbance(false, true, 10), None);
+        assert_eq!(stats_disturbance(false, false, 0), None);
+        let why = stats_disturbance(false, false, 10).unwrap();
+        assert!(why.contains("counted 10 runs"), "{why}");
+        assert_eq!(stats_order(1), [true, false]);
+        assert_eq!(stats_order(2), [false, true]);
+        let u = ProcessUse {
+            cpu_s: 0.01,
+            window_s: 2.0,
+            peak_rss_kib: 2048,
+        };
+        assert!((u.cpu_pct_of_one_cpu() - 0.5).abs() < 1e-12);
+        assert_eq!(u.peak_rss_mib(), 2.0);
+    }
+
+    #[test]
+    fn parts_rotate() {
+        assert_eq!(parts(1, 3), [0, 1, 2]);
+        assert_eq!(parts(2, 3), [1, 2, 0]);
+        assert_eq!(parts(4, 3), [0, 1, 2]);
+        assert_eq!(parts(2, 2), [1, 0]);
+        assert_eq!(parts(5, 1), [0]);
+    }
+}
