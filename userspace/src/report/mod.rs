@@ -3,8 +3,8 @@
 //!
 //! `model` turns records into a [`Report`] (whole-run histograms merged from
 //! the intervals, episodes paired and ranked, sessions and what they lost);
-//! `text` and `html` render one. Nothing here needs the kernel: a report is a
-//! pure function of the stream.
+//! `view` words each fact of one once; `text` and `html` lay that view out.
+//! Nothing here needs the kernel: a report is a pure function of the stream.
 
 mod bars;
 mod episodes;
@@ -23,6 +23,7 @@ mod split;
 mod storage;
 pub mod text;
 mod time;
+mod view;
 
 pub use episodes::{Episode, EpisodeState, Evidence};
 pub use health::{FileRead, LineRef, StreamFile, StreamHealth};

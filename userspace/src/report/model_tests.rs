@@ -602,7 +602,7 @@ fn strings_from_the_host_cannot_inject_markup_or_terminal_escapes() {
     assert!(!html.contains("<img"), "device name not escaped");
     assert!(!html.contains("<b>now"), "next step not escaped");
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert!(html.contains("it&#39;s &amp; &lt;here&gt;.mdf"));
+    assert!(html.contains("it's &amp; &lt;here&gt;.mdf"));
     assert!(!html.contains('\u{1b}'));
     // The only script is the page's own; nothing is fetched.
     assert_eq!(html.matches("<script").count(), 1);

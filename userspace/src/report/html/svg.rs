@@ -2,15 +2,15 @@
 //! power-of-two rows, colour: how many), the shared episode timeline, and a
 //! bulk flow's limiter strip. Every chart of a page uses the same time axis
 //! (the run's window), so an episode's band lines up across all of them.
+//! Written with the page's template, which escapes every string.
 
-use std::fmt::Write as _;
+use maud::{Markup, html};
 
-use super::esc;
 use crate::hist::BUCKETS;
-use crate::report::episodes::{Episode, EpisodeState, cause_words};
+use crate::report::episodes::EpisodeState;
 use crate::report::merge::{Sparse, Unit, bucket_bounds};
-use crate::report::network::BulkFlow;
-use crate::report::time::{clock, latency_us, thousands};
+use crate::report::time::{clock, latency_us, sig3, thousands};
+use crate::report::view::{EpisodeView, FlowView};
 
 /// Plot geometry shared by every chart, px.
 pub const PLOT_W: f64 = 880.0;
@@ -18,8 +18,15 @@ const LEFT: f64 = 78.0;
 const RIGHT: f64 = 12.0;
 const AXIS_H: f64 = 22.0;
 const ROW_H: f64 = 14.0;
+/// The whole width of a chart.
+const WIDTH: f64 = LEFT + PLOT_W + RIGHT;
 /// More intervals than this are binned into equal-time columns.
 const MAX_COLUMNS: usize = 440;
+
+/// A coordinate, to a tenth of a pixel.
+fn px(v: f64) -> String {
+    format!("{v:.1}")
+}
 
 /// The run's window: µs since the epoch to x in the plot.
 #[derive(Clone, Copy)]
@@ -61,21 +68,14 @@ impl TimeAxis {
     }
 
     /// The time axis under a plot whose bottom is at `y`.
-    fn draw(&self, svg: &mut String, y: f64) {
-        let _ = write!(
-            svg,
-            r#"<line class="axis" x1="{LEFT}" y1="{y}" x2="{:.1}" y2="{y}"/>"#,
-            LEFT + PLOT_W
-        );
-        for t in self.ticks() {
-            let x = self.x(t);
-            let _ = write!(
-                svg,
-                r#"<line class="tick" x1="{x:.1}" y1="{y}" x2="{x:.1}" y2="{:.1}"/><text class="tick-label" x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                y + 4.0,
-                y + 15.0,
-                clock_label(t)
-            );
+    fn draw(&self, y: f64) -> Markup {
+        html! {
+            line class="axis" x1=(LEFT) y1=(y) x2=(px(LEFT + PLOT_W)) y2=(y) {}
+            @for t in self.ticks() {
+                @let x = px(self.x(t));
+                line class="tick" x1=(x) y1=(y) x2=(x) y2=(px(y + 4.0)) {}
+                text class="tick-label" x=(x) y=(px(y + 15.0)) text-anchor="middle" { (clock_label(t)) }
+            }
         }
     }
 }
@@ -99,28 +99,25 @@ pub struct Column<'a> {
     pub buckets: &'a Sparse,
 }
 
+/// What a heatmap is of, as its data attributes say for tests and scripts.
+pub enum Subject<'a> {
+    Disk { dev: &'a str, op: &'a str },
+    Iface(&'a str),
+}
+
 /// Power-of-two row of a bucket index (the log-linear geometry has 16
 /// sub-buckets per power of two, so this is exact).
 fn row_of(index: u16) -> usize {
     usize::from(index) >> 4
 }
 
-/// A heatmap of one series. `own` episodes (those about this disk or
-/// interface) are drawn as strong bands, the others faintly.
-pub fn heatmap(
-    title: &str,
-    unit: Unit,
-    axis: TimeAxis,
-    columns: &[Column],
-    episodes: &[(&Episode, usize, bool)],
-    attrs: &str,
-) -> String {
-    // The grid: columns × power-of-two rows, with each column's x span.
-    let mut spans: Vec<(i64, i64)> = Vec::new();
-    let mut grid: Vec<Vec<u64>> = Vec::new();
+/// The grid of a heatmap: each column's time span and its count per
+/// power-of-two row.
+fn grid(axis: TimeAxis, columns: &[Column]) -> (Vec<(i64, i64)>, Vec<Vec<u64>>) {
     let rows_total = (BUCKETS >> 4) + 1;
-    let binned = columns.len() > MAX_COLUMNS;
-    if binned {
+    let mut spans = Vec::new();
+    let mut grid = Vec::new();
+    if columns.len() > MAX_COLUMNS {
         let bin_us =
             ((axis.end_us - axis.start_us).max(1) as f64 / MAX_COLUMNS as f64).ceil() as i64;
         for i in 0..MAX_COLUMNS as i64 {
@@ -143,6 +140,21 @@ pub fn heatmap(
             grid.push(col);
         }
     }
+    (spans, grid)
+}
+
+/// A heatmap of one series. `own` episodes (those about this disk or
+/// interface) are drawn as strong bands, the others faintly.
+pub fn heatmap(
+    title: &str,
+    unit: Unit,
+    axis: TimeAxis,
+    columns: &[Column],
+    episodes: &[(&EpisodeView, bool)],
+    subject: Subject,
+) -> Markup {
+    let (spans, grid) = grid(axis, columns);
+    let rows_total = (BUCKETS >> 4) + 1;
     let used = |r: usize| grid.iter().any(|col| col[r] > 0);
     let (lo, hi) = match (
         (0..rows_total).find(|&r| used(r)),
@@ -156,67 +168,53 @@ pub fn heatmap(
     let rows = hi - lo + 1;
     let max = grid.iter().flatten().copied().max().unwrap_or(0);
     let height = rows as f64 * ROW_H;
-    let total_h = height + AXIS_H + 6.0;
-    let mut svg = format!(
-        r#"<svg class="heatmap" {attrs} viewBox="0 0 {:.0} {total_h:.0}" width="{:.0}" height="{total_h:.0}" role="img" aria-label="{}">"#,
-        LEFT + PLOT_W + RIGHT,
-        LEFT + PLOT_W + RIGHT,
-        esc(title)
-    );
-    let _ = write!(
-        svg,
-        r#"<rect class="plot-bg" x="{LEFT}" y="0" width="{PLOT_W}" height="{height:.1}"/>"#
-    );
-    for (ci, col) in grid.iter().enumerate() {
-        let (from, to) = spans[ci];
-        let x0 = axis.x(from);
-        let w = (axis.x(to) - x0).max(1.0);
-        for (r, &n) in col.iter().enumerate().take(hi + 1).skip(lo) {
-            if n == 0 {
-                continue;
+    let total_h = format!("{:.0}", height + AXIS_H + 6.0);
+    let (dev, op, iface) = match subject {
+        Subject::Disk { dev, op } => (Some(dev), Some(op), None),
+        Subject::Iface(i) => (None, None, Some(i)),
+    };
+    html! {
+        svg class="heatmap" data-dev=[dev] data-op=[op] data-iface=[iface]
+            viewBox=(format!("0 0 {WIDTH:.0} {total_h}")) width=(format!("{WIDTH:.0}"))
+            height=(total_h) role="img" aria-label=(title) {
+            rect class="plot-bg" x=(LEFT) y="0" width=(PLOT_W) height=(px(height)) {}
+            @for (ci, col) in grid.iter().enumerate() {
+                @let (from, to) = spans[ci];
+                @let x0 = axis.x(from);
+                @let w = (axis.x(to) - x0).max(1.0);
+                @for (r, &n) in col.iter().enumerate().take(hi + 1).skip(lo) {
+                    @if n > 0 {
+                        @let (low, high) = row_range(unit, r);
+                        rect class="cell" x=(px(x0)) y=(px((hi - r) as f64 * ROW_H))
+                            width=(px(w)) height=(ROW_H) fill=(colour(n, max)) {
+                            title {
+                                (clock(from)) " to " (clock(to)) ": " (value_label(unit, low))
+                                " to " (value_label(unit, high)) ": " (thousands(n))
+                            }
+                        }
+                    }
+                }
             }
-            let y = (hi - r) as f64 * ROW_H;
-            let (low, high) = row_range(unit, r);
-            let _ = write!(
-                svg,
-                r#"<rect class="cell" x="{x0:.1}" y="{y:.1}" width="{w:.1}" height="{ROW_H}" fill="{}"><title>{} to {}: {} to {}: {}</title></rect>"#,
-                colour(n, max),
-                clock(from),
-                clock(to),
-                esc(&value_label(unit, low)),
-                esc(&value_label(unit, high)),
-                thousands(n)
-            );
+            @for r in lo..=hi {
+                // Label every row when there are few, else every other one.
+                @if rows <= 16 || (r - lo) % 2 == 0 {
+                    text class="row-label" x=(px(LEFT - 6.0))
+                        y=(px((hi - r) as f64 * ROW_H + ROW_H * 0.75)) text-anchor="end" {
+                        (value_label(unit, row_range(unit, r).0))
+                    }
+                }
+            }
+            @for (e, own) in episodes {
+                @let x0 = axis.x(e.start_us);
+                rect class=(if *own { "episode-band own" } else { "episode-band" })
+                    data-episode=(e.id) x=(px(x0)) y="0"
+                    width=(px((axis.x(e.end_us) - x0).max(2.0))) height=(px(height)) {
+                    title { "#" (e.rank) " " (e.kind_words) ": " (e.cause_words) }
+                }
+            }
+            (axis.draw(height))
         }
     }
-    for r in lo..=hi {
-        // Label every row when there are few, else every other one.
-        if rows > 16 && (r - lo) % 2 == 1 {
-            continue;
-        }
-        let y = (hi - r) as f64 * ROW_H + ROW_H * 0.75;
-        let _ = write!(
-            svg,
-            r#"<text class="row-label" x="{:.1}" y="{y:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            esc(&value_label(unit, row_range(unit, r).0))
-        );
-    }
-    for (e, rank, own) in episodes {
-        let x0 = axis.x(e.start_us);
-        let w = (axis.x(e.end_us) - x0).max(2.0);
-        let _ = write!(
-            svg,
-            r#"<rect class="episode-band{}" data-episode="{}" x="{x0:.1}" y="0" width="{w:.1}" height="{height:.1}"><title>#{rank} {}: {}</title></rect>"#,
-            if *own { " own" } else { "" },
-            e.id,
-            esc(&e.kind),
-            esc(&cause_words(&e.cause))
-        );
-    }
-    axis.draw(&mut svg, height);
-    svg.push_str("</svg>");
-    svg
 }
 
 /// The value range of a power-of-two row, in the field's unit.
@@ -263,80 +261,44 @@ pub fn colour(n: u64, max: u64) -> String {
 }
 
 /// Every episode as a bar on the run's time axis, one lane each, in rank order.
-pub fn timeline(axis: TimeAxis, episodes: &[Episode]) -> String {
+pub fn timeline(axis: TimeAxis, episodes: &[EpisodeView]) -> Markup {
     let lane = 22.0;
     let height = episodes.len().max(1) as f64 * lane;
-    let total_h = height + AXIS_H + 6.0;
-    let mut svg = format!(
-        r#"<svg class="timeline" viewBox="0 0 {:.0} {total_h:.0}" width="{:.0}" height="{total_h:.0}" role="img" aria-label="stall episodes over the recording">"#,
-        LEFT + PLOT_W + RIGHT,
-        LEFT + PLOT_W + RIGHT
-    );
-    let _ = write!(
-        svg,
-        r#"<rect class="plot-bg" x="{LEFT}" y="0" width="{PLOT_W}" height="{height:.1}"/>"#
-    );
-    for (i, e) in episodes.iter().enumerate() {
-        let y = i as f64 * lane + 3.0;
-        let x0 = axis.x(e.start_us);
-        let w = (axis.x(e.end_us) - x0).max(3.0);
-        let open = e.state == EpisodeState::StillOpen;
-        let _ = write!(
-            svg,
-            r##"<text class="row-label" x="{:.1}" y="{:.1}" text-anchor="end">#{} {}</text><rect class="episode kind-{}{}" id="episode-{}" data-episode="{}" x="{x0:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" rx="3"><title>#{} {}: {}, {} to {}{}</title></rect>"##,
-            LEFT - 6.0,
-            y + 12.0,
-            i + 1,
-            esc(&cause_words(&e.kind)),
-            esc(&e.kind),
-            if open { " still-open" } else { "" },
-            e.id,
-            e.id,
-            lane - 6.0,
-            i + 1,
-            esc(&e.kind),
-            esc(&cause_words(&e.cause)),
-            clock(e.start_us),
-            clock(e.end_us),
-            if open {
-                ", still open when the recording ended"
-            } else {
-                ""
+    let total_h = format!("{:.0}", height + AXIS_H + 6.0);
+    html! {
+        svg class="timeline" viewBox=(format!("0 0 {WIDTH:.0} {total_h}"))
+            width=(format!("{WIDTH:.0}")) height=(total_h) role="img"
+            aria-label="stall episodes over the recording" {
+            rect class="plot-bg" x=(LEFT) y="0" width=(PLOT_W) height=(px(height)) {}
+            @for (i, e) in episodes.iter().enumerate() {
+                @let y = i as f64 * lane + 3.0;
+                @let x0 = axis.x(e.start_us);
+                @let open = e.when.state == EpisodeState::StillOpen;
+                text class="row-label" x=(px(LEFT - 6.0)) y=(px(y + 12.0)) text-anchor="end" {
+                    "#" (e.rank) " " (e.kind_words)
+                }
+                rect class=(format!("episode kind-{}{}", e.kind, if open { " still-open" } else { "" }))
+                    id=(format!("episode-{}", e.id)) data-episode=(e.id) x=(px(x0)) y=(px(y))
+                    width=(px((axis.x(e.end_us) - x0).max(3.0))) height=(px(lane - 6.0)) rx="3" {
+                    title {
+                        "#" (e.rank) " " (e.kind_words) ": " (e.cause_words) ", "
+                        (e.when.start) " to " (e.when.end)
+                        @if let Some(note) = e.when.note() { ", " (note) }
+                    }
+                }
             }
-        );
+            (axis.draw(height))
+        }
     }
-    axis.draw(&mut svg, height);
-    svg.push_str("</svg>");
-    svg
 }
 
 /// A flow's limiter over time (coloured spans) and its send rate (a line).
-pub fn flow_strip(axis: TimeAxis, f: &BulkFlow) -> String {
+pub fn flow_strip(axis: TimeAxis, f: &FlowView) -> Markup {
     let h = 40.0;
-    let total_h = h + AXIS_H + 6.0;
-    let mut svg = format!(
-        r#"<svg class="flow" viewBox="0 0 {:.0} {total_h:.0}" width="{:.0}" height="{total_h:.0}" role="img" aria-label="limiter over time">"#,
-        LEFT + PLOT_W + RIGHT,
-        LEFT + PLOT_W + RIGHT
-    );
-    let _ = write!(
-        svg,
-        r#"<rect class="plot-bg" x="{LEFT}" y="0" width="{PLOT_W}" height="{h}"/>"#
-    );
-    for (start, end, limiter) in f.limiter_spans() {
-        let x0 = axis.x(start);
-        let w = (axis.x(end) - x0).max(1.0);
-        let _ = write!(
-            svg,
-            r#"<rect class="limiter limiter-{}" x="{x0:.1}" y="0" width="{w:.1}" height="{h}"><title>{} to {}: {}</title></rect>"#,
-            esc(&limiter),
-            clock(start),
-            clock(end),
-            esc(&limiter)
-        );
-    }
-    let peak = f.peak_send_mbps.max(1e-9);
+    let total_h = format!("{:.0}", h + AXIS_H + 6.0);
+    let peak = f.data.peak_send_mbps.max(1e-9);
     let points: Vec<String> = f
+        .data
         .series
         .iter()
         .map(|p| {
@@ -345,22 +307,27 @@ pub fn flow_strip(axis: TimeAxis, f: &BulkFlow) -> String {
             format!("{x:.1},{y:.1}")
         })
         .collect();
-    if points.len() > 1 {
-        let _ = write!(
-            svg,
-            r#"<polyline class="rate" points="{}"/>"#,
-            points.join(" ")
-        );
+    html! {
+        svg class="flow" viewBox=(format!("0 0 {WIDTH:.0} {total_h}"))
+            width=(format!("{WIDTH:.0}")) height=(total_h) role="img"
+            aria-label="limiter over time" {
+            rect class="plot-bg" x=(LEFT) y="0" width=(PLOT_W) height=(h) {}
+            @for s in &f.spans {
+                @let x0 = axis.x(s.start_us);
+                rect class=(format!("limiter limiter-{}", s.limiter)) x=(px(x0)) y="0"
+                    width=(px((axis.x(s.end_us) - x0).max(1.0))) height=(h) {
+                    title { (s.words) }
+                }
+            }
+            @if points.len() > 1 {
+                polyline class="rate" points=(points.join(" ")) {}
+            }
+            text class="row-label" x=(px(LEFT - 6.0)) y="14" text-anchor="end" {
+                (sig3(f.data.peak_send_mbps)) " Mbit/s"
+            }
+            (axis.draw(h))
+        }
     }
-    let _ = write!(
-        svg,
-        r#"<text class="row-label" x="{:.1}" y="14" text-anchor="end">{} Mbit/s</text>"#,
-        LEFT - 6.0,
-        crate::report::time::sig3(f.peak_send_mbps)
-    );
-    axis.draw(&mut svg, h);
-    svg.push_str("</svg>");
-    svg
 }
 
 #[cfg(test)]

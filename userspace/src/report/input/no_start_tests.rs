@@ -98,11 +98,11 @@ fn a_schema_2_set_without_its_start_is_reported_from_its_records() {
     }
     let page = render_html(&r);
     for said in [
-        "the run&#39;s `start` record is not in the files given",
+        "the run's `start` record is not in the files given",
         "kernel and stalltrace version unknown (no `start` record)",
         "7 intervals of about 1000 ms",
         "block, tcp (inferred from the records here",
-        "<dt>limited to</dt><dd class=\"\">unknown (no `start` record)</dd>",
+        "<dt>limited to</dt><dd>unknown (no `start` record)</dd>",
     ] {
         assert!(page.contains(said), "{said:?} not in the page");
     }
