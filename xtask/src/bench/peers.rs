@@ -89,6 +89,39 @@ pub struct PeerProgram {
     pub run_time_ns: u64,
 }
 
+/// Run `cmd` (a bpftrace, or what starts one) in a mount namespace of its
+/// own with tracefs mounted: bpftrace finds tracepoints and kprobes through
+/// tracefs, which a fresh host need not have mounted, and the host's mounts
+/// stay as they were. If tracefs cannot be mounted, bpftrace says which
+/// probe it could not find.
+pub fn with_own_tracefs(cmd: &mut Command) {
+    // SAFETY: unshare and mount are async-signal-safe system calls and read
+    // only the constant strings passed to them.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let none = std::ptr::null();
+            libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_PRIVATE,
+                none.cast(),
+            );
+            libc::mount(
+                c"tracefs".as_ptr(),
+                c"/sys/kernel/tracing".as_ptr(),
+                c"tracefs".as_ptr(),
+                0,
+                none.cast(),
+            );
+            Ok(())
+        });
+    }
+}
+
 impl Bpftrace {
     /// Start `script` (written to `dir`), its output to `dir/tag.out`; return
     /// once its BEGIN probe has run, i.e. once every probe is attached.
@@ -109,6 +142,7 @@ impl Bpftrace {
                 _ => Err(io::Error::last_os_error()),
             });
         }
+        with_own_tracefs(&mut cmd);
         let child = cmd.spawn().context("cannot start bpftrace")?;
         let mut peer = Bpftrace {
             pid: child.id() as libc::pid_t,

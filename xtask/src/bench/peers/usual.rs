@@ -75,7 +75,14 @@ fn host_facts() -> String {
         "/sys/kernel/tracing/kprobe_events",
         "/sys/kernel/debug/tracing/kprobe_events",
     ];
-    if !kprobes.iter().any(|p| Path::new(p).exists()) {
+    // Only a mounted tracefs tells: a fresh host may have none mounted.
+    let tracefs_mounted = [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists());
+    if tracefs_mounted && !kprobes.iter().any(|p| Path::new(p).exists()) {
         lacks.push("no kprobes (no kprobe_events in tracefs)".to_string());
     }
     let headers = format!("/lib/modules/{}/build", release.trim());
@@ -111,12 +118,13 @@ const TRY_S: u64 = 4;
 
 /// Run a peer for at most [`TRY_S`] s; what it said, in one line.
 fn try_run(program: &Path, args: &[&str], tried: &str) -> String {
-    let out = Command::new("timeout")
-        .args(["-s", "INT", &TRY_S.to_string()])
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-s", "INT", &TRY_S.to_string()])
         .arg(program)
         .args(args)
-        .stdin(Stdio::null())
-        .output();
+        .stdin(Stdio::null());
+    super::with_own_tracefs(&mut cmd);
+    let out = cmd.output();
     let out = match out {
         Ok(o) => o,
         Err(e) => return format!("could not start: {e}"),
