@@ -15,32 +15,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::netlab::{NetPair, Side, delta};
-use common::sqllab::{Cgroup, Mounted, Placement, SlowDisk, SqlClientRun, SqlServerSim};
+use common::sqllab::{
+    Cgroup, Mounted, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
+};
 use common::*;
 use serde_json::Value;
-
-/// Files for a simulator run that needs no particular device.
-struct ScratchDir(std::path::PathBuf);
-
-impl ScratchDir {
-    fn new() -> Self {
-        let dir = Path::new("/var/tmp").join(unique("stalltrace-sql"));
-        std::fs::create_dir(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-const SMALL_FILES: &[&str] = &["--data-size-mb", "16", "--log-size-mb", "4"];
+use stalltrace_lab::scenario::ScratchDir;
 
 fn instance_of(records: &[Value], worker: u32) -> &Value {
     of_type(records, "sql_instance")
@@ -56,21 +39,11 @@ fn instance_of(records: &[Value], worker: u32) -> &Value {
 fn retransmits_name_the_session_they_hit() {
     require_root();
     let pair = NetPair::new();
-    let files = ScratchDir::new();
+    let files = ScratchDir::new("/var/tmp");
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let server_side = Placement {
-        netns: Some(pair.netns(Side::B)),
-        ..Default::default()
-    };
+    let server_side = Placement::in_netns(pair.netns(Side::B));
     // Port 0: the worker listens wherever the kernel puts it, never on 1433.
-    let sim = SqlServerSim::start(
-        &bins(),
-        server_side,
-        "0.0.0.0:0",
-        &files.0.join("sales.mdf"),
-        &files.0.join("sales_log.ldf"),
-        SMALL_FILES,
-    );
+    let sim = SqlServerSim::start_small(&bins(), server_side, &files.0, &[]);
     // Sessions opened once stalltrace knows the worker: the kernel reads the
     // SPID from each one's first response. (A session older than that learns
     // its SPID at its next response; see docs/sqlserver.md.)
@@ -78,10 +51,7 @@ fn retransmits_name_the_session_they_hit() {
         r["type"] == "sql_instance" && r["pid"] == sim.worker
     });
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
-    let client_side = Placement {
-        netns: Some(pair.netns(Side::A)),
-        ..Default::default()
-    };
+    let client_side = Placement::in_netns(pair.netns(Side::A));
     let before = pair.counters(Side::B);
     let mut client = SqlClientRun::start(&bins(), client_side, &server, 4, 400, 8);
     // Loss once the sessions exist: a lost SYN-ACK belongs to no session yet.
@@ -123,15 +93,8 @@ fn retransmits_name_the_session_they_hit() {
     }
 
     // Every retransmission in the server's namespace, against the kernel's count.
-    let retransmits: Vec<&Value> = of_type(&records, "tcp_retransmit")
-        .into_iter()
-        .filter(|r| r["netns"].as_u64() == Some(pair.netns_inode(Side::B)))
-        .collect();
-    let counted: u64 = retransmits
-        .iter()
-        .filter(|r| r["counted"] == true)
-        .map(|r| r["segs"].as_u64().unwrap())
-        .sum();
+    let retransmits = retransmits_in(&records, pair.netns_inode(Side::B));
+    let counted = sum_segs(&retransmits, |r| r["counted"] == true);
     let kernel = delta(&before, &after).get("Tcp.RetransSegs");
     eprintln!(
         "{} transactions, p50 {} µs, p99 {} µs; {} retransmit records, {counted} counted segments, \

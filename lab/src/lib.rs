@@ -50,7 +50,7 @@ pub use records::{
     Buckets, HIST_BUCKET_ERROR, block_records, of_type, retransmits_in, sum_field, sum_segs,
 };
 pub use tracer::{Tracer, parse_lines};
-pub use util::{die_with_parent, require_root, sh, sh_stdin, unique};
+pub use util::{die_with_parent, require_root, sh, sh_stdin, strip_ansi, unique};
 
 /// The binaries a lab runs: the caller says where they are (the tests: cargo's
 /// `CARGO_BIN_EXE_*` and its siblings; xtask: its release build).

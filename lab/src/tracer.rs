@@ -143,12 +143,7 @@ impl Tracer {
 
 impl Drop for Tracer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(&self.out);
-        let _ = std::fs::remove_file(&self.stderr);
+        crate::util::kill_and_remove(self.child.take(), &[&self.out, &self.stderr]);
     }
 }
 

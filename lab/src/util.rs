@@ -81,3 +81,35 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
         })
     }
 }
+
+/// Text without its terminal escapes (sockperf colours its summary even
+/// into a pipe), for the parsers of the lab and the bench alike.
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC '[' parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A daemon's guard on drop (the lab's tracer and the kernel checks' run
+/// alike): kill and reap the child if it still runs, then remove its files.
+pub(crate) fn kill_and_remove(child: Option<std::process::Child>, files: &[&std::path::Path]) {
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    for file in files {
+        let _ = std::fs::remove_file(file);
+    }
+}

@@ -2,6 +2,7 @@
 
 use common::netlab::{NetPair, Side};
 use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
+use stalltrace_lab::scenario::ScratchDir;
 
 // Through faults.rs, whatever the lab's module path is there.
 use super::*;
@@ -11,23 +12,6 @@ const SQL_INTERVAL_MS: u64 = 500;
 /// the run loop's wake-up (100 ms) and a loaded machine's scheduling.
 const SQL_FOUND_WITHIN_MS: f64 = SQL_INTERVAL_MS as f64 + 250.0;
 const RESTARTS: usize = 3;
-
-/// Files for the simulator, removed on drop.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn new() -> Self {
-        let dir = Path::new("/var/tmp").join(unique("stalltrace-faults-sql"));
-        std::fs::create_dir(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Local ports of A's established connections to `port` (ss, in A's namespace).
 fn client_ports(pair: &NetPair, port: u16) -> Vec<u16> {
@@ -56,34 +40,20 @@ fn client_ports(pair: &NetPair, port: u16) -> Vec<u16> {
 fn a_restarted_sql_server_worker_is_found_within_an_interval() {
     require_root();
     let pair = NetPair::new();
-    let files = ScratchDir::new();
+    let files = ScratchDir::new("/var/tmp");
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let mut sim = SqlServerSim::start(
+    let mut sim = SqlServerSim::start_small(
         &bins(),
-        Placement {
-            netns: Some(pair.netns(Side::B)),
-            ..Default::default()
-        },
-        "0.0.0.0:0",
-        &files.0.join("sales.mdf"),
-        &files.0.join("sales_log.ldf"),
-        &[
-            "--data-size-mb",
-            "16",
-            "--log-size-mb",
-            "4",
-            "--restart-worker",
-        ],
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        &["--restart-worker"],
     );
     let watchdog = sim.watchdog_pid();
     tracer.wait_for(Duration::from_secs(10), |r| {
         r["type"] == "sql_instance" && r["pid"] == sim.worker
     });
     let client_ip = pair.v4(Side::A).to_string();
-    let client_side = Placement {
-        netns: Some(pair.netns(Side::A)),
-        ..Default::default()
-    };
+    let client_side = Placement::in_netns(pair.netns(Side::A));
     let remote = |port: u16| format!("{client_ip}:{port}");
     let mut holders: Vec<SqlClientRun> = Vec::new();
     let mut held_open: Vec<(u32, Vec<u16>)> = Vec::new();

@@ -15,6 +15,7 @@ mod loopdisk;
 mod net;
 mod netpair;
 mod paired;
+mod parts;
 mod peers;
 mod publish;
 mod quiet;

@@ -162,12 +162,7 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(&self.out);
-        let _ = std::fs::remove_file(&self.stderr);
+        crate::util::kill_and_remove(self.child.take(), &[&self.out, &self.stderr]);
     }
 }
 

@@ -15,9 +15,9 @@ use serde_json::Value;
 use super::net::stop;
 use super::{Judge, Opts, Run};
 use crate::net::{NetPair, Side, delta};
-use crate::of_type;
 use crate::sql::{Placement, SqlClientRun, SqlServerSim};
 use crate::util::unique;
+use crate::{of_type, retransmits_in};
 
 const SESSIONS: usize = 2;
 
@@ -75,18 +75,8 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
     if !judge.families_attached(&run.start, &["sqlserver", "tcp"]) {
         return;
     }
-    let server_side = Placement {
-        netns: Some(pair.netns(Side::B)),
-        ..Default::default()
-    };
-    let sim = SqlServerSim::start(
-        &opts.bins,
-        server_side,
-        "0.0.0.0:0",
-        &files.0.join("sales.mdf"),
-        &files.0.join("sales_log.ldf"),
-        &["--data-size-mb", "16", "--log-size-mb", "4"],
-    );
+    let server_side = Placement::in_netns(pair.netns(Side::B));
+    let sim = SqlServerSim::start_small(&opts.bins, server_side, &files.0, &[]);
     // Sessions opened once stalltrace knows the worker (the kernel reads the
     // SPID from each one's first response).
     let found = run.wait_for(Duration::from_secs(60), |r| {
@@ -96,10 +86,7 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
         return judge.fail(format!("no sql_instance for worker {}: {e}", sim.worker));
     }
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
-    let client_side = Placement {
-        netns: Some(pair.netns(Side::A)),
-        ..Default::default()
-    };
+    let client_side = Placement::in_netns(pair.netns(Side::A));
     let before = pair.counters(Side::B);
     // 12 s at 8 % loss: enough retransmitted segments to judge (20) even
     // when a loaded host slows the emulated guest to a few hundred
@@ -119,10 +106,7 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
 
     let sessions: BTreeMap<u16, u16> = report.sessions().into_iter().collect();
     let client_ip = pair.v4(Side::A).to_string();
-    let retransmits: Vec<&Value> = of_type(&records, "tcp_retransmit")
-        .into_iter()
-        .filter(|r| r["netns"].as_u64() == Some(pair.netns_inode(Side::B)))
-        .collect();
+    let retransmits = retransmits_in(&records, pair.netns_inode(Side::B));
     let counted: u64 = retransmits
         .iter()
         .filter(|r| r["counted"] == true)

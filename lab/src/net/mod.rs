@@ -71,6 +71,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub use counters::{Counters, delta, parse_proc_net_counters};
 pub use iperf::{Iperf3, Iperf3Server};
 pub(crate) use names::next_port;
+pub use names::{kill_and_delete_netns, sweep_stale};
+pub use nft::dropped_by_rules;
 pub use run::{
     Background, command_in, exec_in, exec_output_in, in_netns_named, spawn_in, spawn_with,
     wait_listening_in,

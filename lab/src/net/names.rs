@@ -15,42 +15,67 @@ pub(crate) const NETNS_PREFIX: &str = "stlab-";
 /// delete it: a namespace with processes in it would outlive `ip netns del`,
 /// veth and all, with no name left to find it by.
 pub(crate) fn delete_netns(name: &str) {
+    // The lab's callers are Drop guards: nothing to tell, the sweep retries.
+    let _ = kill_and_delete_netns(name);
+}
+
+/// `delete_netns` for a caller that reports a failure itself (the bench:
+/// it prints how to delete the namespace by hand); the error is `ip`'s
+/// stderr.
+pub fn kill_and_delete_netns(name: &str) -> Result<(), String> {
     if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
         for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             if let Ok(pid) = pid.parse::<i32>() {
-                // SAFETY: kill(2) on a process inside the lab's own namespace.
+                // SAFETY: kill(2) on a process inside the caller's own namespace.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
     }
-    let _ = Command::new("ip")
+    let out = Command::new("ip")
         .args(["netns", "del", name])
-        .stderr(Stdio::null())
-        .status();
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run ip netns del {name}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip netns del {name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// Delete lab namespaces left by test processes that no longer exist (killed
 /// before their Drop ran), once per process.
 pub(crate) fn sweep_stale_namespaces() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let Ok(dir) = std::fs::read_dir("/run/netns") else {
-            return;
+    ONCE.call_once(|| sweep_stale(NETNS_PREFIX, delete_netns));
+}
+
+/// Hand `delete` each namespace named `{prefix}{pid}-...` whose creator
+/// `pid` no longer exists. Never someone else's live ones: the name carries
+/// the creator's pid. The lab and the bench each sweep their own prefix and
+/// delete in their own way (the bench says what it deletes).
+pub fn sweep_stale(prefix: &str, delete: impl Fn(&str)) {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
         };
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name
-                .strip_prefix(NETNS_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if !process_alive(pid) {
-                delete_netns(&name);
-            }
+        if !process_alive(pid) {
+            delete(&name);
         }
-    });
+    }
 }
 
 /// A zombie counts as gone: it holds no namespace, and a test process killed

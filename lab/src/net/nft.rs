@@ -64,15 +64,7 @@ impl NetPair {
             return 0; // no rules yet
         }
         let json: Value = serde_json::from_slice(&out.stdout).expect("nft -j output");
-        json["nftables"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|item| item["rule"]["expr"].as_array())
-            .filter(|exprs| exprs.iter().any(|x| x.get("drop").is_some()))
-            .flat_map(|exprs| exprs.iter())
-            .filter_map(|x| x["counter"]["packets"].as_u64())
-            .sum()
+        dropped_by_rules(&json)
     }
 
     /// Apply an nft script to `side`, creating the lab's table and input chain
@@ -80,6 +72,20 @@ impl NetPair {
     fn nft(&self, side: Side, rules: &str) {
         nft_in(self.netns(side), rules);
     }
+}
+
+/// Sum of the counters of every drop rule in `nft -j list table` output
+/// (the lab's and the bench's tables alike).
+pub fn dropped_by_rules(json: &Value) -> u64 {
+    json["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["rule"]["expr"].as_array())
+        .filter(|exprs| exprs.iter().any(|x| x.get("drop").is_some()))
+        .flatten()
+        .filter_map(|x| x["counter"]["packets"].as_u64())
+        .sum()
 }
 
 /// Apply an nft script in namespace `netns`, creating the lab's table and

@@ -3,6 +3,7 @@
 use super::names::next_port;
 use super::run::Background;
 use super::{NetPair, Side};
+use crate::util::strip_ansi;
 
 impl NetPair {
     /// `sockperf server --tcp` on `side`'s IPv4 address (sockperf 3.7 has no
@@ -144,22 +145,4 @@ pub fn parse_sockperf(text: &str) -> Option<Sockperf> {
     s.max_us = max?;
     s.observations = total?;
     (!s.percentiles.is_empty()).then_some(s)
-}
-
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC '[' parameters, ended by a letter.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{Expected, Fault, INTERVAL, Outcome, ScratchDir, Session};
+use super::{Expected, Fault, Outcome, ScratchDir, Session, tracer_args};
 use crate::Bins;
 use crate::net::{NetPair, Side, delta};
 use crate::sql::{Placement, SqlClientRun, SqlServerSim};
@@ -25,27 +25,13 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     bins.check();
     let pair = NetPair::new();
     let files = ScratchDir::new("/var/tmp");
-    let args = [
-        "--interval",
-        INTERVAL,
-        "--slow-io-ms",
-        "0",
-        "--netns",
-        pair.netns(Side::A),
-        "--netns",
-        pair.netns(Side::B),
-    ];
+    let args = tracer_args(&[pair.netns(Side::A), pair.netns(Side::B)]);
     let mut tracer = Tracer::start(&bins.stalltrace, &args);
-    let sim = SqlServerSim::start(
+    let sim = SqlServerSim::start_small(
         bins,
-        Placement {
-            netns: Some(pair.netns(Side::B)),
-            ..Default::default()
-        },
-        "0.0.0.0:0",
-        &files.0.join("sales.mdf"),
-        &files.0.join("sales_log.ldf"),
-        &["--data-size-mb", "16", "--log-size-mb", "4"],
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        &[],
     );
     // Sessions opened once stalltrace knows the worker: the kernel reads each
     // one's SPID from its first response.
@@ -56,10 +42,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     let before = pair.counters(Side::B);
     let mut client = SqlClientRun::start(
         bins,
-        Placement {
-            netns: Some(pair.netns(Side::A)),
-            ..Default::default()
-        },
+        Placement::in_netns(pair.netns(Side::A)),
         &server,
         SESSIONS,
         RATE,

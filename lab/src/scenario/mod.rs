@@ -389,3 +389,13 @@ impl Drop for ScratchDir {
 /// stalltrace's interval in every scenario: short, so a few seconds of load
 /// give several intervals.
 pub const INTERVAL: &str = "500ms";
+
+/// `stalltrace run`'s arguments in the network scenarios: the scenario's
+/// interval, every slow I/O reported, and only the scenario's namespaces.
+pub fn tracer_args<'a>(netns: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--interval", INTERVAL, "--slow-io-ms", "0"];
+    for ns in netns {
+        args.extend(["--netns", ns]);
+    }
+    args
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{Expected, Fault, INTERVAL, Outcome};
+use super::{Expected, Fault, Outcome, tracer_args};
 use crate::net::{Family, NetPair, Side};
 use crate::records::{Buckets, of_type};
 use crate::tracer::Tracer;
@@ -30,16 +30,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     pair.limit_rate(Side::B, RATE, "64kb", "200ms");
     let sockperf_server = pair.sockperf_server(Side::B);
     let iperf_server = pair.iperf3_server(Side::A);
-    let args = [
-        "--interval",
-        INTERVAL,
-        "--slow-io-ms",
-        "0",
-        "--netns",
-        pair.netns(Side::A),
-        "--netns",
-        pair.netns(Side::B),
-    ];
+    let args = tracer_args(&[pair.netns(Side::A), pair.netns(Side::B)]);
     let tracer = Tracer::start(&bins.stalltrace, &args);
     let (sockperf, bulk) = std::thread::scope(|s| {
         let bulk = (fault == Fault::Injected).then(|| {

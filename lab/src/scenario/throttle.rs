@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::{Expected, Fault, INTERVAL, Outcome};
+use super::{Expected, Fault, Outcome, tracer_args};
 use crate::Bins;
 use crate::net::{Iperf3, Switch};
 use crate::tracer::Tracer;
@@ -46,18 +46,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         crate::net::wait_listening_in(&sw.host(h).netns, port, &mut g);
         guards.push(g);
     }
-    let args = [
-        "--interval",
-        INTERVAL,
-        "--slow-io-ms",
-        "0",
-        "--netns",
-        &sw.host(0).netns,
-        "--netns",
-        &sw.host(1).netns,
-        "--netns",
-        &sw.host(2).netns,
-    ];
+    let args = tracer_args(&[&sw.host(0).netns, &sw.host(1).netns, &sw.host(2).netns]);
     let tracer = Tracer::start(&bins.stalltrace, &args);
     let mut during = None;
     let results: Vec<Iperf3> = std::thread::scope(|s| {

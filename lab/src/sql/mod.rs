@@ -5,5 +5,5 @@
 mod sim;
 mod storage;
 
-pub use sim::{ClientReport, Placement, SqlClientRun, SqlServerSim};
+pub use sim::{ClientReport, Placement, SMALL_FILES, SqlClientRun, SqlServerSim};
 pub use storage::{Cgroup, Mounted, SlowDisk};

@@ -23,7 +23,16 @@ pub struct Placement<'a> {
     pub cgroup: Option<&'a Cgroup>,
 }
 
-impl Placement<'_> {
+impl<'a> Placement<'a> {
+    /// In network namespace `netns`, in no cgroup of its own: where most
+    /// labs put the simulator or its client.
+    pub fn in_netns(netns: &'a str) -> Self {
+        Placement {
+            netns: Some(netns),
+            cgroup: None,
+        }
+    }
+
     fn command(&self, program: &Path) -> Command {
         let mut cmd = match self.netns {
             // `ip netns exec` execs the program: the pid stays the same.
@@ -61,7 +70,25 @@ pub struct SqlServerSim {
     pub log: PathBuf,
 }
 
+/// Data and log files small enough to create in a moment (16 and 4 MiB).
+pub const SMALL_FILES: &[&str] = &["--data-size-mb", "16", "--log-size-mb", "4"];
+
 impl SqlServerSim {
+    /// The simulator most labs want: in `place`, listening on a port the
+    /// kernel picks (never 1433: discovery must find it), with small files
+    /// `sales.mdf` and `sales_log.ldf` in `dir`, and `extra` arguments.
+    pub fn start_small(bins: &Bins, place: Placement, dir: &Path, extra: &[&str]) -> Self {
+        let args: Vec<&str> = SMALL_FILES.iter().chain(extra).copied().collect();
+        Self::start(
+            bins,
+            place,
+            "0.0.0.0:0",
+            &dir.join("sales.mdf"),
+            &dir.join("sales_log.ldf"),
+            &args,
+        )
+    }
+
     /// Start it listening on `listen` (port 0: any free port, which the worker
     /// prints) with its data and log files at the given paths, and wait until
     /// it accepts connections.

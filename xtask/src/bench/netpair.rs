@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use stalltrace_lab::net::{
+    dropped_by_rules, kill_and_delete_netns, parse_proc_net_counters, sweep_stale,
+};
+
 use super::{interrupt, tracer};
 
 /// Prefix of every namespace the bench creates: `stbench-{pid}-{client|server}`.
@@ -285,28 +289,14 @@ impl Drop for NetPair {
     }
 }
 
-/// InSegs and OutSegs from /proc/net/snmp's `Tcp:` header and value lines.
+/// InSegs and OutSegs from /proc/net/snmp's `Tcp:` header and value lines,
+/// by the lab's parser of those counters.
 fn snmp_tcp_segments(text: &str) -> Option<(u64, u64)> {
-    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
-    let (names, values) = (tcp.next()?, tcp.next()?);
-    let field = |name: &str| {
-        let i = names.split_whitespace().position(|n| n == name)?;
-        values.split_whitespace().nth(i)?.parse().ok()
-    };
-    Some((field("InSegs")?, field("OutSegs")?))
-}
-
-/// Sum of the counters of every drop rule in `nft -j list table` output.
-fn dropped_by_rules(json: &serde_json::Value) -> u64 {
-    json["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|item| item["rule"]["expr"].as_array())
-        .filter(|exprs| exprs.iter().any(|x| x.get("drop").is_some()))
-        .flatten()
-        .filter_map(|x| x["counter"]["packets"].as_u64())
-        .sum()
+    let counters = parse_proc_net_counters(text);
+    Some((
+        *counters.0.get("Tcp.InSegs")?,
+        *counters.0.get("Tcp.OutSegs")?,
+    ))
 }
 
 /// Whether a namespace of that name exists (`ip netns list` reads the same directory).
@@ -314,51 +304,21 @@ pub fn netns_exists(name: &str) -> bool {
     Path::new("/run/netns").join(name).exists()
 }
 
-/// Kill whatever still runs in the namespace, then delete it: a namespace
-/// with processes in it would outlive `ip netns del`, veth and all, with no
-/// name left to find it by.
+/// Kill whatever still runs in the namespace, then delete it (lab's
+/// clean-up); a failure is told with how to finish by hand.
 fn delete_netns(name: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            if let Ok(pid) = pid.parse::<i32>() {
-                // SAFETY: kill(2) on a process inside the bench's own namespace.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-    }
-    if let Err(e) = run("ip", &["netns", "del", name]) {
-        eprintln!("bench: {e:#}; delete it by hand: ip netns del {name}");
+    if let Err(e) = kill_and_delete_netns(name) {
+        eprintln!("bench: {e}; delete it by hand: ip netns del {name}");
     }
 }
 
 /// Delete the namespaces of benches that no longer exist (killed before their
-/// Drop ran). Never someone else's live ones: the name carries the creator's pid.
+/// Drop ran), as the lab sweeps its own.
 fn sweep_stale_namespaces() {
-    let Ok(dir) = fs::read_dir("/run/netns") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(NETNS_PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !alive(pid) {
-            eprintln!("bench: deleting {name}, left by a bench that is gone");
-            delete_netns(&name);
-        }
-    }
-}
-
-/// A zombie counts as gone: it holds no namespace.
-fn alive(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
-        .unwrap_or(false)
+    sweep_stale(NETNS_PREFIX, |name| {
+        eprintln!("bench: deleting {name}, left by a bench that is gone");
+        delete_netns(name);
+    });
 }
 
 /// `stb{pid}{c|s}`: at most 3 + 7 + 1 = 11 characters (the kernel allows 15).

@@ -23,8 +23,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::peers::StatsOn;
-use super::tracer::Usage;
-use super::tracer::programs::{Counter, Snapshot};
+use super::tracer::programs::{self, Counter, Snapshot};
+use super::tracer::{ProgramCost, StopRecord, Usage};
 
 /// One of a round's three blocks.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +163,49 @@ pub const ORDER: &str = "each round runs three blocks: untraced; traced (one dae
      bpftrace peer (one bpftrace for the block, the same two runs). The blocks' order goes \
      through all six permutations, the parts' order rotates, and which of a part's two runs \
      comes first alternates, so drift on the host hits every configuration alike";
+
+/// A run's configuration as the progress lines name it: `tool` ("traced",
+/// "bpftrace"), with "+bpf-stats" when the accounting was on.
+pub fn config(tool: &str, stats: bool) -> String {
+    if stats {
+        format!("{tool}+bpf-stats")
+    } else {
+        tool.to_string()
+    }
+}
+
+/// Files one run of a part under the configuration it ran in: `with_stats`
+/// when the accounting was on, else `plain`.
+pub fn file<T>(stats: bool, run: T, plain: &mut Vec<T>, with_stats: &mut Vec<T>) {
+    if stats {
+        with_stats.push(run);
+    } else {
+        plain.push(run);
+    }
+}
+
+/// A daemon's windows (part index, accounting on, window), their programs
+/// named once the daemon has stopped: `attached` as its start record gave
+/// them, `stop` its stop record. Names are known only then (see
+/// `programs::resolve`), so the windows wait for it.
+pub fn named<R>(
+    windows: Vec<(usize, bool, Window<R>)>,
+    attached: &[(u64, String, String)],
+    stop: &StopRecord,
+) -> Vec<(usize, bool, R, Vec<ProgramCost>, ProcessUse)> {
+    let names: BTreeMap<u64, String> = windows
+        .iter()
+        .flat_map(|(_, _, w)| w.counters.iter().map(|(id, c)| (*id, c.name.clone())))
+        .collect();
+    let keys = programs::resolve(attached, &names, stop);
+    windows
+        .into_iter()
+        .map(|(i, stats, w)| {
+            let costs = programs::window_costs(&w.counters, &keys, stop);
+            (i, stats, w.run, costs, w.usage)
+        })
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {

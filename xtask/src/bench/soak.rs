@@ -256,10 +256,7 @@ fn soak(
 
     let sim = SqlServerSim::start(
         bins,
-        Placement {
-            netns: Some(pair.netns(Side::B)),
-            ..Default::default()
-        },
+        Placement::in_netns(pair.netns(Side::B)),
         "0.0.0.0:0",
         &sql_disk.path("soak.mdf"),
         &sql_disk.path("soak_log.ldf"),

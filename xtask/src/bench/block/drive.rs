@@ -2,7 +2,6 @@
 //! and peer blocks in the order `paired` gives, each depth once per
 //! configuration; one daemon and one bpftrace per round.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{DEPTHS, DaemonLife, DepthRuns, Measured, PeerRun, Settings, TracedRun};
@@ -11,7 +10,7 @@ use crate::bench::loopdisk::LoopDisk;
 use crate::bench::paired::{self, Block};
 use crate::bench::peers::{self, Bpftrace};
 use crate::bench::quiet;
-use crate::bench::tracer::programs::{self, total_runs};
+use crate::bench::tracer::programs::total_runs;
 use crate::bench::tracer::{self, Tracer};
 
 struct Ctx<'a> {
@@ -125,8 +124,7 @@ fn traced(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow:
     for &i in parts {
         let qd = DEPTHS[i];
         for stats in paired::stats_order(round) {
-            let config = if stats { "traced+bpf-stats" } else { "traced" };
-            let label = ctx.label(round, qd, config);
+            let label = ctx.label(round, qd, &paired::config("traced", stats));
             let w = quiet::retry(&label, &mut m.warnings, || {
                 let before = quiet::block_disturbance(&ours);
                 let w = paired::window(&ids, stats, || tracer.usage(), || ctx.fio(qd))?;
@@ -142,23 +140,14 @@ fn traced(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow:
         }
     }
     let finished = tracer.stop()?;
-    let names: BTreeMap<u64, String> = runs
-        .iter()
-        .flat_map(|(_, _, w)| w.counters.iter().map(|(id, c)| (*id, c.name.clone())))
-        .collect();
-    let keys = programs::resolve(&attached, &names, &finished.stop);
-    for (i, stats, w) in runs {
+    for (i, stats, fio, programs, usage) in paired::named(runs, &attached, &finished.stop) {
         let run = TracedRun {
-            fio: w.run,
-            programs: programs::window_costs(&w.counters, &keys, &finished.stop),
-            usage: w.usage,
+            fio,
+            programs,
+            usage,
         };
         let d = &mut m.depths[i];
-        if stats {
-            d.traced_bpf_stats.push(run);
-        } else {
-            d.traced.push(run);
-        }
+        paired::file(stats, run, &mut d.traced, &mut d.traced_bpf_stats);
     }
     m.daemons.push(DaemonLife {
         stop: finished.stop,
@@ -175,12 +164,7 @@ fn peer(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow::R
     for &i in parts {
         let qd = DEPTHS[i];
         for stats in paired::stats_order(round) {
-            let config = if stats {
-                "bpftrace+bpf-stats"
-            } else {
-                "bpftrace"
-            };
-            let label = ctx.label(round, qd, config);
+            let label = ctx.label(round, qd, &paired::config("bpftrace", stats));
             let w = quiet::retry(&label, &mut m.warnings, || {
                 let before = quiet::block_disturbance(&ids);
                 let w = paired::window(&ids, stats, || peer.usage(), || ctx.fio(qd))?;
@@ -198,11 +182,7 @@ fn peer(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow::R
                 usage: w.usage,
             };
             let d = &mut m.depths[i];
-            if stats {
-                d.peer_bpf_stats.push(run);
-            } else {
-                d.peer.push(run);
-            }
+            paired::file(stats, run, &mut d.peer, &mut d.peer_bpf_stats);
         }
     }
     peer.stop()?;

@@ -14,12 +14,13 @@ use serde::Serialize;
 
 use super::{DepthRuns, Measured, PeerRun, Settings, TracedRun};
 use crate::bench::fio::{self, FioRun};
-use crate::bench::paired::{self, ProcessUse};
+use crate::bench::paired;
+use crate::bench::parts::{self, PartTotals, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::stats::{Estimate, Summary, summary};
 use crate::bench::tracer::ProgramCost;
-use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
+use crate::bench::tracer::programs::{self, ProgramTotal};
 use crate::bench::unitcost::{self, PerUnit, UnitCost, rate_text};
 
 #[derive(Serialize)]
@@ -112,14 +113,6 @@ pub struct Ratios {
     pub p99_us: Option<Estimate>,
 }
 
-/// A process's use while fio ran, in the runs without the accounting.
-#[derive(Serialize)]
-pub struct ProcessResult {
-    pub cpu_pct_of_one_cpu: Option<Estimate>,
-    /// The largest VmHWM over the rounds.
-    pub peak_rss_mib: f64,
-}
-
 #[derive(Serialize)]
 pub struct DepthResult {
     pub iodepth: u32,
@@ -192,14 +185,6 @@ fn ratios<'a>(untraced: &[FioRun], other: impl IntoIterator<Item = &'a FioRun>) 
         iops: of(|r| r.iops),
         p50_us: of(|r| r.p50_us),
         p99_us: of(|r| r.p99_us),
-    }
-}
-
-fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessResult {
-    let uses: Vec<&ProcessUse> = uses.into_iter().collect();
-    ProcessResult {
-        cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
-        peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
     }
 }
 
@@ -284,47 +269,43 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
 
 /// Each program over all accounting runs, round by round and depth by depth.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    let per_depth: Vec<_> = m
+    let per_depth: Vec<PartTotals<u32>> = m
         .depths
         .iter()
-        .map(|d| {
-            let seconds: f64 = d.traced_bpf_stats.iter().map(|r| r.fio.runtime_s).sum();
-            let ios: u64 = d.traced_bpf_stats.iter().map(|r| r.fio.ios).sum();
-            (d.iodepth, program_totals(&d.traced_bpf_stats), seconds, ios)
+        .map(|d| PartTotals {
+            name: d.iodepth,
+            totals: program_totals(&d.traced_bpf_stats),
+            seconds: d.traced_bpf_stats.iter().map(|r| r.fio.runtime_s).sum(),
+            units: d.traced_bpf_stats.iter().map(|r| r.fio.ios).sum::<u64>() as f64,
         })
         .collect();
-    let rounds = m.depths.iter().map(|d| d.traced_bpf_stats.len()).max();
-    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> = (0..rounds.unwrap_or(0))
-        .map(|i| program_totals(m.depths.iter().filter_map(|d| d.traced_bpf_stats.get(i))))
-        .collect();
-    let recursion = programs::totals(m.daemons.iter().map(|l| &l.stop), is_block);
-    program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats))
-        .into_iter()
-        .map(|(key, mut total)| {
-            total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
-            ProgramResult {
-                by_round: Estimate::of(
-                    per_round
-                        .iter()
-                        .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
-                ),
-                by_depth: per_depth
-                    .iter()
-                    .map(|(iodepth, totals, seconds, ios)| {
-                        let p = InPart::of(totals, &key, *seconds);
-                        ProgramAtDepth {
-                            iodepth: *iodepth,
-                            run_count: p.run_count,
-                            ns_per_event: p.ns_per_event,
-                            events_per_s: p.events_per_s,
-                            events_per_io: p.run_count as f64 / (*ios).max(1) as f64,
-                        }
-                    })
-                    .collect(),
-                total: total.into(),
-            }
-        })
-        .collect()
+    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> =
+        parts::by_round(&m.depths, |d| &d.traced_bpf_stats)
+            .into_iter()
+            .map(program_totals)
+            .collect();
+    parts::program_rows(
+        &per_depth,
+        &per_round,
+        program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats)),
+        m.daemons.iter().map(|l| &l.stop),
+        is_block,
+        |d, p| ProgramAtDepth {
+            iodepth: d.name,
+            run_count: p.run_count,
+            ns_per_event: p.ns_per_event,
+            events_per_s: p.events_per_s,
+            // A part without any I/O divides by one, not zero.
+            events_per_io: p.run_count as f64 / d.units.max(1.0),
+        },
+    )
+    .into_iter()
+    .map(|r| ProgramResult {
+        total: r.total,
+        by_round: r.by_round,
+        by_depth: r.by_part,
+    })
+    .collect()
 }
 
 /// Cost per I/O of stalltrace and of the peer at each depth.
@@ -374,16 +355,12 @@ pub fn aggregate(
         .iter()
         .find(|d| d.iodepth == 16)
         .unwrap_or(&depths[0]);
-    let peer_rounds: Vec<PeerCost> = (0..settings.rounds)
-        .filter_map(|i| {
-            let runs: Vec<&PeerRun> = m
-                .depths
-                .iter()
-                .filter_map(|d| d.peer_bpf_stats.get(i))
-                .collect();
-            (!runs.is_empty()).then(|| peers::sum_costs(runs.iter().map(|r| &r.programs)))
-        })
-        .collect();
+    let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
+        &m.depths,
+        settings.rounds,
+        |d| &d.peer_bpf_stats,
+        |r| &r.programs,
+    );
     let unit_costs = unit_costs(m, &depths);
     let qd1 = depths.iter().find(|d| d.iodepth == 1);
     let ns_per_io = unit_costs

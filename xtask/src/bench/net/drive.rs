@@ -2,7 +2,6 @@
 //! peer blocks in the order `paired` gives, each workload once per
 //! configuration; one daemon and one bpftrace per round.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
@@ -18,7 +17,7 @@ use crate::bench::netpair::{NetPair, Side};
 use crate::bench::paired::{self, Block, Window};
 use crate::bench::peers::{self, Bpftrace};
 use crate::bench::quiet;
-use crate::bench::tracer::programs::{self, total_runs};
+use crate::bench::tracer::programs::total_runs;
 use crate::bench::tracer::{self, Tracer};
 
 struct Ctx<'a> {
@@ -279,8 +278,7 @@ fn traced(
         for &i in parts {
             let w = workloads[i];
             for stats in paired::stats_order(round) {
-                let config = if stats { "traced+bpf-stats" } else { "traced" };
-                let label = ctx.label(round, w, config);
+                let label = ctx.label(round, w, &paired::config("traced", stats));
                 let usage = || tracer.usage();
                 let win = window(
                     ctx,
@@ -319,18 +317,13 @@ fn traced(
             "bench: {:<42} hooks saw {tx_seen} of {tx_counted} transmits on the client veth",
             format!("{block}:")
         );
-        let names: BTreeMap<u64, String> = runs
-            .iter()
-            .flat_map(|(_, _, w)| w.counters.iter().map(|(id, c)| (*id, c.name.clone())))
-            .collect();
-        let keys = programs::resolve(&attached, &names, &finished.stop);
-        let runs: Vec<(usize, bool, TracedRun)> = runs
+        let runs: Vec<(usize, bool, TracedRun)> = paired::named(runs, &attached, &finished.stop)
             .into_iter()
-            .map(|(i, stats, w)| {
+            .map(|(i, stats, run, programs, usage)| {
                 let run = TracedRun {
-                    run: w.run,
-                    programs: programs::window_costs(&w.counters, &keys, &finished.stop),
-                    usage: w.usage,
+                    run,
+                    programs,
+                    usage,
                 };
                 (i, stats, run)
             })
@@ -349,11 +342,7 @@ fn traced(
     }
     for (i, stats, run) in runs {
         let r = &mut m.workloads[i];
-        if stats {
-            r.traced_bpf_stats.push(run);
-        } else {
-            r.traced.push(run);
-        }
+        paired::file(stats, run, &mut r.traced, &mut r.traced_bpf_stats);
     }
     m.daemons.push(life);
     Ok(())
@@ -380,12 +369,7 @@ fn peer(
         for &i in parts {
             let w = workloads[i];
             for stats in paired::stats_order(round) {
-                let config = if stats {
-                    "bpftrace+bpf-stats"
-                } else {
-                    "bpftrace"
-                };
-                let label = ctx.label(round, w, config);
+                let label = ctx.label(round, w, &paired::config("bpftrace", stats));
                 let usage = || peer.usage();
                 let win = window(
                     ctx,
@@ -413,11 +397,7 @@ fn peer(
     m.warnings.append(&mut inner);
     for (i, stats, run) in runs {
         let r = &mut m.workloads[i];
-        if stats {
-            r.peer_bpf_stats.push(run);
-        } else {
-            r.peer.push(run);
-        }
+        paired::file(stats, run, &mut r.peer, &mut r.peer_bpf_stats);
     }
     Ok(())
 }

@@ -17,12 +17,13 @@ use super::segments;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::netpair::NFT_TABLE;
-use crate::bench::paired::{self, ProcessUse};
+use crate::bench::paired;
+use crate::bench::parts::{self, PartTotals, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
 use crate::bench::stats::{Estimate, Summary, summary};
-use crate::bench::tracer::programs::{self, InPart, ProgramTotal};
+use crate::bench::tracer::programs::{self, ProgramTotal};
 use crate::bench::tracer::{self, ProgramCost};
 use crate::bench::unitcost::{self, UnitCost};
 
@@ -98,14 +99,6 @@ pub struct Side {
     pub others_user_cpu_pct: Summary,
     pub steal_pct: Summary,
     pub runs: Vec<Run>,
-}
-
-/// A process's use while the client ran, in the runs without the accounting.
-#[derive(Serialize)]
-pub struct ProcessResult {
-    pub cpu_pct_of_one_cpu: Option<Estimate>,
-    /// The largest VmHWM over the rounds.
-    pub peak_rss_mib: f64,
 }
 
 #[derive(Serialize)]
@@ -205,14 +198,6 @@ fn ratios<'a>(
             Some((f.key, e))
         })
         .collect()
-}
-
-fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessResult {
-    let uses: Vec<&ProcessUse> = uses.into_iter().collect();
-    ProcessResult {
-        cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
-        peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
-    }
 }
 
 /// Counters of the network-path programs, summed over `runs`, keyed by (family, program).
@@ -368,51 +353,48 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
 /// Each network-path program over all accounting runs, round by round and
 /// workload by workload.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    let per_workload: Vec<_> = m
+    let per_workload: Vec<PartTotals<&'static str>> = m
         .workloads
         .iter()
         .map(|runs| {
             let s = &runs.traced_bpf_stats;
-            let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
-            let units: f64 = s
-                .iter()
-                .map(|r| r.run.figure(runs.workload.unit_figure))
-                .sum();
-            (runs.workload.key, program_totals(s), seconds, units)
-        })
-        .collect();
-    let rounds = m.workloads.iter().map(|w| w.traced_bpf_stats.len()).max();
-    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> = (0..rounds.unwrap_or(0))
-        .map(|i| program_totals(m.workloads.iter().filter_map(|w| w.traced_bpf_stats.get(i))))
-        .collect();
-    let recursion = programs::totals(m.daemons.iter().map(|l| &l.stop), on_net_path);
-    program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats))
-        .into_iter()
-        .map(|(key, mut total)| {
-            total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
-            ProgramResult {
-                by_round: Estimate::of(
-                    per_round
-                        .iter()
-                        .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
-                ),
-                by_workload: per_workload
+            PartTotals {
+                name: runs.workload.key,
+                totals: program_totals(s),
+                seconds: s.iter().map(|r| r.run.seconds).sum(),
+                units: s
                     .iter()
-                    .map(|(workload, totals, seconds, units)| {
-                        let p = InPart::of(totals, &key, *seconds);
-                        ProgramInWorkload {
-                            workload,
-                            run_count: p.run_count,
-                            ns_per_event: p.ns_per_event,
-                            events_per_s: p.events_per_s,
-                            events_per_unit: p.run_count as f64 / units.max(f64::MIN_POSITIVE),
-                        }
-                    })
-                    .collect(),
-                total: total.into(),
+                    .map(|r| r.run.figure(runs.workload.unit_figure))
+                    .sum(),
             }
         })
-        .collect()
+        .collect();
+    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> =
+        parts::by_round(&m.workloads, |w| &w.traced_bpf_stats)
+            .into_iter()
+            .map(program_totals)
+            .collect();
+    parts::program_rows(
+        &per_workload,
+        &per_round,
+        program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats)),
+        m.daemons.iter().map(|l| &l.stop),
+        on_net_path,
+        |w, p| ProgramInWorkload {
+            workload: w.name,
+            run_count: p.run_count,
+            ns_per_event: p.ns_per_event,
+            events_per_s: p.events_per_s,
+            events_per_unit: p.run_count as f64 / w.units.max(f64::MIN_POSITIVE),
+        },
+    )
+    .into_iter()
+    .map(|r| ProgramResult {
+        total: r.total,
+        by_round: r.by_round,
+        by_workload: r.by_part,
+    })
+    .collect()
 }
 
 pub fn aggregate(
@@ -436,16 +418,12 @@ pub fn aggregate(
     }
     let unit_costs = costs::unit_costs(m, &workloads);
     targets.push(verdicts::ns_per_sent_segment(&unit_costs, "sockperf"));
-    let peer_rounds: Vec<PeerCost> = (0..settings.rounds)
-        .filter_map(|i| {
-            let runs: Vec<&PeerRun> = m
-                .workloads
-                .iter()
-                .filter_map(|w| w.peer_bpf_stats.get(i))
-                .collect();
-            (!runs.is_empty()).then(|| peers::sum_costs(runs.iter().map(|r| &r.programs)))
-        })
-        .collect();
+    let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
+        &m.workloads,
+        settings.rounds,
+        |w| &w.peer_bpf_stats,
+        |r| &r.programs,
+    );
     let filters = ["--netns", "CLIENT_NS"];
     let cmd = |args: Vec<String>| {
         format!(

@@ -15,6 +15,7 @@ use crate::bench::hostcpu::{self, HostCpu};
 use crate::bench::interrupt;
 use crate::bench::netpair::{NetPair, Server, Side};
 use crate::bench::tracer::Tracer;
+use stalltrace_lab::strip_ansi;
 
 /// sockperf's fixed message rate: a steady request/response load, not a
 /// saturating one, so its round trip is the latency an application sees.
@@ -473,24 +474,6 @@ pub fn parse_sockperf(text: &str) -> Option<BTreeMap<&'static str, f64>> {
         .iter()
         .all(|k| out.contains_key(k))
         .then_some(out)
-}
-
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC '[' parameters, ended by a letter.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// iperf3's own end-of-test figures: what the receiver got (the sender's

@@ -162,10 +162,7 @@ pub fn iperf3_client<'p>(pair: &'p NetPair, server: &Iperf3Server, secs: u64) ->
 
 /// The long-lived client, from side A to the simulator on `server`.
 pub fn sql_client(bins: &Bins, pair: &NetPair, server: &str, secs: u64) -> SqlClientRun {
-    let place = Placement {
-        netns: Some(pair.netns(Side::A)),
-        ..Default::default()
-    };
+    let place = Placement::in_netns(pair.netns(Side::A));
     SqlClientRun::start(bins, place, server, SESSIONS, RATE, secs as u32)
 }
 
@@ -220,10 +217,7 @@ pub struct ClientCounts {
 /// Short `sqlclient` runs from `netns` to `server`, back to back, until `stop`.
 pub fn session_churn(bins: &Bins, netns: &str, server: &str, stop: &AtomicBool, c: &ClientCounts) {
     while !stop.load(Ordering::SeqCst) {
-        let place = Placement {
-            netns: Some(netns),
-            ..Default::default()
-        };
+        let place = Placement::in_netns(netns);
         let mut run =
             SqlClientRun::start(bins, place, server, SHORT_SESSIONS, SHORT_RATE, SHORT_SECS);
         while run.is_running() && !stop.load(Ordering::SeqCst) {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::bench::block::{DaemonLife, DepthRuns, render};
+use crate::bench::parts::fixtures::{self, cost, host};
 use crate::bench::peers::PeerProgram;
 use crate::bench::stats::Outcome;
 use crate::bench::tracer::{ProgramCost, StopRecord};
@@ -16,22 +17,8 @@ fn fio(iops: f64, p99_us: f64) -> FioRun {
     }
 }
 
-fn usage(cpu_s: f64) -> ProcessUse {
-    ProcessUse {
-        cpu_s,
-        window_s: 10.0,
-        peak_rss_kib: 1024,
-    }
-}
-
-fn cost(family: &str, program: &str, run_count: u64, ns_each: u64) -> ProgramCost {
-    ProgramCost {
-        family: family.into(),
-        program: program.into(),
-        run_count,
-        run_time_ns: run_count * ns_each,
-        recursion_misses: 0,
-    }
+fn usage(cpu_s: f64) -> crate::bench::paired::ProcessUse {
+    fixtures::usage(cpu_s, 10.0, 1024)
 }
 
 fn traced(iops: f64, p99_us: f64, run_count: u64, cpu_s: f64) -> TracedRun {
@@ -68,15 +55,6 @@ fn stop(recursion: u64) -> StopRecord {
             recursion_misses: recursion,
             ..cost("block", "on_block_rq_issue", 0, 0)
         }],
-    }
-}
-
-fn host() -> Host {
-    Host {
-        date: "today".into(),
-        kernel: "6.18".into(),
-        cpu_model: "test".into(),
-        cpus: 2,
     }
 }
 

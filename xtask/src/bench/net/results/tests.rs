@@ -1,6 +1,7 @@
 use super::*;
 use crate::bench::net::workload::WORKLOADS;
 use crate::bench::net::{DaemonLife, render};
+use crate::bench::parts::fixtures::{self, cost, host};
 use crate::bench::peers::PeerProgram;
 use crate::bench::stats::Outcome;
 use crate::bench::tracer::StopRecord;
@@ -22,22 +23,8 @@ fn run(w: &Workload, first: f64) -> Run {
     }
 }
 
-fn usage(cpu_s: f64) -> ProcessUse {
-    ProcessUse {
-        cpu_s,
-        window_s: 8.0,
-        peak_rss_kib: 2048,
-    }
-}
-
-fn cost(family: &str, program: &str, run_count: u64, ns_each: u64) -> ProgramCost {
-    ProgramCost {
-        family: family.into(),
-        program: program.into(),
-        run_count,
-        run_time_ns: run_count * ns_each,
-        recursion_misses: 0,
-    }
+fn usage(cpu_s: f64) -> crate::bench::paired::ProcessUse {
+    fixtures::usage(cpu_s, 8.0, 2048)
 }
 
 fn traced(w: &Workload, first: f64, run_count: u64, cpu_s: f64) -> TracedRun {
@@ -62,15 +49,6 @@ fn peer(w: &Workload, first: f64, run_count: u64) -> PeerRun {
             run_time_ns: run_count * 40_000,
         }],
         usage: usage(0.004),
-    }
-}
-
-fn host() -> Host {
-    Host {
-        date: "today".into(),
-        kernel: "6.18".into(),
-        cpu_model: "test".into(),
-        cpus: 2,
     }
 }
 

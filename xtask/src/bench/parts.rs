@@ -1,0 +1,143 @@
+//! What the block and net suites share between measuring and publishing:
+//! both measure parts (fio's depths, the net workloads), each part in the
+//! same five configurations round by round (see `paired`), and both sum the
+//! same per-program counters over them. Only the part's name, its unit and
+//! the programs a suite keeps differ, so those come in as arguments and the
+//! logic stands here once.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::paired::ProcessUse;
+use super::peers::{self, PeerCost, PeerProgram};
+use super::stats::Estimate;
+use super::tracer::ProgramCost;
+use super::tracer::StopRecord;
+use super::tracer::programs::{self, InPart, Key, ProgramTotal};
+
+/// A process's use while the workload ran, in the runs without the accounting.
+#[derive(Serialize)]
+pub struct ProcessResult {
+    pub cpu_pct_of_one_cpu: Option<Estimate>,
+    /// The largest VmHWM over the rounds.
+    pub peak_rss_mib: f64,
+}
+
+pub fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessResult {
+    let uses: Vec<&ProcessUse> = uses.into_iter().collect();
+    ProcessResult {
+        cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
+        peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
+    }
+}
+
+/// Round by round (index i is round i + 1), the runs of every part that
+/// has one for that round.
+pub fn by_round<'a, P, R>(parts: &'a [P], runs: impl Fn(&'a P) -> &'a [R]) -> Vec<Vec<&'a R>> {
+    let rounds = parts.iter().map(|p| runs(p).len()).max().unwrap_or(0);
+    (0..rounds)
+        .map(|i| parts.iter().filter_map(|p| runs(p).get(i)).collect())
+        .collect()
+}
+
+/// The peer's programs summed per round over every part, for the first
+/// `rounds` rounds.
+pub fn peer_rounds<'a, P, R: 'a>(
+    parts: &'a [P],
+    rounds: usize,
+    runs: impl Fn(&'a P) -> &'a [R],
+    programs: impl Fn(&'a R) -> &'a Vec<PeerProgram>,
+) -> Vec<PeerCost> {
+    by_round(parts, runs)
+        .into_iter()
+        .take(rounds)
+        .map(|runs| peers::sum_costs(runs.into_iter().map(&programs)))
+        .collect()
+}
+
+/// One part's accounting runs as the per-program table needs them: the
+/// part's name, its programs' totals, the seconds its client ran and the
+/// units it completed.
+pub struct PartTotals<N> {
+    pub name: N,
+    pub totals: BTreeMap<Key, ProgramCost>,
+    pub seconds: f64,
+    pub units: f64,
+}
+
+/// One program over every accounting run, round by round and part by part.
+pub struct ProgramRows<X> {
+    pub total: ProgramTotal,
+    /// ns/event in each round's accounting runs (every part): median and interval.
+    pub by_round: Option<Estimate>,
+    pub by_part: Vec<X>,
+}
+
+/// Each program the suite keeps, summed over every accounting run:
+/// `parts` one entry a part, `per_round` the totals of each round's runs,
+/// `all` the totals of every run, recursion misses from the daemons'
+/// `stops`; `row` words one program in one part (a depth's or a workload's
+/// own field names).
+pub fn program_rows<'a, N, X>(
+    parts: &[PartTotals<N>],
+    per_round: &[BTreeMap<Key, ProgramCost>],
+    all: BTreeMap<Key, ProgramCost>,
+    stops: impl IntoIterator<Item = &'a StopRecord>,
+    keep: impl Fn(&str) -> bool,
+    row: impl Fn(&PartTotals<N>, InPart) -> X,
+) -> Vec<ProgramRows<X>> {
+    let recursion = programs::totals(stops, keep);
+    all.into_iter()
+        .map(|(key, mut total)| {
+            total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
+            ProgramRows {
+                by_round: Estimate::of(
+                    per_round
+                        .iter()
+                        .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
+                ),
+                by_part: parts
+                    .iter()
+                    .map(|p| row(p, InPart::of(&p.totals, &key, p.seconds)))
+                    .collect(),
+                total: total.into(),
+            }
+        })
+        .collect()
+}
+
+/// What both suites' results tests build their runs from.
+#[cfg(test)]
+pub mod fixtures {
+    use super::ProgramCost;
+    use crate::bench::paired::ProcessUse;
+    use crate::bench::publish::Host;
+
+    pub fn cost(family: &str, program: &str, run_count: u64, ns_each: u64) -> ProgramCost {
+        ProgramCost {
+            family: family.into(),
+            program: program.into(),
+            run_count,
+            run_time_ns: run_count * ns_each,
+            recursion_misses: 0,
+        }
+    }
+
+    pub fn usage(cpu_s: f64, window_s: f64, peak_rss_kib: u64) -> ProcessUse {
+        ProcessUse {
+            cpu_s,
+            window_s,
+            peak_rss_kib,
+        }
+    }
+
+    pub fn host() -> Host {
+        Host {
+            date: "today".into(),
+            kernel: "6.18".into(),
+            cpu_model: "test".into(),
+            cpus: 2,
+        }
+    }
+}
