@@ -6,10 +6,10 @@
  *   tcp_retransmit_skb     every retransmission attempt (after the send; err says
  *                          whether it went out): an event, and the peer's counters
  *   tcp_retransmit_synack  a SYN-ACK sent again (a listener's half-open connection)
- *   tcp_probe              every segment an established socket receives: the peer's
- *                          smoothed RTT, sampled when the segment acknowledges new data
- *   sock_send_length,      the socket's owner (the process making the syscall), kept
- *   sock_recv_length,      in a map so retransmits, which run in softirq, can name it
+ *   sock_send_length,      every send and receive call: the socket's owner (the process
+ *   sock_recv_length       making the call), kept so retransmits, which run in softirq,
+ *                          can name it; and the peer's smoothed RTT, sampled when an ACK
+ *                          of new data came since the socket's last sample
  *                          (6.3+; before: tcp_sendmsg / tcp_recvmsg by fentry or kprobe)
  *   inet_sock_set_state    connect() and listen() owners; forget a socket at close
  *
@@ -35,7 +35,7 @@
  */
 #include "common.bpf.h"
 #include "sock.bpf.h"
-#include "netdev_rx.bpf.h" /* the netdev family's receive-path end, run from our tcp_probe */
+#include "slots.bpf.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -49,17 +49,9 @@
 /* Set by the daemon at load time (--netns, --port): 1 when the filter map is in use. */
 const volatile __u64 filter_netns = 0;
 const volatile __u64 filter_ports = 0;
-/*
- * Set by the daemon when this object's netdev_stats and rx_slots are the
- * netdev family's own maps: tcp_probe then also ends netdev's sampled
- * receive path, so one program runs per received segment instead of two
- * (netdev_rx.bpf.h).
- */
-const volatile __u64 netdev_rx_end_here = 0;
 
 /* ptr_key() scratch words (slots.bpf.h) */
 enum tcp_program {
-	PROG_TCP_PROBE,
 	PROG_RETRANSMIT,
 	PROG_SYNACK,
 	PROG_SEND,
@@ -81,13 +73,24 @@ struct {
 	__type(value, __u8);
 } port_filter SEC(".maps");
 
-/* Who owns a socket: the last process that sent or received on it, or connected or listened. */
+/* The filters' verdict on a socket, kept once asked (tcp_owner.rtt_wanted). */
+#define RTT_WANTED 1
+#define RTT_UNWANTED 2
+
+/*
+ * Who owns a socket: the last process that sent or received on it, or
+ * connected or listened; and the socket's RTT sampling state.
+ */
 struct tcp_owner {
 	__u32 tgid;
 	__u32 pid;
 	char comm[STALLTRACE_COMM_LEN];
 	__u32 last_total_retrans; /* tp->total_retrans at the last retransmit seen */
 	__u32 seen_retrans;       /* last_total_retrans is valid */
+	__u32 rtt_una;            /* tp->snd_una at the last RTT sample, or at the first call seen */
+	__u8 rtt_seen;            /* rtt_una is valid */
+	__u8 rtt_wanted;          /* 0 (not asked yet), RTT_WANTED or RTT_UNWANTED */
+	__u16 pad;
 };
 
 /*
@@ -249,35 +252,45 @@ static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
 	return bpf_map_lookup_elem(&tcp_peers, &key);
 }
 
-/* Record the caller as the socket's owner when it is new or changed (one lookup otherwise). */
-static __always_inline void note_owner(const struct sock *sk, __u32 program)
+/*
+ * Record the caller as the socket's owner when it is new or changed (one
+ * lookup otherwise); returns the socket's entry, or NULL.
+ */
+static __always_inline struct tcp_owner *note_owner(const struct sock *sk, __u32 program)
 {
 	__u64 id = bpf_get_current_pid_tgid(), key;
 	struct tcp_owner *owner = owner_of(sk, program);
 	struct tcp_owner fresh = {};
 
 	if (owner && owner->tgid == id >> 32)
-		return;
+		return owner;
 	if (owner_in_sk_storage()) {
 		/* created zeroed; updated in place (a retransmit racing a change of owner may see a mix) */
 		if (!owner)
 			owner = bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
 		if (!owner)
-			return;
+			return NULL;
 		owner->tgid = id >> 32;
 		owner->pid = (__u32)id;
 		bpf_get_current_comm(owner->comm, sizeof(owner->comm));
-		return;
+		return owner;
 	}
 	fresh.tgid = id >> 32;
 	fresh.pid = (__u32)id;
 	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+	/*
+	 * Only the retransmit state carries over. The RTT state starts again:
+	 * the address may be a new socket's whose predecessor's close was
+	 * missed, and the old filter verdict would be wrong for it (a new
+	 * baseline costs one sample at most).
+	 */
 	if (owner) {
 		fresh.last_total_retrans = owner->last_total_retrans;
 		fresh.seen_retrans = owner->seen_retrans;
 	}
 	key = ptr_key(sk, program);
 	bpf_map_update_elem(&sock_owners_by_addr, &key, &fresh, BPF_ANY);
+	return bpf_map_lookup_elem(&sock_owners_by_addr, &key);
 }
 
 static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)
@@ -464,62 +477,83 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 }
 
 /*
- * Every segment an established socket receives, at the top of
- * tcp_rcv_established. Sample the smoothed RTT only when the segment
- * acknowledges new data (the RTT estimate can only have moved then): a third
- * of the calls on a bulk sender, nearly all of them for request/response.
+ * The peer's smoothed RTT, sampled at the socket's send and receive calls
+ * rather than at every segment it receives (tcp_probe): a program per received
+ * segment costs its entry and exit on each before any work (~55 ns on the
+ * development VM with bpf_stats on), then a hash lookup of the peer, and the
+ * segments outnumber the calls many times on a bulk stream. The kernel's
+ * estimate moves only when an ACK acknowledges new data (tcp_ack ->
+ * tcp_rtt_estimator), i.e. when snd_una advances, so a sample is taken only
+ * then and at most once per call: a request/response connection gets one per
+ * round trip on each side (the ACK of the request comes with the response,
+ * seen at the next call), and a bulk sender at most one per send call, not one
+ * per ACK. A socket that only receives has no new estimate to sample. The
+ * first call seen only takes the baseline: the estimate may date from before
+ * we attached.
+ *
+ * The filters' verdict is kept with the socket: its namespace and ports do not
+ * change once it is connected, which it is by the time snd_una has moved.
  */
-HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+static __always_inline void sample_rtt(struct sock *sk, struct tcp_owner *owner)
 {
-	const struct tcp_skb_cb *cb = (const struct tcp_skb_cb *)&skb->cb[0];
-	struct tcp_sock *tp = TCP_SK(sk);
 	struct tcp_peer_stats *peer;
+	struct tcp_sock *tp;
+	__u32 una, srtt;
 	struct tuple t;
-	__u32 srtt;
+	bool first;
 
-	/* first, and for every segment: the netdev family's job, not filtered by ours */
-	if (netdev_rx_end_here)
-		netdev_rx_end(skb, PROG_TCP_PROBE);
+	if (!owner || owner->rtt_wanted == RTT_UNWANTED)
+		return;
+	tp = TCP_SK(sk);
 	if (!tp)
-		return 0;
-	if ((__s32)(KREAD(cb, ack_seq) - KREAD(tp, snd_una)) <= 0)
-		return 0;
+		return;
+	una = KREAD(tp, snd_una);
+	if (owner->rtt_seen && owner->rtt_una == una)
+		return;
+	first = !owner->rtt_seen;
+	owner->rtt_una = una;
+	owner->rtt_seen = 1;
 	srtt = KREAD(tp, srtt_us) >> 3;
-	if (!srtt)
-		return 0;
+	if (first || !srtt)
+		return;
 	common_tuple((const struct sock_common *)sk, &t);
-	if (!wanted(&t))
-		return 0;
+	if (!owner->rtt_wanted)
+		owner->rtt_wanted = wanted(&t) ? RTT_WANTED : RTT_UNWANTED;
+	if (owner->rtt_wanted != RTT_WANTED)
+		return;
 	peer = peer_for(&t);
 	if (peer)
 		hist_add(&peer->srtt, (__u64)srtt * 1000);
-	return 0;
 }
 
 OPTIONAL_HOOK(sock_send_length, struct sock *sk, int ret, int flags)
 {
 	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
-		note_owner(sk, PROG_SEND);
+		sample_rtt(sk, note_owner(sk, PROG_SEND));
 	return 0;
 }
 
 OPTIONAL_HOOK(sock_recv_length, struct sock *sk, int ret, int flags)
 {
 	if (KREAD(sk, sk_protocol) == IPPROTO_TCP)
-		note_owner(sk, PROG_RECV);
+		sample_rtt(sk, note_owner(sk, PROG_RECV));
 	return 0;
 }
 
-/* Before 6.3 (no sock_*_length tracepoints): the TCP send and receive calls themselves. */
+/*
+ * Before 6.3 (no sock_*_length tracepoints): the TCP send and receive calls
+ * themselves, at their entry; an ACK that came during a call is sampled at the
+ * next one.
+ */
 OPTIONAL_FUNC_HOOK(sock_send_length, tcp_sendmsg, struct sock *sk)
 {
-	note_owner(sk, PROG_SEND);
+	sample_rtt(sk, note_owner(sk, PROG_SEND));
 	return 0;
 }
 
 OPTIONAL_FUNC_HOOK(sock_recv_length, tcp_recvmsg, struct sock *sk)
 {
-	note_owner(sk, PROG_RECV);
+	sample_rtt(sk, note_owner(sk, PROG_RECV));
 	return 0;
 }
 

@@ -153,8 +153,8 @@ fn as_nobody_with(caps: &[&str], args: &[&str]) -> Output {
 /// With CAP_BPF and CAP_PERFMON but not CAP_SYS_ADMIN, as user nobody:
 /// `check` lists what that costs, `--bpf-stats` is refused with one line
 /// naming it, and a run goes on and names it for the part that goes without
-/// (no private bpffs: netdev attaches a tcp_probe of its own); nothing stays
-/// attached after.
+/// (no link health from the interfaces of another network namespace: setns);
+/// nothing stays attached after.
 #[test]
 fn a_missing_capability_is_named_with_what_it_serves() {
     require_root();
@@ -186,7 +186,10 @@ fn a_missing_capability_is_named_with_what_it_serves() {
         );
     }
 
+    // A named network namespace, whose link health netdev reads by entering it.
+    let pair = netlab::NetPair::new();
     let out = as_nobody_with(&caps, &["run", "--duration", "1s"]);
+    drop(pair);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -195,7 +198,7 @@ fn a_missing_capability_is_named_with_what_it_serves() {
     );
     assert!(
         stderr.lines().any(|l| l.starts_with("stalltrace: netdev:")
-            && l.contains("tcp_probe")
+            && l.contains("setns")
             && l.contains("CAP_SYS_ADMIN")),
         "{stderr}"
     );
@@ -374,9 +377,8 @@ fn sigterm_writes_stop_and_detaches_every_program() {
                 .expect("attached probes carry their program id")
         })
         .collect();
-    // Every family's programs: block 5, tcp 6, netdev 8 (its tcp_probe's job
-    // is done by the tcp family's: ebpf/include/netdev_rx.bpf.h), sqlserver 1
-    // (on this kernel all attach).
+    // Every family's programs: block 5, tcp 5, netdev 9, sqlserver 1 (on this
+    // kernel all attach).
     assert_eq!(ids.len(), 20, "{start}");
     wait_until_unloaded("the run's programs", |(id, _)| ids.contains(id));
 }

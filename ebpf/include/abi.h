@@ -237,7 +237,7 @@ struct tcp_peer_key {
 
 /* Running totals per peer; shared by all CPUs (atomic adds): a per-CPU value this size would cost CPUs x peers. */
 struct tcp_peer_stats {
-	struct hist srtt; /* smoothed RTT at each ACK that advanced snd_una, ns */
+	struct hist srtt; /* smoothed RTT at a send or receive call after an ACK advanced snd_una, ns */
 	__u64 retrans_events;
 	__u64 retrans_segs; /* counted by the kernel (RetransSegs) */
 	__u64 rto_timeouts; /* retransmission timer expiries */
@@ -259,12 +259,18 @@ struct netdev_stats {
 	__u64 tx_busy;       /* the driver refused a packet (NETDEV_TX_BUSY): its ring was full */
 	__u64 tx_timeouts;   /* transmit watchdog fired (net_dev_xmit_timeout) */
 	__u64 tx_stalls;     /* byte queue limits saw completions stall (dql_stall_detected) */
-	__u64 qdisc_untimed; /* packets handed to the driver without a departure time to time the qdisc with */
-	struct hist qdisc;   /* departure time set by TCP -> handed to the driver, ns */
-	struct hist xmit;    /* the driver's transmit call, ns */
+	__u64 qdisc_untimed; /* sampled transmits without a departure time to time the qdisc with */
+	struct hist qdisc;   /* departure time set by TCP -> handed to the driver, ns (sampled transmits) */
+	struct hist xmit;    /* the driver's transmit call, ns (sampled transmits) */
 	struct hist rx;      /* driver receive -> TCP socket processing, ns (1 in NETDEV_RX_SAMPLE packets) */
 };
 
+/*
+ * Timing is sampled, per CPU, with random gaps of mean N (netdev.bpf.c says
+ * why): 1 in NETDEV_TX_SAMPLE transmitted packets, plus a CPU's first after
+ * 10 ms without a sample; 1 in NETDEV_RX_SAMPLE received packets.
+ */
+#define NETDEV_TX_SAMPLE 64
 #define NETDEV_RX_SAMPLE 16
 
 /* ---- sqlserver family -------------------------------------------------------- */

@@ -16,13 +16,13 @@ use crate::error::UserError;
 use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
-use crate::netdev::{NETDEV_RX_MAPS, NetdevOptions, NetdevProbe};
+use crate::netdev::{NetdevOptions, NetdevProbe};
 use crate::output::file::Output;
 pub use crate::output::records::FamilyReport;
 use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
 use crate::output::{JsonWriter, OUTPUT_LOST, OutputQueue};
 use crate::probes::stats::program_stats;
-use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus, SharedMaps};
+use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
@@ -89,63 +89,35 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         block.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    // netdev's receive path ends in the tcp object's tcp_probe when both
-    // families attach: its maps are shared by pinning them while the two load
-    // (netdev/mod.rs NETDEV_RX_MAPS). Without bpffs, or if the tcp family
-    // cannot attach that way, each keeps its own tcp_probe.
-    let shared = SharedMaps::new(NETDEV_RX_MAPS);
-    let mut tcp_opts = TcpOptions {
-        mode: args.probe_mode,
-        netns: plan.netns.iter().map(|n| n.inode).collect(),
-        ports: plan.ports.clone(),
-        hz: plan.hz,
-        flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
-            bulk_mbps: plan.bulk_mbps,
-            netns: plan.netns.clone(),
+    let tcp = TcpProbe::attach(
+        &TcpOptions {
+            mode: args.probe_mode,
+            netns: plan.netns.iter().map(|n| n.inode).collect(),
             ports: plan.ports.clone(),
-        }),
-        netdev_rx: shared
-            .as_ref()
-            .map(|s| s.pins().to_vec())
-            .unwrap_or_default(),
-        netdev_watch: (plan.netns.clone(), plan.ifaces.clone()),
-    };
-    let mut tcp = TcpProbe::attach(&tcp_opts, &btf);
-    if tcp.is_err() && !tcp_opts.netdev_rx.is_empty() {
-        tcp_opts.netdev_rx.clear();
-        tcp = TcpProbe::attach(&tcp_opts, &btf);
-    }
-    let tcp_ok = tcp.is_ok();
-    let rx_in_tcp = if tcp_ok {
-        tcp_opts.netdev_rx.clone()
-    } else {
-        Vec::new()
-    };
+            hz: plan.hz,
+            flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
+                bulk_mbps: plan.bulk_mbps,
+                netns: plan.netns.clone(),
+                ports: plan.ports.clone(),
+            }),
+        },
+        &btf,
+    );
     accept(
         &mut out,
         "tcp",
         tcp.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    let mut netdev_opts = NetdevOptions {
-        mode: args.probe_mode,
-        netns: plan.netns.clone(),
-        ifaces: plan.ifaces.clone(),
-        rx_in_tcp,
-    };
-    let mut netdev = NetdevProbe::attach(&netdev_opts, &btf);
-    if netdev.is_err() && !netdev_opts.rx_in_tcp.is_empty() {
-        // on its own, with its own tcp_probe (the tcp object's then times nothing)
-        netdev_opts.rx_in_tcp.clear();
-        netdev = NetdevProbe::attach(&netdev_opts, &btf);
-    }
-    if tcp_ok && netdev.is_ok() && netdev_opts.rx_in_tcp.is_empty() {
-        let why = shared
-            .as_ref()
-            .map_or_else(String::clone, SharedMaps::why_unshared);
-        eprintln!("stalltrace: {}", SharedMaps::unshared_warning(&why));
-    }
-    drop(shared); // unpin: the maps live on with the programs that use them
+    let netdev = NetdevProbe::attach(
+        &NetdevOptions {
+            mode: args.probe_mode,
+            netns: plan.netns.clone(),
+            ifaces: plan.ifaces.clone(),
+            hz: plan.hz,
+        },
+        &btf,
+    );
     accept(
         &mut out,
         "netdev",

@@ -14,19 +14,19 @@ pub fn report(btf: &BtfNames) -> Vec<String> {
         "rq->start_time_ns: MISSING (the block family cannot load)"
     };
     let issued = if has("request", "io_start_time_ns") {
-        "rq->io_start_time_ns: yes, but only on queues keeping statistics (wbt, iocost): block_rq_issue stamps it"
+        "rq->io_start_time_ns: yes, but only on queues keeping statistics (wbt, iocost); stamped by the hook on block_rq_issue"
     } else {
-        "rq->io_start_time_ns: no: block_rq_issue stamps it"
+        "rq->io_start_time_ns: no; stamped by the hook on block_rq_issue"
     };
     // 6.18 stamps bios only on disks with blk-iolatency (the flag names that condition).
     let submitted = if has("bio", "bi_issue") {
-        "bio->bi_issue: yes, every bio (cgroup kernels); not read yet: block_bio_queue stamps it"
+        "bio->bi_issue: yes, every bio (cgroup kernels); not read yet, stamped by the hook on block_bio_queue"
     } else if has("bio", "issue_time_ns") && !btf.has_enumerator("QUEUE_FLAG_BIO_ISSUE_TIME") {
-        "bio->issue_time_ns: yes, every bio (cgroup kernels); not read yet: block_bio_queue stamps it"
+        "bio->issue_time_ns: yes, every bio (cgroup kernels); not read yet, stamped by the hook on block_bio_queue"
     } else if has("bio", "issue_time_ns") {
-        "bio->issue_time_ns: only on disks with blk-iolatency: block_bio_queue stamps it"
+        "bio->issue_time_ns: only on disks with blk-iolatency; stamped by the hook on block_bio_queue"
     } else {
-        "none: block_bio_queue stamps it"
+        "none; stamped by the hook on block_bio_queue"
     };
     vec![
         format!("request allocated  {allocated}"),

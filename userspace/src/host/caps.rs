@@ -67,11 +67,9 @@ pub const USES: &[Use] = &[
     },
     Use {
         cap: CAP_SYS_ADMIN,
-        serves: "setns into other network namespaces (tcp_flow, netdev link health), \
-                 a private bpffs (netdev shares tcp's tcp_probe), --bpf-stats",
+        serves: "setns into other network namespaces (tcp_flow, netdev link health), --bpf-stats",
         without: "no tcp_flow records and no netdev link health from other network namespaces \
-                  (a SQL Server container's); netdev attaches a tcp_probe of its own; \
-                  --bpf-stats refused",
+                  (a SQL Server container's); --bpf-stats refused",
     },
     Use {
         cap: CAP_SYS_PTRACE,

@@ -128,17 +128,17 @@ const NETDEV_TIMES: [(&str, &str, &str); 3] = [
     (
         "qdisc_us",
         "stalltrace_netdev_qdisc_seconds",
-        "Packet enqueued on the qdisc to handed to the driver.",
+        "Packet enqueued on the qdisc to handed to the driver (1 in 64 sent packets per CPU: counts are samples).",
     ),
     (
         "xmit_us",
         "stalltrace_netdev_xmit_seconds",
-        "The driver's transmit call.",
+        "The driver's transmit call (the packets qdisc_seconds samples).",
     ),
     (
         "rx_us",
         "stalltrace_netdev_rx_seconds",
-        "Received packet handed up the stack.",
+        "Received packet handed up the stack (1 in 16 received packets per CPU: counts are samples).",
     ),
 ];
 
@@ -227,7 +227,7 @@ impl FromRecords {
         );
         r.declare_histogram(
             "stalltrace_tcp_srtt_seconds",
-            "Smoothed RTT of every traced connection, sampled as the kernel updates it.",
+            "Smoothed RTT of every traced connection, sampled at its send and receive calls once an ACK of new data has moved it.",
             &seconds,
         );
         r.declare(

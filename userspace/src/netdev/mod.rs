@@ -28,14 +28,10 @@ pub struct NetdevOptions {
     pub netns: Vec<Netns>,
     /// Only these interface names; empty: all.
     pub ifaces: Vec<String>,
-    /// Our maps the tcp family's object already has (pinned there, see
-    /// `NETDEV_RX_MAPS`): its tcp_probe ends our receive path, so ours is not attached.
-    pub rx_in_tcp: Vec<(&'static str, PathBuf)>,
+    /// The kernel's HZ: the transmit hooks' sampling floor (one sample per
+    /// CPU per 10 ms, netdev.bpf.c) is counted in jiffies.
+    pub hz: u32,
 }
-
-/// The maps the tcp family's tcp_probe needs to end our sampled receive path
-/// (ebpf/include/netdev_rx.bpf.h: one program per received segment, not two).
-pub const NETDEV_RX_MAPS: &[&str] = &["netdev_stats", "netdev_stats_zero", "rx_slots"];
 
 /// (netns inode, ifindex)
 type IfaceId = (u32, u32);
@@ -66,17 +62,12 @@ pub struct NetdevProbe {
 
 impl NetdevProbe {
     pub fn attach(opts: &NetdevOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let skip: &[&str] = if opts.rx_in_tcp.is_empty() {
-            &[]
-        } else {
-            &["tcp_probe"]
-        };
+        // HZ / 100 + 1 ticks, counted whole: about 10 ms at any HZ.
+        let globals = [("tx_floor_jiffies", u64::from(opts.hz / 100) + 1)];
         let prepare = |ebpf: &mut aya::Ebpf| prepare_entries(ebpf, &opts.netns, &opts.ifaces);
         let setup = probes::Setup {
-            pins: &opts.rx_in_tcp,
-            skip,
+            globals: &globals,
             before_attach: Some(&prepare),
-            ..Default::default()
         };
         let mut family = probes::attach_family(probes::embedded("netdev"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;
@@ -339,16 +330,10 @@ fn prepare_entry<T: std::borrow::BorrowMut<MapData>>(
 }
 
 /// Create the statistics entries of every interface netdev watches in
-/// `ebpf`'s `netdev_stats` before any program that creates them attaches:
-/// netdev's own object, or the tcp object that shares the map and attaches
-/// first (NETDEV_RX_MAPS). Interfaces that appear later get theirs each
-/// interval. Namespaces that cannot be read are skipped here (reported by
-/// the interval's link reading).
-pub fn prepare_entries(
-    ebpf: &mut aya::Ebpf,
-    netns: &[Netns],
-    ifaces: &[String],
-) -> Result<(), String> {
+/// `ebpf`'s `netdev_stats` before the programs that would create them attach.
+/// Interfaces that appear later get theirs each interval. Namespaces that
+/// cannot be read are skipped here (reported by the interval's link reading).
+fn prepare_entries(ebpf: &mut aya::Ebpf, netns: &[Netns], ifaces: &[String]) -> Result<(), String> {
     let map = ebpf
         .map_mut("netdev_stats")
         .ok_or("the object has no map netdev_stats")?;

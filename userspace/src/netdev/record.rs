@@ -21,13 +21,15 @@ pub struct NetdevRecord {
     pub tx_packets: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tx_bytes: Option<u64>,
-    /// Departure time set by TCP -> handed to the driver: the wait in the qdisc.
+    /// Departure time set by TCP -> handed to the driver: the wait in the
+    /// qdisc, for 1 in 64 transmitted packets per CPU and each CPU's first
+    /// after 10 ms without one (counts are samples, not packets).
     pub qdisc_us: HistogramRecord,
-    /// The driver's transmit call.
+    /// The driver's transmit call, for the same sampled packets.
     pub xmit_us: HistogramRecord,
     /// Driver receive -> TCP processing, for 1 in 16 received packets.
     pub rx_us: HistogramRecord,
-    /// Packets handed to the driver without a departure time (not in qdisc_us).
+    /// Sampled transmits without a departure time (not in qdisc_us).
     pub qdisc_untimed: u64,
     pub tx_timeouts: u64,
     pub tx_stalls: u64,

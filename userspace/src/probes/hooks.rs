@@ -183,7 +183,11 @@ pub fn limits(family: &str, hook: &str, kind: AttachKind, btf: &Btf) -> Option<S
                 .into(),
         ),
         ("tcp", "sock_send_length" | "sock_recv_length", AttachKind::Fentry | AttachKind::Kprobe) => {
-            Some("the socket's owner is noted at each TCP send and receive call instead".into())
+            Some(
+                "the socket's owner is noted, and its RTT sampled, at the start of each TCP send \
+                 and receive call instead"
+                    .into(),
+            )
         }
         _ => None,
     }

@@ -13,11 +13,9 @@
 
 mod hooks;
 pub mod lost;
-mod shared;
 pub mod stats;
 
 use std::cell::RefCell;
-use std::path::PathBuf;
 
 use aya::{Btf, Ebpf, EbpfLoader};
 use serde::Serialize;
@@ -144,23 +142,18 @@ pub struct FamilyFailure {
 }
 
 pub use hooks::{AttachKind, Hook, hooks_in_object};
-pub use shared::SharedMaps;
 
-/// What a family sets before its programs run.
+/// What a family sets before its programs run. Built with
+/// `..Default::default()` for what a family leaves out, so a setting added
+/// here does not touch every family.
 #[derive(Default)]
+#[non_exhaustive]
 pub struct Setup<'a> {
     /// `const volatile` u64 globals, set at load.
     pub globals: &'a [(&'static str, u64)],
     /// Runs once the maps exist and before any program attaches (e.g. to fill
     /// filter maps, so no event slips through unfiltered).
     pub before_attach: Option<&'a BeforeAttach<'a>>,
-    /// Maps shared with another family's object: (map name, bpffs path). The
-    /// first object loaded creates and pins the map there, the next reuses it
-    /// (see `SharedMaps`).
-    pub pins: &'a [(&'static str, PathBuf)],
-    /// Tracepoints whose program is not attached: another family's program
-    /// does its job (their hooks are left out of the statuses too).
-    pub skip: &'a [&'static str],
 }
 
 pub type BeforeAttach<'a> = dyn Fn(&mut Ebpf) -> Result<(), String> + 'a;
@@ -234,8 +227,7 @@ fn attach_mode(
         HookMode::TpBtf => family.tp_btf,
         HookMode::RawTp => family.raw_tp,
     };
-    let mut candidates = hooks::candidates(bytes, mode);
-    candidates.retain(|(name, _)| !setup.skip.contains(&name.as_str()));
+    let candidates = hooks::candidates(bytes, mode);
     let mut statuses: Vec<HookStatus> = candidates
         .iter()
         .map(|(name, programs)| HookStatus {
@@ -248,9 +240,6 @@ fn attach_mode(
     loader.btf(Some(btf));
     for (name, value) in setup.globals {
         loader.override_global(name, value, true);
-    }
-    for (name, path) in setup.pins {
-        loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(bytes).map_err(|e| FamilyFailure {
         hooks: statuses.clone(),

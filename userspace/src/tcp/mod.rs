@@ -7,7 +7,6 @@ pub mod record;
 
 use std::collections::HashMap;
 use std::io;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -33,13 +32,6 @@ pub struct TcpOptions {
     pub hz: u32,
     /// `tcp_flow` records (sock_diag); None: off (`--bulk-mbps 0`).
     pub flows: Option<FlowOptions>,
-    /// The netdev family's maps this object shares (`NETDEV_RX_MAPS`); when
-    /// given, our tcp_probe also ends netdev's receive path (netdev_rx.bpf.h).
-    pub netdev_rx: Vec<(&'static str, PathBuf)>,
-    /// The namespaces and interfaces netdev watches: with `netdev_rx`, this
-    /// object creates netdev's statistics entries before it attaches (its
-    /// tcp_probe would otherwise be first to need them).
-    pub netdev_watch: (Vec<crate::host::netns::Netns>, Vec<String>),
 }
 
 /// A peer: (netns, family, local port, remote port, remote address).
@@ -92,20 +84,11 @@ impl TcpProbe {
         let globals = [
             ("filter_netns", u64::from(!opts.netns.is_empty())),
             ("filter_ports", u64::from(!opts.ports.is_empty())),
-            ("netdev_rx_end_here", u64::from(!opts.netdev_rx.is_empty())),
         ];
-        let before_attach = |ebpf: &mut Ebpf| {
-            fill_filters(ebpf, opts)?;
-            if opts.netdev_rx.is_empty() {
-                return Ok(());
-            }
-            crate::netdev::prepare_entries(ebpf, &opts.netdev_watch.0, &opts.netdev_watch.1)
-        };
+        let before_attach = |ebpf: &mut Ebpf| fill_filters(ebpf, opts);
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&before_attach),
-            pins: &opts.netdev_rx,
-            skip: &[],
         };
         let mut family = probes::attach_family(probes::embedded("tcp"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;
@@ -230,7 +213,8 @@ impl Family for TcpProbe {
                 // active rather than every connection since the start (a host
                 // whose clients reconnect would otherwise keep it full, and
                 // every new peer would evict one and count a loss). The
-                // kernel side makes it again at the peer's next segment.
+                // kernel side makes it again at the peer's next RTT sample
+                // or retransmit.
                 if seen_before && self.peers.remove(&key).is_ok() {
                     self.deleted += 1;
                     self.series.remove(&id);

@@ -157,7 +157,9 @@ pub struct TcpRttRecord {
     pub peer_port: u16,
     pub local_port: u16,
     pub interval_ms: u64,
-    /// The kernel's smoothed RTT at each ACK that acknowledged new data.
+    /// The kernel's smoothed RTT, sampled at the socket's send and receive
+    /// calls: at most one sample per call, and only after an ACK of new data
+    /// (the only time the estimate moves) since the socket's last sample.
     pub srtt_us: HistogramRecord,
     /// Retransmission events (attempts included) and the segments the kernel counted.
     pub retransmits: u64,

@@ -24,7 +24,8 @@ pub(super) fn start(w: &mut JsonWriter) {
             attached: true,
             mode: Some(HookMode::RawTp),
             fallback_reason: Some(
-                "cannot attach the block probe at block_rq_requeue (TpBtf): Invalid argument".into(),
+                "cannot attach the block probe at block_rq_requeue (TpBtf): Invalid argument"
+                    .into(),
             ),
             error: None,
         },

@@ -36,7 +36,8 @@ pub struct IfaceView<'a> {
     pub link: Option<LinkView>,
     /// `transmit timeouts 1, BQL stalls 0, driver busy 0` when any is not zero.
     pub driver_trouble: Option<String>,
-    /// `transmit queue (qdisc) wait: p50 …, max … (1,024 packets)`, when timed.
+    /// `transmit queue (qdisc) wait: p50 …, max … (1,024 sampled packets)`,
+    /// when timed: the kernel side times a sample of the packets (netdev.bpf.c).
     pub qdisc_line: Option<String>,
     /// Driver transmit and receive path timing, when there is any.
     pub timing: Vec<String>,
@@ -150,7 +151,7 @@ fn interface(i: &Interface) -> IfaceView<'_> {
             format!(
                 "transmit queue (qdisc) wait: {} ({}{})",
                 qdisc.percentiles(),
-                count(i.qdisc.count(), "packet", "packets"),
+                count(i.qdisc.count(), "sampled packet", "sampled packets"),
                 if i.qdisc_untimed > 0 {
                     format!("; {} not timed", thousands(i.qdisc_untimed))
                 } else {

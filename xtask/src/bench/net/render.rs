@@ -288,13 +288,13 @@ fn cross_check(r: &NetResults) -> String {
     format!(
         "- Cross-checks of the hooks against the kernel's own packet counters, median \
          (min–max). (1) Each round's daemon's own `netdev` records for the client's veth, over \
-         its life: transmits its hooks saw (`qdisc_us.count + qdisc_untimed`) over the \
-         `tx_packets` it read from netlink over the same intervals (1.000 when no transmit is \
-         missed): {}; {}. (2) bpf_stats: runs of net_dev_start_xmit over the packets both veth \
+         its life: transmits its hooks sampled (`qdisc_us.count + qdisc_untimed`) over the \
+         `tx_packets` it read from netlink over the same intervals (by design about 1/64: one \
+         packet in 64 per CPU, and a CPU's first after ~10 ms without a sample): {}. (2) \
+         bpf_stats: runs of net_dev_start_xmit over the packets both veth \
          ends sent while the client ran (`ip -s link`; at least 1 when none is missed, as the \
          daemon also sees packets on other interfaces), per traced+bpf-stats run: {}; {}.\n",
         fmt(records),
-        judge(worst(&[records]), 0.99),
         stats.join("; "),
         judge(stats_worst, 0.98),
     )
