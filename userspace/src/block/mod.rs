@@ -311,17 +311,7 @@ impl Family for BlockProbe {
 
     /// Emit `slow_io` records for every event waiting in the ring buffer.
     fn drain_events(&mut self, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
-        let mut events = Vec::new();
-        while let Some(item) = self.maps.events.next() {
-            if item.len() >= std::mem::size_of::<slow_io_event>() {
-                // SAFETY: the ring buffer holds a slow_io_event written by block.bpf.c
-                // (length checked); read_unaligned makes no alignment assumption.
-                events.push(unsafe {
-                    std::ptr::read_unaligned(item.as_ptr().cast::<slow_io_event>())
-                });
-            }
-        }
-        for e in events {
+        for e in probes::ring::drain::<slow_io_event>(&mut self.maps.events) {
             let dev = self.disk_name(e.major, e.minor);
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = SlowIoRecord::from_event(&e, dev);

@@ -13,6 +13,7 @@
 
 mod hooks;
 pub mod lost;
+pub mod ring;
 pub mod stats;
 
 use std::cell::RefCell;

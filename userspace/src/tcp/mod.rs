@@ -129,17 +129,7 @@ impl Family for TcpProbe {
     }
 
     fn drain_events(&mut self, ctx: &mut Ctx, out: &mut JsonWriter) -> io::Result<()> {
-        let mut events = Vec::new();
-        while let Some(item) = self.events.next() {
-            if item.len() >= std::mem::size_of::<tcp_retransmit_event>() {
-                // SAFETY: tcp.bpf.c writes a tcp_retransmit_event (length checked);
-                // read_unaligned makes no alignment assumption.
-                events.push(unsafe {
-                    std::ptr::read_unaligned(item.as_ptr().cast::<tcp_retransmit_event>())
-                });
-            }
-        }
-        for e in events {
+        for e in probes::ring::drain::<tcp_retransmit_event>(&mut self.events) {
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
             if let Some(sql) = ctx.sql.as_deref_mut() {
