@@ -427,6 +427,12 @@ fn check_lists_every_hook_in_both_modes() {
             "{hook} in tp_btf and raw_tp:\n{text}"
         );
     }
+    // The kernel's own block stamps, from its BTF: this kernel keeps the
+    // allocation's, which the block family reads instead of a hook.
+    assert!(
+        text.contains("request allocated  rq->start_time_ns: yes"),
+        "{text}"
+    );
     assert!(
         text.contains("hooks attached in tp_btf") && text.contains("hooks attached in raw_tp"),
         "{text}"
