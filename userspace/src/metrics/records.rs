@@ -490,6 +490,16 @@ fn netdev(r: &mut Registry, v: &Value) {
 
 #[cfg(test)]
 mod tests {
+    /// The help texts say the sampling rates the kernel side uses (abi.h).
+    #[test]
+    fn netdev_help_names_the_kernel_sampling_rates() {
+        let help = |key: &str| NETDEV_TIMES.iter().find(|t| t.0 == key).unwrap().2;
+        let tx = format!("1 in {} sent packets", crate::abi::NETDEV_TX_SAMPLE);
+        let rx = format!("1 in {} received packets", crate::abi::NETDEV_RX_SAMPLE);
+        assert!(help("qdisc_us").contains(&tx), "{}", help("qdisc_us"));
+        assert!(help("rx_us").contains(&rx), "{}", help("rx_us"));
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -128,10 +128,11 @@ pub fn network(v: &View, axis: TimeAxis) -> Markup {
                             figcaption { (title) " — qdisc wait per interval" }
                         }
                     }
+                    @let rx_label = format!("receive path (1 in {})", crate::abi::NETDEV_RX_SAMPLE);
                     (stats_table(&[
                         ("qdisc wait", &i.qdisc),
                         ("driver transmit", &i.xmit),
-                        ("receive path (1 in 16)", &i.rx),
+                        (rx_label.as_str(), &i.rx),
                     ]))
                 }
             }

@@ -122,7 +122,8 @@ fn interface(i: &Interface) -> IfaceView<'_> {
     }
     if i.rx.count() > 0 {
         timing.push(format!(
-            "receive path (1 in 16 packets) p50 {} p99 {}",
+            "receive path (1 in {} packets) p50 {} p99 {}",
+            crate::abi::NETDEV_RX_SAMPLE,
             p(&i.rx, 0.5),
             p(&i.rx, 0.99)
         ));
