@@ -1,8 +1,10 @@
 //! Small process helpers every part of the lab uses.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, bail};
 
 /// The lab needs root (loop devices, namespaces, eBPF programs): without it,
 /// it fails, never skips.
@@ -28,40 +30,57 @@ pub fn unique(prefix: &str) -> String {
 
 /// Run a command; panic with its stderr if it fails. Returns stdout.
 pub fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (run `cargo xtask setup`)"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    try_sh(program, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Like `sh`, with `input` on the command's stdin.
 pub fn sh_stdin(program: &str, args: &[&str], input: &str) -> String {
+    try_sh_stdin(program, args, input).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `sh` for a caller that reports failures itself (the bench): an error
+/// with the command's stderr.
+pub fn try_sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program} (run `cargo xtask setup`)"))?;
+    stdout_of(program, args, out, "")
+}
+
+/// `sh_stdin` for a caller that reports failures itself.
+pub fn try_sh_stdin(program: &str, args: &[&str], input: &str) -> anyhow::Result<String> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    child
+        .with_context(|| format!("cannot run {program} (run `cargo xtask setup`)"))?;
+    // Written whole before the output is read: the inputs are short scripts,
+    // well within a pipe's buffer.
+    let written = child
         .stdin
         .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}\ninput:\n{input}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        .expect("stdin is piped")
+        .write_all(input.as_bytes());
+    let out = child.wait_with_output()?;
+    let stdout = stdout_of(program, args, out, &format!("\ninput:\n{input}"))?;
+    written.with_context(|| format!("cannot write to {program}"))?;
+    Ok(stdout)
+}
+
+/// The command's stdout, or an error with its stderr (and `more`, what was
+/// fed to it) when it failed.
+fn stdout_of(program: &str, args: &[&str], out: Output, more: &str) -> anyhow::Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{program} {args:?} failed ({}): {}{more}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Make `cmd`'s process get SIGKILL when the thread that starts it ends (the

@@ -9,8 +9,13 @@ impl NetPair {
     /// "Tcp.RetransSegs", "TcpExt.TCPTimeouts", ... (not `nstat`: its history
     /// file is shared between namespaces).
     pub fn counters(&self, side: Side) -> Counters {
-        let text = self.exec(side, &["cat", "/proc/net/snmp", "/proc/net/netstat"]);
-        parse_proc_net_counters(&text)
+        self.try_counters(side).unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// `counters`, an error if they cannot be read.
+    pub fn try_counters(&self, side: Side) -> anyhow::Result<Counters> {
+        let text = self.try_exec(side, &["cat", "/proc/net/snmp", "/proc/net/netstat"])?;
+        Ok(parse_proc_net_counters(&text))
     }
 }
 
@@ -59,4 +64,22 @@ pub fn parse_proc_net_counters(text: &str) -> Counters {
         }
     }
     Counters(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_by_group_and_name() {
+        let text = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails \
+            EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n\
+            Tcp: 1 200 120000 -1 3 2 0 0 1 4711 4242 7 0 1 0\n\
+            Udp: InDatagrams\nUdp: 5\n";
+        let c = parse_proc_net_counters(text);
+        assert_eq!((c.get("Tcp.InSegs"), c.get("Tcp.OutSegs")), (4711, 4242));
+        assert_eq!(c.0.get("Tcp.MaxConn"), None, "signed: left out");
+        assert_eq!(c.get("Udp.InDatagrams"), 5);
+    }
 }

@@ -10,6 +10,13 @@
 //! moment they are created, and the root namespace never sees them. `Drop`
 //! removes everything, also when a test panics.
 //!
+//! The tests and `cargo xtask bench` share this pair. The tests use the
+//! panicking calls (`NetPair::new`, `exec`, ...); the bench, which must say
+//! what failed and still clean up, uses the `try_` ones that return errors
+//! (`NetPair::try_new(Owner::Bench)`, `try_exec`, `try_server`, ...). The
+//! panicking calls are those with the error turned into a panic. [`Owner`]
+//! keeps the two apart on the shared kernel: names, addresses and stale sweeps.
+//!
 //! What test writers must know (measured on the 2-vCPU 6.18 VM, with other
 //! test suites running at the same time):
 //! - `NetPair::new` takes ~20 ms (5 pairs in 97 ms), including one TCP
@@ -61,6 +68,7 @@ mod iperf;
 mod names;
 mod nft;
 mod run;
+mod server;
 mod sockperf;
 mod switch;
 mod tc;
@@ -68,23 +76,24 @@ mod tc;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use anyhow::Context;
+
 pub use counters::{Counters, delta, parse_proc_net_counters};
 pub use iperf::{Iperf3, Iperf3Server};
+pub use names::Owner;
 pub(crate) use names::next_port;
-pub use names::{kill_and_delete_netns, sweep_stale};
 pub use nft::dropped_by_rules;
 pub use run::{
     Background, command_in, exec_in, exec_output_in, in_netns_named, spawn_in, spawn_with,
-    wait_listening_in,
+    try_exec_in, try_in_netns_named, wait_listening_in,
 };
+pub use server::Server;
 pub use sockperf::{Sockperf, SockperfServer, parse_sockperf};
 pub use switch::{Host, Switch};
 pub use tc::{QdiscStats, parse_tc_qdisc};
 
-use crate::util::{sh, sh_stdin};
-use names::{
-    NETNS_PREFIX, delete_netns, netns_inode, sweep_stale_namespaces, v4_pair, v6_pair, veth_name,
-};
+use crate::util::{try_sh, try_sh_stdin};
+use names::{try_netns_inode, v4_pair, v6_pair};
 
 /// One end of the pair. `A` is the client side, `B` the server side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,74 +125,81 @@ struct End {
     v4: Ipv4Addr,
     v6: Ipv6Addr,
     inode: u64,
+    /// Made by this pair, so its to delete: a name already taken is someone
+    /// else's namespace.
+    created: bool,
 }
 
 /// Two network namespaces joined by a veth pair; both deleted on drop.
 pub struct NetPair {
+    owner: Owner,
     a: End,
     b: End,
 }
 
 impl NetPair {
-    /// Create the namespaces, the veth pair (each end created directly inside its
-    /// namespace), bring `lo` and the veth up on both sides, add a /30 IPv4 and a
-    /// /64 IPv6 address (`nodad`: usable at once) per side, and prove both
-    /// families carry a TCP handshake from A to B.
+    /// A pair of the tests' lab (see [`NetPair::try_new`]); panics on any failure.
     // Not a Default: it builds things on the shared kernel (and needs root).
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
         crate::require_root();
-        sweep_stale_namespaces();
+        Self::try_new(Owner::Lab).unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// Create the namespaces, the veth pair (each end created directly inside its
+    /// namespace), bring `lo` and the veth up on both sides, add a /30 IPv4 and a
+    /// /64 IPv6 address (`nodad`: usable at once) per side, and prove both
+    /// families carry a TCP handshake from A to B. First, once per process,
+    /// delete the `owner`'s namespaces whose creator is gone.
+    pub fn try_new(owner: Owner) -> anyhow::Result<Self> {
+        owner.sweep_stale_namespaces();
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
-        let (v4a, v4b) = v4_pair(pid, n);
+        let (v4a, v4b) = v4_pair(owner, pid, n);
         let (v6a, v6b) = v6_pair(pid, n);
-        let end = |side: char, v4, v6| End {
-            netns: format!("{NETNS_PREFIX}{pid}-{n}-{side}"),
-            veth: veth_name(pid, n, side),
-            v4,
-            v6,
-            inode: 0,
+        let end = |side, v4, v6| {
+            let (netns, veth) = owner.names(pid, n, side);
+            End {
+                netns,
+                veth,
+                v4,
+                v6,
+                inode: 0,
+                created: false,
+            }
         };
         // The guard exists before anything is created, so a failure half-way
         // through still deletes whatever was made.
         let mut pair = Self {
-            a: end('a', v4a, v6a),
-            b: end('b', v4b, v6b),
+            owner,
+            a: end(Side::A, v4a, v6a),
+            b: end(Side::B, v4b, v6b),
         };
-        sh("ip", &["netns", "add", &pair.a.netns]);
-        sh("ip", &["netns", "add", &pair.b.netns]);
-        pair.a.inode = netns_inode(&pair.a.netns);
-        pair.b.inode = netns_inode(&pair.b.netns);
-        sh(
+        for e in [&mut pair.a, &mut pair.b] {
+            try_sh("ip", &["netns", "add", &e.netns])?;
+            e.created = true;
+            e.inode = try_netns_inode(&e.netns)?;
+        }
+        let (a, b) = (&pair.a, &pair.b);
+        try_sh(
             "ip",
             &[
-                "link",
-                "add",
-                &pair.a.veth,
-                "netns",
-                &pair.a.netns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &pair.b.veth,
-                "netns",
-                &pair.b.netns,
+                "link", "add", &a.veth, "netns", &a.netns, "type", "veth", "peer", "name", &b.veth,
+                "netns", &b.netns,
             ],
-        );
+        )?;
         for side in [Side::A, Side::B] {
-            pair.configure(side);
+            pair.configure(side)?;
         }
         for family in [Family::V4, Family::V6] {
-            pair.tcp_ping(Side::A, family);
+            pair.try_tcp_ping(Side::A, family)?;
         }
-        pair
+        Ok(pair)
     }
 
     /// `lo` and the veth up, then the addresses, in one `ip -batch` per side.
-    fn configure(&self, side: Side) {
+    fn configure(&self, side: Side) -> anyhow::Result<()> {
         let e = self.end(side);
         let batch = format!(
             "link set lo up\n\
@@ -194,13 +210,18 @@ impl NetPair {
             v4 = e.v4,
             v6 = e.v6,
         );
-        sh_stdin("ip", &["-n", &e.netns, "-batch", "-"], &batch);
+        try_sh_stdin("ip", &["-n", &e.netns, "-batch", "-"], &batch)?;
         // Without this, the ssthresh a lossy run leaves in the namespace's
         // route-metrics cache would shape the next run's start in the same pair.
-        self.in_netns(side, || {
+        self.try_in_netns(side, || {
             std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "1")
-                .expect("tcp_no_metrics_save");
-        });
+        })?
+        .with_context(|| format!("tcp_no_metrics_save in {}", e.netns))
+    }
+
+    /// Whose pair it is.
+    pub fn owner(&self) -> Owner {
+        self.owner
     }
 
     fn end(&self, side: Side) -> &End {
@@ -244,7 +265,9 @@ impl NetPair {
 impl Drop for NetPair {
     fn drop(&mut self) {
         for end in [&self.a, &self.b] {
-            delete_netns(&end.netns);
+            if end.created {
+                self.owner.delete_netns(&end.netns);
+            }
         }
     }
 }

@@ -1,12 +1,10 @@
 //! Loss and blackholes with nftables, on the receiving side.
 
+use anyhow::Context;
 use serde_json::Value;
 
 use super::{NetPair, Side};
-use crate::util::sh_stdin;
-
-/// The lab's nftables table in each namespace.
-pub(crate) const NFT_TABLE: &str = "stalltrace_lab";
+use crate::util::try_sh_stdin;
 
 impl NetPair {
     /// Drop `percent` % of the packets arriving at `side` (nft `numgen random`
@@ -15,7 +13,19 @@ impl NetPair {
     /// same rule in the sender's output hook would be a local send failure.
     /// Counts skbs, not wire segments: see the notes at the top of this file.
     pub fn drop_random(&self, side: Side, percent: u8, port: Option<u16>) {
-        assert!(percent <= 100, "percent {percent} > 100");
+        self.try_drop_random(side, percent, port)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// `drop_random`, an error if nft refuses the rules.
+    pub fn try_drop_random(
+        &self,
+        side: Side,
+        percent: u8,
+        port: Option<u16>,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(percent <= 100, "drop_random: percent {percent} > 100");
+        let table = self.owner.nft_table();
         // nft rejects `< 100` (the value exceeds `mod 100`'s range).
         let chance = match percent {
             100 => "counter drop".to_string(),
@@ -25,52 +35,77 @@ impl NetPair {
             // Matching dport and sport in two rules: a packet with both equal to
             // `port` would roll twice; no test connection looks like that.
             Some(port) => format!(
-                "add rule inet {NFT_TABLE} input meta l4proto {{ tcp, udp }} th dport {port} {chance}\n\
-                 add rule inet {NFT_TABLE} input meta l4proto {{ tcp, udp }} th sport {port} {chance}\n"
+                "add rule inet {table} input meta l4proto {{ tcp, udp }} th dport {port} {chance}\n\
+                 add rule inet {table} input meta l4proto {{ tcp, udp }} th sport {port} {chance}\n"
             ),
             // Neighbour discovery stays exempt (inserted at the head of the chain):
             // losing it stalls every flow for seconds, which is not packet loss.
             None => format!(
-                "insert rule inet {NFT_TABLE} input icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept\n\
-                 add rule inet {NFT_TABLE} input {chance}\n"
+                "insert rule inet {table} input icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept\n\
+                 add rule inet {table} input {chance}\n"
             ),
         };
-        self.nft(side, &rules);
+        self.nft(side, &rules)
     }
 
     /// Drop every TCP/UDP packet to or from `port` arriving at `side`. Call it on
     /// both sides to cut a connection in both directions.
     pub fn blackhole(&self, side: Side, port: u16) {
+        let table = self.owner.nft_table();
         self.nft(
             side,
             &format!(
-                "add rule inet {NFT_TABLE} input meta l4proto {{ tcp, udp }} th dport {port} counter drop\n\
-                 add rule inet {NFT_TABLE} input meta l4proto {{ tcp, udp }} th sport {port} counter drop\n"
+                "add rule inet {table} input meta l4proto {{ tcp, udp }} th dport {port} counter drop\n\
+                 add rule inet {table} input meta l4proto {{ tcp, udp }} th sport {port} counter drop\n"
             ),
-        );
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     /// Remove every drop rule of `side` (and their counters).
     pub fn clear_drops(&self, side: Side) {
         // Created and deleted in one transaction: deleting is no error when
         // no rule was ever added.
-        self.nft(side, &format!("delete table inet {NFT_TABLE}\n"));
+        let table = self.owner.nft_table();
+        self.nft(side, &format!("delete table inet {table}\n"))
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
-    /// Packets (skbs) the lab's rules dropped at `side` since they were added.
+    /// Packets (skbs) the pair's rules dropped at `side` since they were added.
     pub fn dropped_packets(&self, side: Side) -> u64 {
-        let out = self.exec_output(side, &["nft", "-j", "list", "table", "inet", NFT_TABLE]);
-        if !out.status.success() {
-            return 0; // no rules yet
-        }
-        let json: Value = serde_json::from_slice(&out.stdout).expect("nft -j output");
-        dropped_by_rules(&json)
+        self.try_dropped_packets(side)
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
-    /// Apply an nft script to `side`, creating the lab's table and input chain
+    /// `dropped_packets`, an error if nft cannot be run or prints no JSON.
+    pub fn try_dropped_packets(&self, side: Side) -> anyhow::Result<u64> {
+        let table = self.owner.nft_table();
+        let out = self
+            .command(side, &["nft", "-j", "list", "table", "inet", table])
+            .output()
+            .with_context(|| format!("cannot run nft in {}", self.netns(side)))?;
+        if !out.status.success() {
+            return Ok(0); // no rules yet: nft knows no such table
+        }
+        let json: Value = serde_json::from_slice(&out.stdout).context("nft -j printed no JSON")?;
+        Ok(dropped_by_rules(&json))
+    }
+
+    /// Apply an nft script to `side`, creating the pair's table and input chain
     /// first (`add` is idempotent), all in one transaction.
-    fn nft(&self, side: Side, rules: &str) {
-        nft_in(self.netns(side), rules);
+    fn nft(&self, side: Side, rules: &str) -> anyhow::Result<()> {
+        let table = self.owner.nft_table();
+        let script = format!(
+            "add table inet {table}\n\
+             add chain inet {table} input {{ type filter hook input priority filter; policy accept; }}\n\
+             {rules}"
+        );
+        try_sh_stdin(
+            "ip",
+            &["netns", "exec", self.netns(side), "nft", "-f", "-"],
+            &script,
+        )?;
+        Ok(())
     }
 }
 
@@ -88,13 +123,18 @@ pub fn dropped_by_rules(json: &Value) -> u64 {
         .sum()
 }
 
-/// Apply an nft script in namespace `netns`, creating the lab's table and
-/// input chain first (`add` is idempotent), all in one transaction.
-pub(crate) fn nft_in(netns: &str, rules: &str) {
-    let script = format!(
-        "add table inet {NFT_TABLE}\n\
-         add chain inet {NFT_TABLE} input {{ type filter hook input priority filter; policy accept; }}\n\
-         {rules}"
-    );
-    sh_stdin("ip", &["netns", "exec", netns, "nft", "-f", "-"], &script);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_are_summed_over_drop_rules_only() {
+        let json: Value = serde_json::from_str(
+            r#"{"nftables":[{"metainfo":{}},{"table":{"name":"t"}},
+            {"rule":{"expr":[{"match":{}},{"counter":{"packets":7,"bytes":1}},{"drop":null}]}},
+            {"rule":{"expr":[{"counter":{"packets":100,"bytes":1}},{"accept":null}]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(dropped_by_rules(&json), 7);
+    }
 }

@@ -22,7 +22,7 @@ use anyhow::bail;
 
 use super::fio::FioRun;
 use super::loopdisk::{self, LoopDisk};
-use super::paired::ProcessUse;
+use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
 pub use super::settings::Settings;
@@ -47,21 +47,9 @@ pub const NS_PER_IO_TARGET: f64 = 300.0;
 const ROUNDS: u64 = 12;
 const RUNTIME_S: u64 = 1;
 
-/// The bpftrace peer, one run: fio's figures, its programs' counters over
-/// the run (zero unless the accounting was on), and its process's use.
-pub struct PeerRun {
-    pub fio: FioRun,
-    pub programs: Vec<PeerProgram>,
-    pub usage: ProcessUse,
-}
-
-/// One fio run under the daemon: fio's figures, every program's counters
-/// over the run (zero unless the accounting was on), and the daemon's use.
-pub struct TracedRun {
-    pub fio: FioRun,
-    pub programs: Vec<ProgramCost>,
-    pub usage: ProcessUse,
-}
+/// A run under the bpftrace peer, and one under the daemon (see `paired`).
+pub type PeerRun = paired::TracedRun<FioRun, PeerProgram>;
+pub type TracedRun = paired::TracedRun<FioRun, ProgramCost>;
 
 /// One daemon, from start to stop: a round's traced block.
 pub struct DaemonLife {
@@ -70,19 +58,8 @@ pub struct DaemonLife {
     pub lifetime_cpu_s: f64,
 }
 
-/// Every configuration's runs at one depth, one per round, in round order
-/// (index i of each is round i + 1: the pairs).
-pub struct DepthRuns {
-    pub iodepth: u32,
-    pub untraced: Vec<FioRun>,
-    /// stalltrace as deployed, without the accounting: its programs count no runs.
-    pub traced: Vec<TracedRun>,
-    /// The same daemon with the accounting on: the per-program costs come from these.
-    pub traced_bpf_stats: Vec<TracedRun>,
-    /// The bpftrace peer, without and with the accounting.
-    pub peer: Vec<PeerRun>,
-    pub peer_bpf_stats: Vec<PeerRun>,
-}
+/// Every configuration's runs at one depth (`part`: the iodepth).
+pub type DepthRuns = paired::PartRuns<u32, FioRun>;
 
 /// Everything measured, before aggregation.
 pub struct Measured {

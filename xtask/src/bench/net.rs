@@ -28,8 +28,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::netpair::{self, NetPair};
-use super::paired::ProcessUse;
+use super::netpair;
+use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
 use super::quiet;
@@ -55,14 +55,9 @@ pub const NS_PER_SENT_SEGMENT_TARGET: f64 = 150.0;
 const ROUNDS: u64 = 9;
 const RUNTIME_S: u64 = 1;
 
-/// The bpftrace peer, one run: the workload's figures, its programs'
-/// counters over the run (zero unless the accounting was on), and its
-/// process's use.
-pub struct PeerRun {
-    pub run: Run,
-    pub programs: Vec<PeerProgram>,
-    pub usage: ProcessUse,
-}
+/// A client run under the bpftrace peer, and one under the daemon (see `paired`).
+pub type PeerRun = paired::TracedRun<Run, PeerProgram>;
+pub type TracedRun = paired::TracedRun<Run, ProgramCost>;
 
 /// Load generators of other people that would compete for the 2 CPUs.
 const LOAD_GENERATORS: &[&str] = &["fio", "iperf3", "sockperf"];
@@ -72,15 +67,6 @@ const LOAD_GENERATORS: &[&str] = &["fio", "iperf3", "sockperf"];
 /// network path; the daemon attaches block too, for the VM's own disk I/O).
 pub fn on_net_path(family: &str) -> bool {
     family != "block"
-}
-
-/// One client run under the daemon: the workload's figures, every
-/// program's counters over the run (zero unless the accounting was on), and
-/// the daemon's use.
-pub struct TracedRun {
-    pub run: Run,
-    pub programs: Vec<ProgramCost>,
-    pub usage: ProcessUse,
 }
 
 /// One daemon, from start to stop: a round's traced block (every workload,
@@ -97,16 +83,8 @@ pub struct DaemonLife {
     pub tx_counted: u64,
 }
 
-/// Every configuration's runs of one workload, one per round, in round
-/// order (index i of each is round i + 1: the pairs).
-pub struct WorkloadRuns {
-    pub workload: &'static Workload,
-    pub untraced: Vec<Run>,
-    pub traced: Vec<TracedRun>,
-    pub traced_bpf_stats: Vec<TracedRun>,
-    pub peer: Vec<PeerRun>,
-    pub peer_bpf_stats: Vec<PeerRun>,
-}
+/// Every configuration's runs of one workload (`part`).
+pub type WorkloadRuns = paired::PartRuns<&'static Workload, Run>;
 
 pub struct Measured {
     pub workloads: Vec<WorkloadRuns>,
@@ -137,8 +115,8 @@ pub fn run() -> anyhow::Result<()> {
     let load_before = publish::load_average();
 
     let scratch = Scratch::create()?;
-    let pair = NetPair::create()?;
-    let names = pair.names();
+    let pair = netpair::create()?;
+    let names = [pair.netns(netpair::CLIENT), pair.netns(netpair::SERVER)].map(String::from);
     let measured = drive::measure(
         &settings,
         &bin,

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::peers::StatsOn;
+use super::peers::{PeerProgram, StatsOn};
 use super::tracer::programs::{self, Counter, Snapshot};
 use super::tracer::{ProgramCost, StopRecord, Usage};
 
@@ -99,6 +99,74 @@ impl ProcessUse {
     }
 }
 
+/// One run of a part under a tracer, the daemon or the bpftrace peer: the
+/// workload's figures (`R`: fio's, a net workload's), its programs' costs
+/// over the run (`P`; zero unless the accounting was on), and the tracer
+/// process's use.
+pub struct TracedRun<R, P> {
+    pub run: R,
+    pub programs: Vec<P>,
+    pub usage: ProcessUse,
+}
+
+/// Every configuration's runs of one part of a suite (`part`: a depth, a
+/// workload), one per round, in round order (index i of each is round i +
+/// 1: the pairs).
+pub struct PartRuns<K, R> {
+    pub part: K,
+    pub untraced: Vec<R>,
+    /// stalltrace as deployed, without the accounting: its programs count no runs.
+    pub traced: Vec<TracedRun<R, ProgramCost>>,
+    /// The same daemon with the accounting on: the per-program costs come from these.
+    pub traced_bpf_stats: Vec<TracedRun<R, ProgramCost>>,
+    /// The bpftrace peer, without and with the accounting.
+    pub peer: Vec<TracedRun<R, PeerProgram>>,
+    pub peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
+}
+
+impl<K, R> PartRuns<K, R> {
+    /// No runs yet.
+    pub fn new(part: K) -> Self {
+        PartRuns {
+            part,
+            untraced: Vec::new(),
+            traced: Vec::new(),
+            traced_bpf_stats: Vec::new(),
+            peer: Vec::new(),
+            peer_bpf_stats: Vec::new(),
+        }
+    }
+
+    /// Files a daemon's run under the configuration it ran in (`stats`: the
+    /// accounting on).
+    pub fn file_traced(&mut self, stats: bool, run: TracedRun<R, ProgramCost>) {
+        file(stats, run, &mut self.traced, &mut self.traced_bpf_stats);
+    }
+
+    /// Files a bpftrace run likewise.
+    pub fn file_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
+        file(stats, run, &mut self.peer, &mut self.peer_bpf_stats);
+    }
+}
+
+/// Every part's two runs under one tracer, in this round's order: the
+/// parts' rotation (`parts`), and within a part, which of the two runs
+/// (accounting on or off) comes first. `run(i, stats)` makes one; the
+/// results come with their part index and `stats`.
+pub fn each_run<W>(
+    round: usize,
+    parts: &[usize],
+    mut run: impl FnMut(usize, bool) -> anyhow::Result<W>,
+) -> anyhow::Result<Vec<(usize, bool, W)>> {
+    let mut runs = Vec::new();
+    for &i in parts {
+        for stats in stats_order(round) {
+            runs.push((i, stats, run(i, stats)?));
+        }
+    }
+    Ok(runs)
+}
+
 /// One run under a daemon or a peer: the workload's figures, what the
 /// process used, and its programs' counters over the run.
 pub struct Window<R> {
@@ -151,6 +219,20 @@ pub fn stats_disturbance(stats: bool, sysctl: bool, counted: u64) -> Option<Stri
     })
 }
 
+/// Whether the sysctl kernel.bpf_stats_enabled is on, with a warning into
+/// `warnings` if so: the kernel then accounts every program run whatever the
+/// bench asks for, and the "traced" configuration pays for bpf_stats too.
+pub fn stats_sysctl_on(warnings: &mut Vec<String>) -> bool {
+    let on = super::tracer::bpf_stats_sysctl();
+    if on {
+        let w = "sysctl kernel.bpf_stats_enabled was 1, so the traced runs without \
+                 the accounting paid the bpf_stats cost too";
+        eprintln!("bench: warning: {w}");
+        warnings.push(w.to_string());
+    }
+    on
+}
+
 /// How the runs with the accounting differ from the traced ones, for the published setup.
 pub const TRACER_BPF_STATS: &str = "the same daemon (no --bpf-stats), with the kernel's \
      per-program accounting turned on by the bench (BPF_ENABLE_STATS) for that run only, its \
@@ -176,7 +258,7 @@ pub fn config(tool: &str, stats: bool) -> String {
 
 /// Files one run of a part under the configuration it ran in: `with_stats`
 /// when the accounting was on, else `plain`.
-pub fn file<T>(stats: bool, run: T, plain: &mut Vec<T>, with_stats: &mut Vec<T>) {
+fn file<T>(stats: bool, run: T, plain: &mut Vec<T>, with_stats: &mut Vec<T>) {
     if stats {
         with_stats.push(run);
     } else {
@@ -192,7 +274,7 @@ pub fn named<R>(
     windows: Vec<(usize, bool, Window<R>)>,
     attached: &[(u64, String, String)],
     stop: &StopRecord,
-) -> Vec<(usize, bool, R, Vec<ProgramCost>, ProcessUse)> {
+) -> Vec<(usize, bool, TracedRun<R, ProgramCost>)> {
     let names: BTreeMap<u64, String> = windows
         .iter()
         .flat_map(|(_, _, w)| w.counters.iter().map(|(id, c)| (*id, c.name.clone())))
@@ -201,8 +283,12 @@ pub fn named<R>(
     windows
         .into_iter()
         .map(|(i, stats, w)| {
-            let costs = programs::window_costs(&w.counters, &keys, stop);
-            (i, stats, w.run, costs, w.usage)
+            let run = TracedRun {
+                programs: programs::window_costs(&w.counters, &keys, stop),
+                run: w.run,
+                usage: w.usage,
+            };
+            (i, stats, run)
         })
         .collect()
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::paired::ProcessUse;
+use super::paired::{PartRuns, ProcessUse, TracedRun};
 use super::peers::{self, PeerCost, PeerProgram};
 use super::stats::Estimate;
 use super::tracer::ProgramCost;
@@ -56,11 +56,18 @@ pub fn peer_rounds<'a, P, R: 'a>(
         .collect()
 }
 
-/// One part's accounting runs as the per-program table needs them: the
-/// part's name, its programs' totals, the seconds its client ran and the
-/// units it completed.
-pub struct PartTotals<N> {
-    pub name: N,
+/// The counters of the programs `keep` selects (by family), summed over
+/// `runs`, keyed by (family, program).
+pub fn program_totals<'a, R: 'a>(
+    runs: impl IntoIterator<Item = &'a TracedRun<R, ProgramCost>>,
+    keep: impl Fn(&str) -> bool,
+) -> BTreeMap<Key, ProgramCost> {
+    programs::sum(runs.into_iter().flat_map(|r| &r.programs), keep)
+}
+
+/// One part's accounting runs as the per-program table needs them: its
+/// programs' totals, the seconds its client ran and the units it completed.
+pub struct PartTotals {
     pub totals: BTreeMap<Key, ProgramCost>,
     pub seconds: f64,
     pub units: f64,
@@ -74,19 +81,38 @@ pub struct ProgramRows<X> {
     pub by_part: Vec<X>,
 }
 
-/// Each program the suite keeps, summed over every accounting run:
-/// `parts` one entry a part, `per_round` the totals of each round's runs,
-/// `all` the totals of every run, recursion misses from the daemons'
-/// `stops`; `row` words one program in one part (a depth's or a workload's
-/// own field names).
-pub fn program_rows<'a, N, X>(
-    parts: &[PartTotals<N>],
-    per_round: &[BTreeMap<Key, ProgramCost>],
-    all: BTreeMap<Key, ProgramCost>,
+/// Each program the suite keeps (`keep`: by family), summed over every
+/// accounting run of `parts`, with recursion misses from the daemons'
+/// `stops`. `seconds_and_units` reads one run (a part's unit: an I/O, a
+/// transaction); `row` words one program in one part (a depth's or a
+/// workload's own field names).
+pub fn program_rows<'a, K, R, X>(
+    parts: &'a [PartRuns<K, R>],
     stops: impl IntoIterator<Item = &'a StopRecord>,
-    keep: impl Fn(&str) -> bool,
-    row: impl Fn(&PartTotals<N>, InPart) -> X,
+    keep: impl Fn(&str) -> bool + Copy,
+    seconds_and_units: impl Fn(&K, &R) -> (f64, f64),
+    row: impl Fn(&K, &PartTotals, InPart) -> X,
 ) -> Vec<ProgramRows<X>> {
+    let per_part: Vec<PartTotals> = parts
+        .iter()
+        .map(|p| {
+            let runs = &p.traced_bpf_stats;
+            let (seconds, units) = runs
+                .iter()
+                .map(|r| seconds_and_units(&p.part, &r.run))
+                .fold((0.0, 0.0), |(s, u), (rs, ru)| (s + rs, u + ru));
+            PartTotals {
+                totals: program_totals(runs, keep),
+                seconds,
+                units,
+            }
+        })
+        .collect();
+    let per_round: Vec<BTreeMap<Key, ProgramCost>> = by_round(parts, |p| &p.traced_bpf_stats)
+        .into_iter()
+        .map(|runs| program_totals(runs, keep))
+        .collect();
+    let all = program_totals(parts.iter().flat_map(|p| &p.traced_bpf_stats), keep);
     let recursion = programs::totals(stops, keep);
     all.into_iter()
         .map(|(key, mut total)| {
@@ -99,7 +125,8 @@ pub fn program_rows<'a, N, X>(
                 ),
                 by_part: parts
                     .iter()
-                    .map(|p| row(p, InPart::of(&p.totals, &key, p.seconds)))
+                    .zip(&per_part)
+                    .map(|(p, t)| row(&p.part, t, InPart::of(&t.totals, &key, t.seconds)))
                     .collect(),
                 total: total.into(),
             }

@@ -22,6 +22,16 @@ pub struct Host {
     pub cpus: usize,
 }
 
+impl Host {
+    /// The first line of every suite's section: when and where it ran.
+    pub fn line(&self) -> String {
+        format!(
+            "- Date: {} · kernel `{}` · CPU: {} ({} CPUs)",
+            self.date, self.kernel, self.cpu_model, self.cpus
+        )
+    }
+}
+
 /// The last notes of a suite's section: records the daemons lost over their
 /// lives (when any), then one line per warning.
 pub fn lost_and_warnings(lost: &BTreeMap<String, u64>, warnings: &[String]) -> String {

@@ -12,10 +12,13 @@ fn numeric(rows: &[Vec<String>], col: usize) -> bool {
 }
 
 /// The first column (labels) is always left-aligned.
-pub fn markdown(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub fn markdown(headers: &[impl AsRef<str>], rows: &[Vec<String>]) -> String {
     let cols = headers.len();
     // At least 3: the width of a markdown alignment marker (`--:`).
-    let mut width: Vec<usize> = headers.iter().map(|h| h.chars().count().max(3)).collect();
+    let mut width: Vec<usize> = headers
+        .iter()
+        .map(|h| h.as_ref().chars().count().max(3))
+        .collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate().take(cols) {
             width[i] = width[i].max(cell.chars().count());
@@ -31,7 +34,13 @@ pub fn markdown(headers: &[&str], rows: &[Vec<String>]) -> String {
             format!("{s}{fill}")
         }
     };
-    let mut out = line(headers.iter().enumerate().map(|(i, h)| pad(i, h)).collect());
+    let mut out = line(
+        headers
+            .iter()
+            .enumerate()
+            .map(|(i, h)| pad(i, h.as_ref()))
+            .collect(),
+    );
     out += &line(
         (0..cols)
             .map(|i| {

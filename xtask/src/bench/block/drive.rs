@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use super::{DEPTHS, DaemonLife, DepthRuns, Measured, PeerRun, Settings, TracedRun};
+use super::{DEPTHS, DaemonLife, DepthRuns, Measured, PeerRun, Settings};
 use crate::bench::fio::{self, FioRun};
 use crate::bench::loopdisk::LoopDisk;
-use crate::bench::paired::{self, Block};
+use crate::bench::paired::{self, Block, Window};
 use crate::bench::peers::{self, Bpftrace};
 use crate::bench::quiet;
 use crate::bench::tracer::programs::total_runs;
@@ -33,17 +33,7 @@ impl Ctx<'_> {
 
 pub fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Result<Measured> {
     let mut m = Measured {
-        depths: DEPTHS
-            .iter()
-            .map(|&iodepth| DepthRuns {
-                iodepth,
-                untraced: Vec::new(),
-                traced: Vec::new(),
-                traced_bpf_stats: Vec::new(),
-                peer: Vec::new(),
-                peer_bpf_stats: Vec::new(),
-            })
-            .collect(),
+        depths: DEPTHS.into_iter().map(DepthRuns::new).collect(),
         daemons: Vec::new(),
         direct_io: disk.direct_io,
         hooks: Vec::new(),
@@ -62,16 +52,7 @@ pub fn measure(settings: &Settings, bin: &Path, disk: &LoopDisk) -> anyhow::Resu
         settings.rounds,
         settings.runtime_s
     );
-    // With the sysctl on, the kernel accounts every program run whatever the
-    // bench asks for: the "traced" configuration then pays for bpf_stats too.
-    let stats_sysctl = tracer::bpf_stats_sysctl();
-    if stats_sysctl {
-        let w = "sysctl kernel.bpf_stats_enabled was 1, so the traced runs without \
-                 the accounting paid the bpf_stats cost too"
-            .to_string();
-        eprintln!("bench: warning: {w}");
-        m.warnings.push(w);
-    }
+    let stats_sysctl = paired::stats_sysctl_on(&mut m.warnings);
     // Fault in fio and the device once, so round 1's first run does not pay for it alone.
     fio::randread(dev, DEPTHS[0], 1)?;
     let ctx = Ctx {
@@ -108,6 +89,33 @@ fn untraced(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyho
     Ok(())
 }
 
+/// One run at depth `qd` under a daemon or a peer (`ours`: its programs, for
+/// the quiet-host check; `ids`: those whose counters are read), with the
+/// accounting on when `stats`; tried again (up to the usual attempts) when
+/// disturbed, its warnings into `warnings`.
+fn window(
+    ctx: &Ctx,
+    warnings: &mut Vec<String>,
+    label: &str,
+    qd: u32,
+    (ours, ids): (&[u64], &[u64]),
+    stats: bool,
+    usage: impl Fn() -> anyhow::Result<tracer::Usage>,
+) -> anyhow::Result<Window<FioRun>> {
+    let w = quiet::retry(label, warnings, || {
+        let before = quiet::block_disturbance(ours);
+        let w = paired::window(ids, stats, &usage, || ctx.fio(qd))?;
+        let disturbed = before
+            .or_else(|| quiet::block_disturbance(ours))
+            .or_else(|| {
+                paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&w.counters))
+            });
+        Ok((w, disturbed))
+    })?;
+    progress(label, &w.run);
+    Ok(w)
+}
+
 /// One daemon for the round: each depth as deployed and with the accounting
 /// on, each run's program counters read around it, and named after the
 /// daemon has stopped (by its stop record).
@@ -120,34 +128,23 @@ fn traced(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow:
     let attached = tracer.attached_programs();
     let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
     let ours = tracer.prog_ids();
-    let mut runs = Vec::new();
-    for &i in parts {
+    let runs = paired::each_run(round, parts, |i, stats| {
         let qd = DEPTHS[i];
-        for stats in paired::stats_order(round) {
-            let label = ctx.label(round, qd, &paired::config("traced", stats));
-            let w = quiet::retry(&label, &mut m.warnings, || {
-                let before = quiet::block_disturbance(&ours);
-                let w = paired::window(&ids, stats, || tracer.usage(), || ctx.fio(qd))?;
-                let disturbed = before
-                    .or_else(|| quiet::block_disturbance(&ours))
-                    .or_else(|| {
-                        paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&w.counters))
-                    });
-                Ok((w, disturbed))
-            })?;
-            progress(&label, &w.run);
-            runs.push((i, stats, w));
-        }
-    }
-    let finished = tracer.stop()?;
-    for (i, stats, fio, programs, usage) in paired::named(runs, &attached, &finished.stop) {
-        let run = TracedRun {
-            fio,
-            programs,
+        let label = ctx.label(round, qd, &paired::config("traced", stats));
+        let usage = || tracer.usage();
+        window(
+            ctx,
+            &mut m.warnings,
+            &label,
+            qd,
+            (&ours, &ids),
+            stats,
             usage,
-        };
-        let d = &mut m.depths[i];
-        paired::file(stats, run, &mut d.traced, &mut d.traced_bpf_stats);
+        )
+    })?;
+    let finished = tracer.stop()?;
+    for (i, stats, run) in paired::named(runs, &attached, &finished.stop) {
+        m.depths[i].file_traced(stats, run);
     }
     m.daemons.push(DaemonLife {
         stop: finished.stop,
@@ -161,31 +158,28 @@ fn peer(ctx: &Ctx, m: &mut Measured, round: usize, parts: &[usize]) -> anyhow::R
     let tag = format!("r{round}-bpftrace");
     let peer = Bpftrace::start(&peers::BLOCK_LATENCY, ctx.disk.dir(), &tag)?;
     let ids = peer.prog_ids();
-    for &i in parts {
+    let runs = paired::each_run(round, parts, |i, stats| {
         let qd = DEPTHS[i];
-        for stats in paired::stats_order(round) {
-            let label = ctx.label(round, qd, &paired::config("bpftrace", stats));
-            let w = quiet::retry(&label, &mut m.warnings, || {
-                let before = quiet::block_disturbance(&ids);
-                let w = paired::window(&ids, stats, || peer.usage(), || ctx.fio(qd))?;
-                let disturbed = before
-                    .or_else(|| quiet::block_disturbance(&ids))
-                    .or_else(|| {
-                        paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&w.counters))
-                    });
-                Ok((w, disturbed))
-            })?;
-            progress(&label, &w.run);
-            let run = PeerRun {
-                fio: w.run,
-                programs: peer.costs(&w.counters),
-                usage: w.usage,
-            };
-            let d = &mut m.depths[i];
-            paired::file(stats, run, &mut d.peer, &mut d.peer_bpf_stats);
-        }
-    }
+        let label = ctx.label(round, qd, &paired::config("bpftrace", stats));
+        let w = window(
+            ctx,
+            &mut m.warnings,
+            &label,
+            qd,
+            (&ids, &ids),
+            stats,
+            || peer.usage(),
+        )?;
+        Ok(PeerRun {
+            programs: peer.costs(&w.counters),
+            run: w.run,
+            usage: w.usage,
+        })
+    })?;
     peer.stop()?;
+    for (i, stats, run) in runs {
+        m.depths[i].file_peer(stats, run);
+    }
     Ok(())
 }
 

@@ -16,7 +16,7 @@ pub fn markdown(r: &BlockResults) -> String {
     let _ = writeln!(
         s,
         "## block: fio 4k random read on a tmpfs-backed loop device\n\n\
-         - Date: {} · kernel `{}` · CPU: {} ({} CPUs)\n\
+         {}\n\
          - Command: `{}` (this suite took {:.0} s)\n\
          - Device: {} MiB of random data on a private tmpfs, on a loop device with \
          direct I/O {}\n\
@@ -32,10 +32,7 @@ pub fn markdown(r: &BlockResults) -> String {
          [Method](#method-rounds-intervals-verdicts)); the configurations' own figures are \
          medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
-        h.date,
-        h.kernel,
-        h.cpu_model,
-        h.cpus,
+        h.line(),
         r.command,
         r.wall_time_s,
         st.file_mib,
@@ -211,20 +208,9 @@ fn fio_table(s: &mut String, r: &BlockResults) {
 
 fn programs_table(s: &mut String, r: &BlockResults) {
     *s += "\n### Cost per program (kernel bpf_stats, the traced+bpf-stats runs)\n\n";
-    let mut headers = vec![
-        "program".to_string(),
-        "ns/event".into(),
-        "per round: median [95% CI]".into(),
-    ];
-    for d in &r.depths {
-        let q = d.iodepth;
-        headers.extend([
-            format!("ns/event QD{q}"),
-            format!("events/s QD{q}"),
-            format!("per I/O QD{q}"),
-        ]);
-    }
-    headers.extend(["recursion misses".into(), "≤ 150 ns".into()]);
+    let mut headers =
+        programs::table_headers(r.depths.iter().map(|d| (format!("QD{}", d.iodepth), "I/O")));
+    headers.push("≤ 150 ns".into());
     let rows: Vec<Vec<String>> = r
         .programs
         .iter()
@@ -234,8 +220,7 @@ fn programs_table(s: &mut String, r: &BlockResults) {
                 .by_depth
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));
-            let mut row = programs::table_row(total, parts);
-            row.insert(2, est(&p.by_round, 0));
+            let mut row = programs::table_row(total, p.by_round.as_ref(), parts);
             let target = super::NS_PER_EVENT_TARGET;
             row.push(match (&p.by_round, total.ns_per_event) {
                 (None, _) | (_, None) => "never ran".into(),
@@ -249,8 +234,7 @@ fn programs_table(s: &mut String, r: &BlockResults) {
             row
         })
         .collect();
-    let header_refs: Vec<&str> = headers.iter().map(String::as_str).collect();
-    *s += &table::markdown(&header_refs, &rows);
+    *s += &table::markdown(&headers, &rows);
     let per_io: Vec<String> = r
         .depths
         .iter()

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::{DepthRuns, Measured, PeerRun, Settings, TracedRun};
 use crate::bench::fio::{self, FioRun};
 use crate::bench::paired;
-use crate::bench::parts::{self, PartTotals, ProcessResult, process};
+use crate::bench::parts::{self, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::stats::{Estimate, Summary, summary};
@@ -198,7 +198,7 @@ fn is_block(family: &str) -> bool {
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
 ) -> BTreeMap<programs::Key, ProgramCost> {
-    programs::sum(runs.into_iter().flat_map(|r| &r.programs), is_block)
+    parts::program_totals(runs, is_block)
 }
 
 /// stalltrace's block programs in one accounting run: run time and I/Os.
@@ -210,20 +210,20 @@ fn round_cost(r: &TracedRun) -> RoundCost {
             .filter(|p| is_block(&p.family))
             .map(|p| p.run_time_ns as f64)
             .sum(),
-        units: r.fio.ios as f64,
+        units: r.run.ios as f64,
     }
 }
 
 fn peer_round_cost(r: &PeerRun) -> RoundCost {
     RoundCost {
         ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.fio.ios as f64,
+        units: r.run.ios as f64,
     }
 }
 
 fn depth_result(d: &DepthRuns) -> DepthResult {
-    let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.fio).collect::<Vec<_>>();
-    let peer_fio: Vec<FioRun> = d.peer.iter().map(|r| r.fio).collect();
+    let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.run).collect::<Vec<_>>();
+    let peer_fio: Vec<FioRun> = d.peer.iter().map(|r| r.run).collect();
     let st_rounds: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
     let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats.iter().map(peer_round_cost).collect();
     let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
@@ -250,9 +250,9 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         ),
     );
     DepthResult {
-        iodepth: d.iodepth,
-        traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.fio)),
-        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.fio)),
+        iodepth: d.part,
+        traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.run)),
+        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.run)),
         peer_ratio: ratios(&d.untraced, &peer_fio),
         untraced: side(&d.untraced),
         traced: side(&fio_of(&d.traced)),
@@ -269,29 +269,13 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
 
 /// Each program over all accounting runs, round by round and depth by depth.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    let per_depth: Vec<PartTotals<u32>> = m
-        .depths
-        .iter()
-        .map(|d| PartTotals {
-            name: d.iodepth,
-            totals: program_totals(&d.traced_bpf_stats),
-            seconds: d.traced_bpf_stats.iter().map(|r| r.fio.runtime_s).sum(),
-            units: d.traced_bpf_stats.iter().map(|r| r.fio.ios).sum::<u64>() as f64,
-        })
-        .collect();
-    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> =
-        parts::by_round(&m.depths, |d| &d.traced_bpf_stats)
-            .into_iter()
-            .map(program_totals)
-            .collect();
     parts::program_rows(
-        &per_depth,
-        &per_round,
-        program_totals(m.depths.iter().flat_map(|d| &d.traced_bpf_stats)),
+        &m.depths,
         m.daemons.iter().map(|l| &l.stop),
         is_block,
-        |d, p| ProgramAtDepth {
-            iodepth: d.name,
+        |_, fio| (fio.runtime_s, fio.ios as f64),
+        |&iodepth, d, p| ProgramAtDepth {
+            iodepth,
             run_count: p.run_count,
             ns_per_event: p.ns_per_event,
             events_per_s: p.events_per_s,
@@ -312,7 +296,7 @@ fn program_results(m: &Measured) -> Vec<ProgramResult> {
 fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
     for (d, r) in m.depths.iter().zip(depths) {
-        let workload = format!("fio QD{}", d.iodepth);
+        let workload = format!("fio QD{}", d.part);
         out.push(UnitCost {
             workload: workload.clone(),
             tool: "stalltrace".into(),

@@ -11,17 +11,14 @@ pub fn markdown(r: &DaemonResults) -> String {
     let _ = writeln!(
         s,
         "## daemon: the stalltrace process (CPU, memory, start-up, lost events)\n\n\
-         - Date: {} · kernel `{}` · CPU: {} ({} CPUs)\n\
+         {}\n\
          - Command: `{}` (this suite took {:.0} s)\n\
          - Workload: `{}` on a loop device over {FILE_MIB} MiB of random data on a private tmpfs\n\
          - Deployed: `{}`; every I/O slow: `{}` (`--slow-io-ms 0` would turn slow_io off, \
          not on for every I/O)\n\
          - Order: each of {} rounds starts the deployed daemon, runs fio, stops it; then the same \
          with every I/O slow; figures are medians over rounds (min–max)\n",
-        h.date,
-        h.kernel,
-        h.cpu_model,
-        h.cpus,
+        h.line(),
         r.command,
         r.wall_time_s,
         r.fio,

@@ -10,10 +10,9 @@ use anyhow::Context;
 use super::quiet_host::Quiet;
 use super::workload::{self, Run, Servers, WORKLOADS, Workload};
 use super::{
-    DaemonLife, Measured, PeerRun, Settings, TracedRun, WorkloadRuns, disturbance, on_net_path,
-    transmits,
+    DaemonLife, Measured, PeerRun, Settings, WorkloadRuns, disturbance, on_net_path, transmits,
 };
-use crate::bench::netpair::{NetPair, Side};
+use crate::bench::netpair::{self, CLIENT, NetPair, SERVER};
 use crate::bench::paired::{self, Block, Window};
 use crate::bench::peers::{self, Bpftrace};
 use crate::bench::quiet;
@@ -70,26 +69,13 @@ pub fn measure(
     quiet_host: &mut Quiet,
     warnings: Vec<String>,
 ) -> anyhow::Result<Measured> {
-    let client_netns = pair.netns(Side::Client).to_string();
+    let client_netns = pair.netns(CLIENT).to_string();
     let mut m = Measured {
-        workloads: WORKLOADS
-            .iter()
-            .map(|workload| WorkloadRuns {
-                workload,
-                untraced: Vec::new(),
-                traced: Vec::new(),
-                traced_bpf_stats: Vec::new(),
-                peer: Vec::new(),
-                peer_bpf_stats: Vec::new(),
-            })
-            .collect(),
+        workloads: WORKLOADS.iter().map(WorkloadRuns::new).collect(),
         daemons: Vec::new(),
         hooks: Vec::new(),
         congestion_control: pair
-            .exec(
-                Side::Client,
-                &["sysctl", "-n", "net.ipv4.tcp_congestion_control"],
-            )?
+            .try_exec(CLIENT, &["sysctl", "-n", "net.ipv4.tcp_congestion_control"])?
             .trim()
             .to_string(),
         warnings,
@@ -100,18 +86,18 @@ pub fn measure(
     for u in &m.unavailable {
         eprintln!("bench: peer {}: {}", u.tool, u.verdict);
     }
-    pair.drop_random(
-        Side::Server,
+    pair.try_drop_random(
+        SERVER,
         workload::LOSS_PERCENT,
-        workload::IPERF3_LOSS_PORT,
+        Some(workload::IPERF3_LOSS_PORT),
     )?;
-    let server_addr = pair.addr(Side::Server).to_string();
+    let server_addr = pair.v4(SERVER).to_string();
     let port = |p: u16| p.to_string();
     let pinned = |args: &[&str]| workload::pinned(args);
     let servers = Servers {
         pair,
-        sockperf: pair.server(
-            Side::Server,
+        sockperf: netpair::server(
+            pair,
             workload::SOCKPERF_PORT,
             &pinned(&[
                 "sockperf",
@@ -122,28 +108,28 @@ pub fn measure(
                 "-p",
                 &port(workload::SOCKPERF_PORT),
             ]),
-            &scratch.join("sockperf-server.log"),
+            scratch,
         )?,
-        iperf3: pair.server(
-            Side::Server,
+        iperf3: netpair::server(
+            pair,
             workload::IPERF3_PORT,
             &pinned(&["iperf3", "-s", "-p", &port(workload::IPERF3_PORT)]),
-            &scratch.join("iperf3-server.log"),
+            scratch,
         )?,
-        iperf3_loss: pair.server(
-            Side::Server,
+        iperf3_loss: netpair::server(
+            pair,
             workload::IPERF3_LOSS_PORT,
             &pinned(&["iperf3", "-s", "-p", &port(workload::IPERF3_LOSS_PORT)]),
-            &scratch.join("iperf3-loss-server.log"),
+            scratch,
         )?,
     };
     eprintln!(
         "bench: {} <-> {} over veth {}/{} ({}), congestion control {}, clients and servers \
          on CPU {}, {} rounds x {} s per run",
-        pair.netns(Side::Client),
-        pair.netns(Side::Server),
-        pair.veth(Side::Client),
-        pair.veth(Side::Server),
+        pair.netns(CLIENT),
+        pair.netns(SERVER),
+        pair.veth(CLIENT),
+        pair.veth(SERVER),
         server_addr,
         m.congestion_control,
         workload::CPU,
@@ -160,14 +146,7 @@ pub fn measure(
     for w in &WORKLOADS {
         workload::run(&mut st.servers, w, 2, None)?;
     }
-    let stats_sysctl = tracer::bpf_stats_sysctl();
-    if stats_sysctl {
-        let w = "sysctl kernel.bpf_stats_enabled was 1, so the traced runs without \
-                 the accounting paid the bpf_stats cost too"
-            .to_string();
-        eprintln!("bench: warning: {w}");
-        m.warnings.push(w);
-    }
+    let stats_sysctl = paired::stats_sysctl_on(&mut m.warnings);
     let ctx = Ctx {
         settings,
         bin,
@@ -197,7 +176,7 @@ fn untraced(
     parts: &[usize],
 ) -> anyhow::Result<()> {
     for &i in parts {
-        let w = m.workloads[i].workload;
+        let w = m.workloads[i].part;
         let label = ctx.label(round, w, "untraced");
         let run = quiet::retry_failures(&label, &mut m.warnings, || {
             st.prepare(ctx.scratch, &label, &[])?;
@@ -211,34 +190,68 @@ fn untraced(
     Ok(())
 }
 
-/// One run of workload `w` under a daemon or a peer (`ours`, `ids`), with
-/// the accounting on when `stats`; tried again (up to the usual attempts)
-/// when disturbed, its warnings into `warnings`.
-#[allow(clippy::too_many_arguments)]
+/// What a block's runs are made under: the tool as the progress lines name
+/// it, its programs (`ours`, for the quiet-host check; `ids`, those whose
+/// counters are read), its process's use, and the daemon when it is one
+/// (its user time is not "others'").
+struct Under<'a> {
+    tool: &'static str,
+    ours: &'a [u64],
+    ids: &'a [u64],
+    usage: &'a dyn Fn() -> anyhow::Result<tracer::Usage>,
+    daemon: Option<&'a Tracer>,
+}
+
+/// One run of workload `w` under `under`, with the accounting on when
+/// `stats`; tried again (up to the usual attempts) when disturbed, its
+/// warnings into `warnings`.
 fn window(
     ctx: &Ctx,
     st: &mut State,
     warnings: &mut Vec<String>,
-    label: &str,
-    w: &Workload,
-    (ours, ids): (&[u64], &[u64]),
+    (round, w): (usize, &Workload),
+    under: &Under,
     stats: bool,
-    usage: &dyn Fn() -> anyhow::Result<tracer::Usage>,
-    tracer: Option<&Tracer>,
 ) -> anyhow::Result<Window<Run>> {
-    quiet::retry(label, warnings, || {
-        st.prepare(ctx.scratch, label, ours)?;
-        let before = disturbance(ours);
+    let label = ctx.label(round, w, &paired::config(under.tool, stats));
+    let win = quiet::retry(&label, warnings, || {
+        st.prepare(ctx.scratch, &label, under.ours)?;
+        let before = disturbance(under.ours);
         let runtime_s = ctx.settings.runtime_s;
         let servers = &mut st.servers;
-        let win = paired::window(ids, stats, usage, || {
-            workload::run(servers, w, runtime_s, tracer)
+        let win = paired::window(under.ids, stats, under.usage, || {
+            workload::run(servers, w, runtime_s, under.daemon)
         })?;
-        let disturbed = before.or_else(|| disturbance(ours)).or_else(|| {
+        let disturbed = before.or_else(|| disturbance(under.ours)).or_else(|| {
             paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&win.counters))
         });
         Ok((win, disturbed))
-    })
+    })?;
+    progress(&label, w, &win.run);
+    Ok(win)
+}
+
+/// A block of runs under one tracer (`tool`), run again as a whole, with a
+/// new tracer, when it fails (a server killed, the tracer gone):
+/// `attempt(st, warnings, block)` runs it once, `block` its label. Only the
+/// warnings of the attempt that succeeded are kept.
+fn block_under<T>(
+    ctx: &Ctx,
+    st: &mut State,
+    warnings: &mut Vec<String>,
+    round: usize,
+    tool: &str,
+    mut attempt: impl FnMut(&mut State, &mut Vec<String>, &str) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let block = format!("round {round}/{} {tool} block", ctx.settings.rounds);
+    let mut inner = Vec::new();
+    let done = quiet::retry_failures(&block, warnings, || {
+        inner.clear();
+        st.prepare(ctx.scratch, &block, &[])?;
+        Ok((attempt(st, &mut inner, &block)?, None))
+    })?;
+    warnings.append(&mut inner);
+    Ok(done)
 }
 
 /// One daemon for the round: each workload as deployed and with the
@@ -252,54 +265,48 @@ fn traced(
     round: usize,
     parts: &[usize],
 ) -> anyhow::Result<()> {
-    let block = format!("round {round}/{} traced block", ctx.settings.rounds);
-    let workloads: Vec<&'static Workload> = m.workloads.iter().map(|r| r.workload).collect();
-    let mut inner = Vec::new();
-    let (runs, life, hooks) = quiet::retry_failures(&block, &mut m.warnings, || {
-        inner.clear();
-        st.prepare(ctx.scratch, &block, &[])?;
-        let tag = format!("r{round}-traced");
-        let tracer = Tracer::start(ctx.bin, ctx.scratch, &tag, false, &ctx.filters)?;
-        let hooks: Vec<String> = tracer
-            .families()
-            .into_iter()
-            .filter(|f| on_net_path(f))
-            .map(|f| format!("{f}: {}", tracer.hooks_of(&f).join(", ")))
-            .collect();
-        let attached = tracer.attached_programs();
-        let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
-        let net_ids: Vec<u64> = attached
-            .iter()
-            .filter(|(_, f, _)| on_net_path(f))
-            .map(|(id, _, _)| *id)
-            .collect();
-        let ours = tracer.prog_ids();
-        let mut runs = Vec::new();
-        for &i in parts {
-            let w = workloads[i];
-            for stats in paired::stats_order(round) {
-                let label = ctx.label(round, w, &paired::config("traced", stats));
-                let usage = || tracer.usage();
-                let win = window(
-                    ctx,
-                    st,
-                    &mut inner,
-                    &label,
-                    w,
-                    (&ours, &ids),
-                    stats,
-                    &usage,
-                    Some(&tracer),
-                )?;
-                progress(&label, w, &win.run);
+    let (runs, life, hooks) = block_under(
+        ctx,
+        st,
+        &mut m.warnings,
+        round,
+        "traced",
+        |st, inner, block| {
+            let tag = format!("r{round}-traced");
+            let tracer = Tracer::start(ctx.bin, ctx.scratch, &tag, false, &ctx.filters)?;
+            let hooks: Vec<String> = tracer
+                .families()
+                .into_iter()
+                .filter(|f| on_net_path(f))
+                .map(|f| format!("{f}: {}", tracer.hooks_of(&f).join(", ")))
+                .collect();
+            let attached = tracer.attached_programs();
+            let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
+            let net_ids: Vec<u64> = attached
+                .iter()
+                .filter(|(_, f, _)| on_net_path(f))
+                .map(|(id, _, _)| *id)
+                .collect();
+            let ours = tracer.prog_ids();
+            let usage = || tracer.usage();
+            let under = Under {
+                tool: "traced",
+                ours: &ours,
+                ids: &ids,
+                usage: &usage,
+                daemon: Some(&tracer),
+            };
+            let runs = paired::each_run(round, parts, |i, stats| {
+                let w = &WORKLOADS[i];
+                let win = window(ctx, st, inner, (round, w), &under, stats)?;
                 if stats {
-                    let net: Vec<_> = win
+                    let (n, ns) = win
                         .counters
                         .iter()
                         .filter(|(id, _)| net_ids.contains(id))
-                        .map(|(_, c)| (c.run_count, c.run_time_ns))
-                        .collect();
-                    let (n, ns) = net.iter().fold((0, 0), |(a, b), (n, ns)| (a + n, b + ns));
+                        .fold((0, 0), |(n, ns), (_, c)| {
+                            (n + c.run_count, ns + c.run_time_ns)
+                        });
                     eprintln!(
                         "bench: {:<42} {n} network-path program runs ({:.0}/s), {:.0} ns per run",
                         "",
@@ -307,42 +314,30 @@ fn traced(
                         ns as f64 / n.max(1) as f64
                     );
                 }
-                runs.push((i, stats, win));
-            }
-        }
-        let out = tracer.out().to_path_buf();
-        let finished = tracer.stop()?;
-        let (tx_seen, tx_counted) = transmits(&out, st.servers.pair.veth(Side::Client))?;
-        eprintln!(
-            "bench: {:<42} hooks saw {tx_seen} of {tx_counted} transmits on the client veth",
-            format!("{block}:")
-        );
-        let runs: Vec<(usize, bool, TracedRun)> = paired::named(runs, &attached, &finished.stop)
-            .into_iter()
-            .map(|(i, stats, run, programs, usage)| {
-                let run = TracedRun {
-                    run,
-                    programs,
-                    usage,
-                };
-                (i, stats, run)
-            })
-            .collect();
-        let life = DaemonLife {
-            stop: finished.stop,
-            lifetime_cpu_s: finished.lifetime_cpu_s,
-            tx_seen,
-            tx_counted,
-        };
-        Ok(((runs, life, hooks), None))
-    })?;
-    m.warnings.append(&mut inner);
+                Ok(win)
+            })?;
+            let out = tracer.out().to_path_buf();
+            let finished = tracer.stop()?;
+            let (tx_seen, tx_counted) = transmits(&out, st.servers.pair.veth(CLIENT))?;
+            eprintln!(
+                "bench: {:<42} hooks saw {tx_seen} of {tx_counted} transmits on the client veth",
+                format!("{block}:")
+            );
+            let runs = paired::named(runs, &attached, &finished.stop);
+            let life = DaemonLife {
+                stop: finished.stop,
+                lifetime_cpu_s: finished.lifetime_cpu_s,
+                tx_seen,
+                tx_counted,
+            };
+            Ok((runs, life, hooks))
+        },
+    )?;
     if m.hooks.is_empty() {
         m.hooks = hooks;
     }
     for (i, stats, run) in runs {
-        let r = &mut m.workloads[i];
-        paired::file(stats, run, &mut r.traced, &mut r.traced_bpf_stats);
+        m.workloads[i].file_traced(stats, run);
     }
     m.daemons.push(life);
     Ok(())
@@ -356,48 +351,38 @@ fn peer(
     round: usize,
     parts: &[usize],
 ) -> anyhow::Result<()> {
-    let block = format!("round {round}/{} bpftrace block", ctx.settings.rounds);
-    let workloads: Vec<&'static Workload> = m.workloads.iter().map(|r| r.workload).collect();
-    let mut inner = Vec::new();
-    let runs = quiet::retry_failures(&block, &mut m.warnings, || {
-        inner.clear();
-        st.prepare(ctx.scratch, &block, &[])?;
-        let tag = format!("r{round}-bpftrace");
-        let peer = Bpftrace::start(&peers::TCP_RETRANSMIT, ctx.scratch, &tag)?;
-        let ids = peer.prog_ids();
-        let mut runs = Vec::new();
-        for &i in parts {
-            let w = workloads[i];
-            for stats in paired::stats_order(round) {
-                let label = ctx.label(round, w, &paired::config("bpftrace", stats));
-                let usage = || peer.usage();
-                let win = window(
-                    ctx,
-                    st,
-                    &mut inner,
-                    &label,
-                    w,
-                    (&ids, &ids),
-                    stats,
-                    &usage,
-                    None,
-                )?;
-                progress(&label, w, &win.run);
-                let run = PeerRun {
+    let runs = block_under(
+        ctx,
+        st,
+        &mut m.warnings,
+        round,
+        "bpftrace",
+        |st, inner, _| {
+            let tag = format!("r{round}-bpftrace");
+            let peer = Bpftrace::start(&peers::TCP_RETRANSMIT, ctx.scratch, &tag)?;
+            let ids = peer.prog_ids();
+            let usage = || peer.usage();
+            let under = Under {
+                tool: "bpftrace",
+                ours: &ids,
+                ids: &ids,
+                usage: &usage,
+                daemon: None,
+            };
+            let runs = paired::each_run(round, parts, |i, stats| {
+                let win = window(ctx, st, inner, (round, &WORKLOADS[i]), &under, stats)?;
+                Ok(PeerRun {
                     programs: peer.costs(&win.counters),
                     run: win.run,
                     usage: win.usage,
-                };
-                runs.push((i, stats, run));
-            }
-        }
-        peer.stop()?;
-        Ok((runs, None))
-    })?;
-    m.warnings.append(&mut inner);
+                })
+            })?;
+            peer.stop()?;
+            Ok(runs)
+        },
+    )?;
     for (i, stats, run) in runs {
-        let r = &mut m.workloads[i];
-        paired::file(stats, run, &mut r.peer, &mut r.peer_bpf_stats);
+        m.workloads[i].file_peer(stats, run);
     }
     Ok(())
 }

@@ -27,7 +27,7 @@ pub fn markdown(r: &NetResults) -> String {
     let _ = writeln!(
         s,
         "## net: sockperf round trip and iperf3 throughput between two network namespaces\n\n\
-         - Date: {} · kernel `{}` · CPU: {} ({} CPUs)\n\
+         {}\n\
          - Command: `{}` (this suite took {:.0} s)\n\
          - Network: {}; congestion control `{}` (inherited from the host)\n\
          - sockperf: `{}` (against `sockperf server --tcp` in the server namespace)\n\
@@ -44,10 +44,7 @@ pub fn markdown(r: &NetResults) -> String {
          [Method](#method-rounds-intervals-verdicts)); the configurations' own figures are \
          medians over rounds, with min–max\n\
          - Load average (1/5/15 min) before: {}, after: {}\n",
-        h.date,
-        h.kernel,
-        h.cpu_model,
-        h.cpus,
+        h.line(),
         r.command,
         r.wall_time_s,
         st.network,
@@ -170,20 +167,11 @@ fn workload_table(s: &mut String, wr: &WorkloadResult) {
 
 fn programs(s: &mut String, r: &NetResults) {
     *s += "\n### Cost per network-path program (kernel bpf_stats, the traced+bpf-stats runs)\n\n";
-    let mut headers = vec![
-        "program".to_string(),
-        "ns/event".into(),
-        "per round: median [95% CI]".into(),
-    ];
-    for wr in &r.workloads {
-        let w = workload(wr.key);
-        headers.extend([
-            format!("ns/event {}", wr.key),
-            format!("events/s {}", wr.key),
-            format!("per {} {}", w.unit, wr.key),
-        ]);
-    }
-    headers.push("recursion misses".into());
+    let headers = programs::table_headers(
+        r.workloads
+            .iter()
+            .map(|wr| (wr.key.to_string(), workload(wr.key).unit)),
+    );
     let rows: Vec<Vec<String>> = r
         .programs
         .iter()
@@ -192,13 +180,10 @@ fn programs(s: &mut String, r: &NetResults) {
                 .by_workload
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_unit));
-            let mut row = programs::table_row(&p.total, parts);
-            row.insert(2, p.by_round.as_ref().map_or("–".into(), |e| e.text(0)));
-            row
+            programs::table_row(&p.total, p.by_round.as_ref(), parts)
         })
         .collect();
-    let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
-    *s += &table::markdown(&refs, &rows);
+    *s += &table::markdown(&headers, &rows);
     let together: Vec<String> = r
         .workloads
         .iter()

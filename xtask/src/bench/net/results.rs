@@ -16,9 +16,9 @@ use serde::Serialize;
 use super::segments;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
-use crate::bench::netpair::NFT_TABLE;
+use crate::bench::netpair::Owner;
 use crate::bench::paired;
-use crate::bench::parts::{self, PartTotals, ProcessResult, process};
+use crate::bench::parts::{self, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
@@ -204,7 +204,7 @@ fn ratios<'a>(
 fn program_totals<'a>(
     runs: impl IntoIterator<Item = &'a TracedRun>,
 ) -> BTreeMap<programs::Key, ProgramCost> {
-    programs::sum(runs.into_iter().flat_map(|r| &r.programs), on_net_path)
+    parts::program_totals(runs, on_net_path)
 }
 
 /// The network-path programs of one run, as (name, run time).
@@ -262,7 +262,7 @@ fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
 }
 
 fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
-    let w = runs.workload;
+    let w = runs.part;
     let s = &runs.traced_bpf_stats;
     let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
     let units: f64 = s.iter().map(|r| r.run.figure(w.unit_figure)).sum();
@@ -289,7 +289,7 @@ fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
 }
 
 fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
-    let w = runs.workload;
+    let w = runs.part;
     let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
     let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
     let untraced = side(&runs.untraced);
@@ -353,39 +353,17 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
 /// Each network-path program over all accounting runs, round by round and
 /// workload by workload.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    let per_workload: Vec<PartTotals<&'static str>> = m
-        .workloads
-        .iter()
-        .map(|runs| {
-            let s = &runs.traced_bpf_stats;
-            PartTotals {
-                name: runs.workload.key,
-                totals: program_totals(s),
-                seconds: s.iter().map(|r| r.run.seconds).sum(),
-                units: s
-                    .iter()
-                    .map(|r| r.run.figure(runs.workload.unit_figure))
-                    .sum(),
-            }
-        })
-        .collect();
-    let per_round: Vec<BTreeMap<programs::Key, ProgramCost>> =
-        parts::by_round(&m.workloads, |w| &w.traced_bpf_stats)
-            .into_iter()
-            .map(program_totals)
-            .collect();
     parts::program_rows(
-        &per_workload,
-        &per_round,
-        program_totals(m.workloads.iter().flat_map(|w| &w.traced_bpf_stats)),
+        &m.workloads,
         m.daemons.iter().map(|l| &l.stop),
         on_net_path,
-        |w, p| ProgramInWorkload {
-            workload: w.name,
+        |w, run| (run.seconds, run.figure(w.unit_figure)),
+        |w, t, p| ProgramInWorkload {
+            workload: w.key,
             run_count: p.run_count,
             ns_per_event: p.ns_per_event,
             events_per_s: p.events_per_s,
-            events_per_unit: p.run_count as f64 / w.units.max(f64::MIN_POSITIVE),
+            events_per_unit: p.run_count as f64 / t.units.max(f64::MIN_POSITIVE),
         },
     )
     .into_iter()
@@ -409,7 +387,7 @@ pub fn aggregate(
         .workloads
         .iter()
         .zip(&workloads)
-        .map(|(runs, r)| verdicts::ratio(runs.workload, r))
+        .map(|(runs, r)| verdicts::ratio(runs.part, r))
         .collect();
     // Against the peer only where its job exists: retransmits, in the loss
     // case (elsewhere its one hook never fires; the Peers table shows those).
@@ -462,10 +440,12 @@ pub fn aggregate(
                 settings.runtime_s,
             )),
             loss_rule: format!(
-                "in the server namespace: table inet {NFT_TABLE}, chain input (hook input, \
-                 priority filter): tcp dport {} numgen random mod 100 < {} counter drop",
-                workload::IPERF3_LOSS_PORT,
-                workload::LOSS_PERCENT
+                "in the server namespace: table inet {}, chain input (hook input, priority \
+                 filter): meta l4proto {{ tcp, udp }} th dport {port} numgen random mod 100 < \
+                 {percent} counter drop, and the same for th sport {port}",
+                Owner::Bench.nft_table(),
+                port = workload::IPERF3_LOSS_PORT,
+                percent = workload::LOSS_PERCENT
             ),
             tracer: tracer::command_line_with(false, &filters),
             tracer_bpf_stats: paired::TRACER_BPF_STATS,

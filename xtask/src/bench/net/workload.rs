@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use crate::bench::hostcpu::{self, HostCpu};
 use crate::bench::interrupt;
-use crate::bench::netpair::{NetPair, Server, Side};
-use crate::bench::tracer::Tracer;
+use crate::bench::netpair::{CLIENT, NetPair, SERVER, Server, tcp_segments, tx_packets};
+use crate::bench::tracer::{self, Tracer};
 use stalltrace_lab::strip_ansi;
 
 /// sockperf's fixed message rate: a steady request/response load, not a
@@ -94,6 +94,18 @@ pub struct Workload {
     pub bound: Bound,
 }
 
+/// The figures both iperf3 workloads report.
+const RECEIVED_MBPS: Figure = Figure {
+    key: "received_mbps",
+    header: "received Mbit/s",
+    digits: 0,
+};
+const RETRANSMITS: Figure = Figure {
+    key: "retransmits",
+    header: "retransmitted segs",
+    digits: 0,
+};
+
 pub const WORKLOADS: [Workload; 3] = [
     Workload {
         key: "sockperf",
@@ -128,18 +140,7 @@ pub const WORKLOADS: [Workload; 3] = [
             port: IPERF3_PORT,
             rate: None,
         },
-        figures: &[
-            Figure {
-                key: "received_mbps",
-                header: "received Mbit/s",
-                digits: 0,
-            },
-            Figure {
-                key: "retransmits",
-                header: "retransmitted segs",
-                digits: 0,
-            },
-        ],
+        figures: &[RECEIVED_MBPS, RETRANSMITS],
         higher_is_better: true,
         unit_figure: "received_mb",
         unit: "MB received",
@@ -153,16 +154,8 @@ pub const WORKLOADS: [Workload; 3] = [
             rate: Some(LOSS_RATE),
         },
         figures: &[
-            Figure {
-                key: "received_mbps",
-                header: "received Mbit/s",
-                digits: 0,
-            },
-            Figure {
-                key: "retransmits",
-                header: "retransmitted segs",
-                digits: 0,
-            },
+            RECEIVED_MBPS,
+            RETRANSMITS,
             Figure {
                 key: "dropped_skbs",
                 header: "dropped skbs",
@@ -186,22 +179,22 @@ pub struct Servers<'a> {
 
 impl Servers<'_> {
     fn user_s(&self) -> f64 {
+        // 0 for a server that is gone.
         [&self.sockperf, &self.iperf3, &self.iperf3_loss]
             .iter()
-            .map(|s| s.user_s())
+            .map(|s| tracer::process_user_s(s.pid()).unwrap_or(0.0))
             .sum()
     }
 
     /// Start again any server that died (someone else's cleanup may kill
     /// processes it does not know); what was restarted, for a warning.
     pub fn restart_dead(&mut self) -> anyhow::Result<Vec<String>> {
-        let pair = self.pair;
         let mut restarted = Vec::new();
         for s in [&mut self.sockperf, &mut self.iperf3, &mut self.iperf3_loss] {
-            if !s.running() {
+            if !s.is_running() {
                 interrupt::check()?;
                 restarted.push(format!("{} had exited ({})", s.what(), s.log_tail()));
-                pair.restart(s)?;
+                s.restart()?;
             }
         }
         Ok(restarted)
@@ -209,7 +202,7 @@ impl Servers<'_> {
 
     fn check_running(&mut self) -> anyhow::Result<()> {
         for s in [&mut self.sockperf, &mut self.iperf3, &mut self.iperf3_loss] {
-            if !s.running() {
+            if !s.is_running() {
                 interrupt::check()?;
                 bail!("{} exited during the run: {}", s.what(), s.log_tail());
             }
@@ -263,7 +256,7 @@ pub fn run(
             Kind::Stream {
                 port: IPERF3_LOSS_PORT,
                 ..
-            } => pair.dropped_packets(Side::Server),
+            } => pair.try_dropped_packets(SERVER),
             _ => Ok(0),
         }
     };
@@ -273,14 +266,13 @@ pub fn run(
         servers.user_s(),
         daemon_user(),
     );
-    let packets = || -> anyhow::Result<u64> {
-        Ok(pair.tx_packets(Side::Client)? + pair.tx_packets(Side::Server)?)
-    };
+    let packets =
+        || -> anyhow::Result<u64> { Ok(tx_packets(pair, CLIENT)? + tx_packets(pair, SERVER)?) };
     // Both namespaces: every segment of the workload is sent by one and
     // received by the other, and the hooks run at both ends.
     let segments = || -> anyhow::Result<(u64, u64)> {
-        let (ci, co) = pair.tcp_segments(Side::Client)?;
-        let (si, so) = pair.tcp_segments(Side::Server)?;
+        let (ci, co) = tcp_segments(pair, CLIENT)?;
+        let (si, so) = tcp_segments(pair, SERVER)?;
         Ok((ci + si, co + so))
     };
     let dropped0 = dropped()?;
@@ -323,7 +315,7 @@ fn client(pair: &NetPair, secs: u64, args: &[&str]) -> anyhow::Result<Output> {
     let mut full = client_prefix(secs);
     full.extend(args.iter().map(|s| s.to_string()));
     let full: Vec<&str> = full.iter().map(String::as_str).collect();
-    let mut cmd = pair.command(Side::Client, &full);
+    let mut cmd = pair.command(CLIENT, &full);
     // SAFETY: prctl is async-signal-safe and touches only the child.
     unsafe {
         cmd.pre_exec(|| {
@@ -359,7 +351,7 @@ pub fn sockperf_args(addr: &str, secs: u64) -> Vec<String> {
 }
 
 fn sockperf(pair: &NetPair, secs: u64) -> anyhow::Result<BTreeMap<&'static str, f64>> {
-    let addr = pair.addr(Side::Server).to_string();
+    let addr = pair.v4(SERVER).to_string();
     let args = sockperf_args(&addr, secs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = client(pair, secs, &args)?;
@@ -405,7 +397,7 @@ fn iperf3(
     rate: Option<&str>,
     secs: u64,
 ) -> anyhow::Result<BTreeMap<&'static str, f64>> {
-    let addr = pair.addr(Side::Server).to_string();
+    let addr = pair.v4(SERVER).to_string();
     let args = iperf3_args(&addr, port, rate, secs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // An iperf3 server takes a moment to get ready for the next test after

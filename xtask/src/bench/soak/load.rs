@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 use stalltrace_lab::Bins;
-use stalltrace_lab::net::{Background, Iperf3Server, NetPair, Side};
+use stalltrace_lab::net::{Background, Iperf3Server, NetPair, Owner, Side};
 use stalltrace_lab::sql::{Placement, SqlClientRun};
 
 /// Random loss on both sides' input, every packet (skbs, see lab/src/net).
@@ -188,12 +188,15 @@ pub struct ChurnCounts {
 pub fn churn(stop: &AtomicBool, c: &ChurnCounts) {
     let mut alive = VecDeque::new();
     while !stop.load(Ordering::SeqCst) {
-        match catch_unwind(NetPair::new) {
+        // Made as the tests' lab makes them (its names, its sweep): the churn
+        // reproduces what a test run does to the host.
+        match NetPair::try_new(Owner::Lab) {
             Ok(pair) => {
                 alive.push_back(pair);
                 c.made.fetch_add(1, Ordering::Relaxed);
             }
-            Err(_) => {
+            Err(e) => {
+                eprintln!("bench: namespace churn: {e:#}");
                 c.failed.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -289,7 +289,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         s,
         "## soak: every family under load for {} minutes\n\n\
-         - Date: {} · kernel `{}` · CPU: {} ({} CPUs)\n\
+         {}\n\
          - Command: `{}` (took {:.0} s; not part of `bench all`); binary built from {}\n\
          - Daemon: `{}` (families: {}), one process for the whole soak, recording the whole \
          host; CPU {:.2}% of one CPU on average (max {:.2}% in a minute), {:.1} CPU s over its \
@@ -298,10 +298,7 @@ pub fn markdown(r: &Results) -> String {
          average per minute); the daemon recorded their I/O and traffic too, which is why \
          the books below count only the soak's own disks and namespaces.",
         r.minutes,
-        h.date,
-        h.kernel,
-        h.cpu_model,
-        h.cpus,
+        h.line(),
         r.command,
         r.wall_time_s,
         r.source,

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{ProgramCost, StopRecord};
+use crate::bench::stats::Estimate;
 
 /// (family, program).
 pub type Key = (String, String);
@@ -97,14 +98,40 @@ fn ns_cell(ns: Option<f64>) -> String {
     ns.map_or("–".to_string(), |v| format!("{v:.0}"))
 }
 
+/// The headers of a suite's cost table: the program, ns/event over all runs
+/// and per round, then three columns a part (`parts`: its name and its unit
+/// of work, in the rows' order), then recursion misses.
+pub fn table_headers<'a>(parts: impl IntoIterator<Item = (String, &'a str)>) -> Vec<String> {
+    let mut headers = vec![
+        "program".to_string(),
+        "ns/event".into(),
+        "per round: median [95% CI]".into(),
+    ];
+    for (part, unit) in parts {
+        headers.extend([
+            format!("ns/event {part}"),
+            format!("events/s {part}"),
+            format!("per {unit} {part}"),
+        ]);
+    }
+    headers.push("recursion misses".into());
+    headers
+}
+
 /// A program's row in a suite's cost table: its name and ns/event over all
-/// runs; ns/event, events/s and events per unit of work of each part (a
-/// depth, a workload), in `parts`' order; its recursion misses.
+/// runs and per round (`by_round`); ns/event, events/s and events per unit
+/// of work of each part (a depth, a workload), in `parts`' order; its
+/// recursion misses.
 pub fn table_row(
     total: &ProgramTotal,
+    by_round: Option<&Estimate>,
     parts: impl IntoIterator<Item = (Option<f64>, f64, f64)>,
 ) -> Vec<String> {
-    let mut row = vec![total.name(), ns_cell(total.ns_per_event)];
+    let mut row = vec![
+        total.name(),
+        ns_cell(total.ns_per_event),
+        by_round.map_or("–".into(), |e| e.text(0)),
+    ];
     for (ns_per_event, events_per_s, events_per_unit) in parts {
         row.extend([
             ns_cell(ns_per_event),
@@ -418,9 +445,10 @@ mod tests {
         let done = ProgramTotal::from(t[&("block".to_string(), "on_done".to_string())].clone());
         assert_eq!((done.run_count, done.ns_per_event), (0, None));
         assert_eq!(
-            table_row(&done, [(None, 0.0, 0.0), (Some(99.6), 12.4, 0.25)]),
+            table_row(&done, None, [(None, 0.0, 0.0), (Some(99.6), 12.4, 0.25)]),
             [
                 "block/on_done",
+                "–",
                 "–",
                 "–",
                 "0",

@@ -23,7 +23,7 @@ fn usage(cpu_s: f64) -> crate::bench::paired::ProcessUse {
 
 fn traced(iops: f64, p99_us: f64, run_count: u64, cpu_s: f64) -> TracedRun {
     TracedRun {
-        fio: fio(iops, p99_us),
+        run: fio(iops, p99_us),
         programs: vec![
             cost("block", "on_block_rq_issue", run_count, 100),
             cost("block", "on_block_bio_complete", 0, 0),
@@ -36,7 +36,7 @@ fn traced(iops: f64, p99_us: f64, run_count: u64, cpu_s: f64) -> TracedRun {
 
 fn peer(iops: f64, run_count: u64) -> PeerRun {
     PeerRun {
-        fio: fio(iops, 120.0),
+        run: fio(iops, 120.0),
         programs: vec![PeerProgram {
             tracepoint: "block_rq_issue".into(),
             run_count,
@@ -64,7 +64,7 @@ fn measured(rounds: usize) -> Measured {
     let traced_iops = [98_000.0, 98_500.0, 99_000.0, 98_200.0, 98_800.0, 98_600.0];
     Measured {
         depths: vec![DepthRuns {
-            iodepth: 16,
+            part: 16,
             untraced: vec![fio(100_000.0, 100.0); rounds],
             traced: (0..rounds)
                 .map(|i| traced(traced_iops[i % 6], 110.0, 0, 0.01))

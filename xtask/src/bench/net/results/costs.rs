@@ -27,7 +27,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 .map(|t| (&t.run, segments::split(net_programs(t)))),
         );
         out.push(UnitCost {
-            workload: runs.workload.key.to_string(),
+            workload: runs.part.key.to_string(),
             tool: "stalltrace".into(),
             per_unit: vec![
                 PerUnit::new("received segment", rx),
@@ -45,7 +45,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
             (&p.run, segments::split(programs))
         }));
         out.push(UnitCost {
-            workload: runs.workload.key.to_string(),
+            workload: runs.part.key.to_string(),
             tool: "bpftrace (peer)".into(),
             per_unit: vec![
                 PerUnit::new("received segment", rx),

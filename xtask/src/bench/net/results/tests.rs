@@ -65,7 +65,7 @@ fn measured(rounds: usize) -> Measured {
                 (100.0, 103.0, 110.0)
             };
             WorkloadRuns {
-                workload: w,
+                part: w,
                 untraced: vec![run(w, base); rounds],
                 traced: (0..rounds)
                     .map(|_| traced(w, traced_fig, 0, 0.08))
