@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use stalltrace::output::MAX_LINE_BYTES;
+use stalltrace::records::MAX_LINE_BYTES;
 use stalltrace_lab::rsyslog::{
     DEFAULT_MAX_MESSAGE_SIZE, Follow, Shipping, find_program, forwarder_config, receiver_config,
 };

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use stalltrace::output::MAX_LINE_BYTES;
+use stalltrace::records::MAX_LINE_BYTES;
 
 use crate::common::{parse_records, stalltrace_bin};
 

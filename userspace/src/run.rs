@@ -12,22 +12,24 @@ use anyhow::Context;
 
 use crate::block::{BlockOptions, BlockProbe};
 use crate::cli::{ProbeArgs, RunArgs};
+use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::host::netns::{self, Netns};
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
 use crate::netdev::{NetdevOptions, NetdevProbe};
 use crate::output::file::Output;
-pub use crate::output::records::FamilyReport;
-use crate::output::records::{Filters, LostRecord, ProgramCost, StartRecord, StopRecord};
-use crate::output::{JsonWriter, OUTPUT_LOST, OutputQueue};
+use crate::output::{JsonWriter, OutputQueue};
 use crate::probes::stats::program_stats;
-use crate::probes::{self, Ctx, Family, FamilyFailure, HookStatus};
+use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, HookStatus};
+use crate::records::OUTPUT_LOST;
+pub use crate::records::run::FamilyReport;
+use crate::records::run::{Filters, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord};
+use crate::records::stall::Phase;
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
 use crate::stall::Detector;
-use crate::stall::record::Phase;
 use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
 
@@ -165,7 +167,7 @@ fn accept(
 fn report_attached(out: &mut Attached, name: &'static str, a: &probes::AttachedFamily) {
     out.hooks.extend(a.hooks.iter().cloned());
     out.reports.push(FamilyReport {
-        family: name,
+        family: name.to_string(),
         attached: true,
         mode: Some(a.mode),
         fallback_reason: a.fallback_reason.clone(),
@@ -176,7 +178,7 @@ fn report_attached(out: &mut Attached, name: &'static str, a: &probes::AttachedF
 fn report_failed(out: &mut Attached, name: &'static str, failure: FamilyFailure) {
     out.hooks.extend(failure.hooks);
     out.reports.push(FamilyReport {
-        family: name,
+        family: name.to_string(),
         attached: false,
         mode: None,
         fallback_reason: None,
@@ -336,12 +338,12 @@ pub fn run_into(
         out.rotate_files(budget);
     }
     if let Some((metrics, _)) = &metrics {
-        out.feed(metrics.clone());
+        out.feed(Box::new(metrics.clone()));
     }
     let started = Instant::now();
     let thresholds = args.stalls.thresholds();
     let start = StartRecord {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: host::kernel::release(),
         interval_ms: args.interval.as_millis() as u64,
         duration_ms: args.duration.map(|d| d.as_millis() as u64),
@@ -352,17 +354,18 @@ pub fn run_into(
         },
         bpf_stats: args.bpf_stats || host::kernel::bpf_stats_enabled(),
         kernel_hz: hz,
-        kernel_hz_source: hz_source,
+        kernel_hz_source: hz_source.to_string(),
         filters: Filters {
-            ports: &plan.ports,
-            netns: &plan.netns,
-            ifaces: &plan.ifaces,
+            ports: plan.ports.clone(),
+            netns: plan.netns.clone(),
+            ifaces: plan.ifaces.clone(),
         },
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
         prometheus: metrics.as_ref().map(|(_, server)| server.addr),
-        stalls: thresholds.as_ref(),
-        families: &reports,
-        probes: &hooks,
+        stalls: thresholds,
+        families: reports,
+        probes: hooks,
+        file: None, // the writer numbers the files after the first
     };
     let mut lost_total = BTreeMap::new();
     let reason = stream(
@@ -371,6 +374,7 @@ pub fn run_into(
         &mut families,
         &mut sql,
         &mut out,
+        metrics.as_ref().map(|(m, _)| m),
         &start,
         started,
         &signals,
@@ -378,16 +382,13 @@ pub fn run_into(
         progress,
     )
     .unwrap_or_else(Stop::Output);
-    let programs = families
-        .iter()
-        .map(|f| f.as_ref())
-        .chain(sql.iter().map(|s| s as &dyn Family))
-        .flat_map(|f| {
-            let name = f.attached().name;
-            program_stats(&f.attached().ebpf)
+    let programs = every_attached(&families, &sql)
+        .flat_map(|attached| {
+            let name = attached.name;
+            program_stats(&attached.ebpf)
                 .into_iter()
                 .map(move |stats| ProgramCost {
-                    family: name,
+                    family: name.to_string(),
                     ns_per_run: stats.ns_per_run().map(|v| (v * 10.0).round() / 10.0),
                     stats,
                 })
@@ -398,13 +399,17 @@ pub fn run_into(
     }
     let stop_record = StopRecord {
         reason: match reason {
-            Stop::Signal(_) => "signal",
-            Stop::Duration => "duration",
-            Stop::Output(_) => "output_error",
+            Stop::Signal(_) => StopReason::Signal,
+            Stop::Duration => StopReason::Duration,
+            Stop::Output(_) => StopReason::OutputError,
         },
         elapsed_ms: started.elapsed().as_millis() as u64,
-        records: &out.emitted().clone(),
-        lost: &lost_total,
+        records: out
+            .emitted()
+            .iter()
+            .map(|(kind, n)| ((*kind).to_string(), *n))
+            .collect(),
+        lost: lost_total,
         programs,
     };
     let ts = Clock::now_rfc3339();
@@ -412,15 +417,25 @@ pub fn run_into(
         Stop::Output(e) => {
             // One last try: a disk that was full may have room again.
             if out.direct_after_failure() {
-                let _ = out
-                    .emit("stop", &ts, &stop_record)
-                    .and_then(|_| out.flush());
+                let _ = out.emit(&ts, &stop_record).and_then(|_| out.flush());
             }
             Err(output_failed(args, &e).into())
         }
         Stop::Signal(noticed) => finish_output(out, &ts, &stop_record, noticed + STOP_WITHIN),
         Stop::Duration => finish_output(out, &ts, &stop_record, Instant::now() + Duration::MAX / 4),
     }
+}
+
+/// Every attached family's object and hooks, SQL Server's last: whose
+/// programs' run time to report.
+fn every_attached<'a>(
+    families: &'a [Box<dyn Family>],
+    sql: &'a Option<SqlServer>,
+) -> impl Iterator<Item = &'a AttachedFamily> {
+    families
+        .iter()
+        .map(|f| f.attached())
+        .chain(sql.iter().map(SqlServer::attached))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -430,6 +445,7 @@ fn stream(
     families: &mut [Box<dyn Family>],
     sql: &mut Option<SqlServer>,
     out: &mut JsonWriter,
+    metrics: Option<&Metrics>,
     start: &StartRecord,
     started: Instant,
     signals: &Signals,
@@ -437,10 +453,10 @@ fn stream(
     progress: &mut dyn FnMut(&Progress),
 ) -> io::Result<Stop> {
     let start_ts = Clock::now_rfc3339();
-    out.emit("start", &start_ts, start)?;
+    out.emit(&start_ts, start)?;
     out.flush()?;
     let mut stalls_opened = 0;
-    let mut detector = start.stalls.map(|th| {
+    let mut detector = start.stalls.as_ref().map(|th| {
         out.tap(crate::stall::tapped, TAP_EVENT_CAP);
         Detector::new(th.clone(), &start_ts)
     });
@@ -469,9 +485,13 @@ fn stream(
         for family in families.iter_mut() {
             let mut ctx = Ctx {
                 clock,
-                sql: sql.as_mut(),
+                sql: sql.as_mut().map(|s| s as &mut dyn Tagger),
             };
             family.drain_events(&mut ctx, out)?;
+            // What a miss made discovery find, after the records that missed.
+            if let Some(sql) = sql.as_mut() {
+                sql.emit_news(out)?;
+            }
         }
         let now = Instant::now();
         if now >= next_collect || finished.is_some() {
@@ -480,7 +500,8 @@ fn stream(
             let mut lost = BTreeMap::new();
             // SQL Server first: the other families tag their records with what it found.
             if let Some(sql) = sql.as_mut() {
-                sql.refresh(&ts, out)?;
+                sql.refresh(&ts);
+                sql.emit_news(out)?;
                 for (source, n) in sql.lost() {
                     *lost.entry(source.clone()).or_insert(0) += n;
                     *lost_total.entry(source).or_insert(0) += n;
@@ -489,7 +510,7 @@ fn stream(
             for family in families.iter_mut() {
                 let mut ctx = Ctx {
                     clock,
-                    sql: sql.as_mut(),
+                    sql: sql.as_mut().map(|s| s as &mut dyn Tagger),
                 };
                 family.collect(interval, &ts, &mut ctx, out)?;
                 for (source, n) in family.lost() {
@@ -497,13 +518,8 @@ fn stream(
                     *lost_total.entry(source).or_insert(0) += n;
                 }
             }
-            if let Some(metrics) = out.metrics() {
-                for family in families
-                    .iter()
-                    .map(|f| f.as_ref())
-                    .chain(sql.iter().map(|s| s as &dyn Family))
-                {
-                    let attached = family.attached();
+            if let Some(metrics) = metrics {
+                for attached in every_attached(families, sql) {
                     metrics.programs(attached.name, &program_stats(&attached.ebpf));
                 }
             }
@@ -517,7 +533,7 @@ fn stream(
                 let unreadable = detector.unreadable;
                 for stall in detector.interval(&records, &ts, ms) {
                     stalls_opened += u64::from(stall.phase == Phase::Open);
-                    out.emit("stall", &ts, &stall)?;
+                    out.emit(&ts, &stall)?;
                 }
                 let unreadable = detector.unreadable - unreadable;
                 if unreadable > 0 {
@@ -526,7 +542,7 @@ fn stream(
                 }
                 if finished.is_some() {
                     for stall in detector.finish() {
-                        out.emit("stall", &ts, &stall)?;
+                        out.emit(&ts, &stall)?;
                     }
                 }
             }
@@ -539,9 +555,9 @@ fn stream(
             if !lost.is_empty() {
                 let record = LostRecord {
                     interval_ms: interval.as_millis() as u64,
-                    by_source: &lost,
+                    by_source: lost.clone(),
                 };
-                if out.emit("lost", &ts, &record)? {
+                if out.emit(&ts, &record)? {
                     out.reported_dropped(dropped);
                 }
             }

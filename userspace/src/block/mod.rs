@@ -4,7 +4,6 @@
 
 pub mod interval;
 pub mod reconcile;
-pub mod record;
 pub mod stamps;
 pub mod sweep;
 pub mod sysfs;
@@ -24,9 +23,9 @@ use crate::abi::{
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
+use crate::records::block::{BlockOp, BlockRecord, SlowIoRecord};
 use interval::{Interval, Series};
 use reconcile::Settled;
-use record::{BlockRecord, SlowIoRecord, op_name};
 use sysfs::Sysfs;
 
 const NS_TO_US: f64 = 1e-3;
@@ -318,16 +317,13 @@ impl Family for BlockProbe {
             if let Some(sql) = ctx.sql.as_deref_mut() {
                 if sql.tag_process(e.tgid).is_none() {
                     // A `sqlservr` younger than the last discovery: look again.
-                    sql.missed(Some(e.tgid), &ts, out)?;
+                    sql.missed(Some(e.tgid), &ts);
                 }
                 let disk = (e.major, e.minor);
-                record.file = sql
-                    .inventory()
-                    .file_at(disk, e.sector)
-                    .map(|p| p.display().to_string());
+                record.file = sql.file_at(disk, e.sector).map(|p| p.display().to_string());
                 record.sql = sql.tag_process(e.tgid);
             }
-            out.emit("slow_io", &ts, &record)?;
+            out.emit(&ts, &record)?;
         }
         Ok(())
     }
@@ -392,7 +388,7 @@ impl Family for BlockProbe {
                 dev,
                 major: key.major,
                 minor: key.minor,
-                op: op_name(key.op),
+                op: BlockOp::from_kernel(key.op),
                 interval_ms: interval.as_millis() as u64,
                 count: iv.requests + skipped + unsettled,
                 bytes: iv.bytes,
@@ -409,10 +405,10 @@ impl Family for BlockProbe {
                 role: ctx
                     .sql
                     .as_deref()
-                    .and_then(|sql| sql.inventory().role_of((key.major, key.minor)))
+                    .and_then(|sql| sql.disk_role((key.major, key.minor)))
                     .map(str::to_string),
             };
-            out.emit("block", ts, &record)?;
+            out.emit(ts, &record)?;
         }
         self.forget_gone_disks(&present, &in_stream);
         self.sweep_stale_slots();

@@ -2,26 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
-/// The queue in front of a device: where a too-small or too-large depth shows.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct QueueLimits {
-    /// Active I/O scheduler (`none`, `mq-deadline`, ...).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scheduler: Option<String>,
-    /// Requests the block layer allows in flight per hardware queue (queue/nr_requests).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nr_requests: Option<u64>,
-    /// Driver tags per hardware queue (mq/0/nr_tags): the device's own depth.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hw_queue_depth: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nr_hw_queues: Option<u64>,
-    /// SCSI device queue depth (device/queue_depth), where the driver exposes it: the HBA LUN depth.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_queue_depth: Option<u64>,
-}
+pub use crate::records::block::QueueLimits;
 
 /// Root of sysfs; tests point it at a fixture tree.
 #[derive(Clone, Debug)]

@@ -9,6 +9,9 @@
 //! times the bytes, which put block records over the 8 KiB line that log
 //! shippers take by default. Both forms are read.
 
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use super::{bucket_index, bucket_range};
@@ -40,6 +43,152 @@ impl Default for HistogramRecord {
             scale: 1.0,
             buckets: Vec::new(),
         }
+    }
+}
+
+/// The wire form's schema, written out: its rules (statistics null exactly
+/// when the count is 0, no zero in `counts`) are more than a derive can say.
+impl JsonSchema for HistogramRecord {
+    fn schema_name() -> Cow<'static, str> {
+        "histogram".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "One interval's log-linear histogram (values below 16 exact; above, 16 linear sub-buckets per power of two, so a bucket spans at most 6.25% of its lower bound). Statistics are in the unit of the field that holds the histogram (`_us` fields: microseconds, rounded to 0.001; `inflight`: requests). Buckets are named by the kernel's bucket index: bucket i holds kernel values [low(i), high(i)] (i < 16: low = high = i; else shift = i/16 - 1, low = (16 + i%16) << shift, high = low + 2^shift - 1), which are `scale` times the field's unit. All statistics are null and `counts` is empty when `count` is 0.",
+            "type": "object",
+            "additionalProperties": false,
+            "required": [
+                "count",
+                "mean",
+                "p50",
+                "p90",
+                "p99",
+                "max",
+                "scale",
+                "first_bucket",
+                "counts"
+            ],
+            "properties": {
+                "count": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Values recorded in the interval (the sum of the bucket counts)."
+                },
+                "mean": {
+                    "type": [
+                        "number",
+                        "null"
+                    ],
+                    "minimum": 0,
+                    "description": "Exact mean of the recorded values (sum / count), in the histogram's unit; null when count is 0."
+                },
+                "p50": {
+                    "type": [
+                        "number",
+                        "null"
+                    ],
+                    "minimum": 0,
+                    "description": "Median (nearest rank), reported as the midpoint of the bucket that holds it (within 3.2% of the true value), in the histogram's unit; null when count is 0."
+                },
+                "p90": {
+                    "type": [
+                        "number",
+                        "null"
+                    ],
+                    "minimum": 0,
+                    "description": "90th percentile (nearest rank, bucket midpoint), in the histogram's unit; null when count is 0."
+                },
+                "p99": {
+                    "type": [
+                        "number",
+                        "null"
+                    ],
+                    "minimum": 0,
+                    "description": "99th percentile (nearest rank, bucket midpoint), in the histogram's unit; null when count is 0."
+                },
+                "max": {
+                    "type": [
+                        "number",
+                        "null"
+                    ],
+                    "minimum": 0,
+                    "description": "Upper edge of the highest non-empty bucket, in the histogram's unit: never below the true maximum, at most 6.25% above it; null when count is 0."
+                },
+                "scale": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "description": "Field unit per kernel unit: 0.001 for `_us` fields (timed in ns), 1 for counts."
+                },
+                "first_bucket": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": super::BUCKETS - 1,
+                    "description": "Kernel index of the first bucket `counts` describes (0 when empty)."
+                },
+                "counts": {
+                    "type": "array",
+                    "items": {
+                        "type": "integer",
+                        "not": {
+                            "const": 0
+                        }
+                    },
+                    "description": "Run-length bucket counts from `first_bucket` up: a positive n is the next bucket's count, a negative -z skips z empty buckets. 0 never appears."
+                }
+            },
+            "if": {
+                "properties": {
+                    "count": {
+                        "const": 0
+                    }
+                }
+            },
+            "then": {
+                "properties": {
+                    "mean": {
+                        "type": "null"
+                    },
+                    "p50": {
+                        "type": "null"
+                    },
+                    "p90": {
+                        "type": "null"
+                    },
+                    "p99": {
+                        "type": "null"
+                    },
+                    "max": {
+                        "type": "null"
+                    },
+                    "counts": {
+                        "maxItems": 0
+                    }
+                }
+            },
+            "else": {
+                "properties": {
+                    "mean": {
+                        "type": "number"
+                    },
+                    "p50": {
+                        "type": "number"
+                    },
+                    "p90": {
+                        "type": "number"
+                    },
+                    "p99": {
+                        "type": "number"
+                    },
+                    "max": {
+                        "type": "number"
+                    },
+                    "counts": {
+                        "minItems": 1
+                    }
+                }
+            }
+        })
     }
 }
 

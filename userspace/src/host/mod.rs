@@ -8,6 +8,7 @@ pub mod kernel;
 pub mod link;
 pub mod netlink;
 pub mod netns;
+pub mod procfs;
 
 /// The host name records carry (`host` field).
 pub fn hostname() -> String {

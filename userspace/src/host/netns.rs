@@ -79,14 +79,17 @@ pub fn live_inodes() -> std::collections::HashSet<u32> {
     inodes
 }
 
-/// A namespace the user asked for.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+/// A namespace the user asked for (`--netns`).
+#[derive(Clone, Debug, Serialize, serde::Deserialize, schemars::JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "netns")]
 pub struct Netns {
-    /// As given on the command line.
+    /// As given to --netns (on the command line).
     pub spec: String,
+    /// Its inode: the network namespace inode the records carry as `netns`.
     pub inode: u32,
     /// A file to setns() into, when known (not for a bare inode number).
     #[serde(skip)]
+    #[schemars(skip)]
     pub path: Option<PathBuf>,
 }
 

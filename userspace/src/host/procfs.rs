@@ -1,5 +1,5 @@
-//! What /proc says about a process's sockets and files: the only sources
-//! discovery needs (no SQL Server client, no configuration).
+//! What /proc says about a process's sockets and files: what SQL Server
+//! discovery and the owners of bulk flows need (no client, no configuration).
 
 use std::collections::HashMap;
 use std::io;

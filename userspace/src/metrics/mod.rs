@@ -21,9 +21,10 @@ pub use records::wanted;
 pub use registry::{Kind, Registry};
 pub use server::Server;
 
-use crate::output::OUTPUT_LOST;
-use crate::probes::stats::ProgramStats;
-use records::FromRecords;
+use crate::output::RecordReader;
+use crate::records::OUTPUT_LOST;
+use crate::records::run::ProgramStats;
+use records::{FromRecords, Measured};
 use registry::{Labels, SERIES_TTL};
 
 #[derive(Debug)]
@@ -90,6 +91,25 @@ impl Metrics {
     }
 }
 
+/// The writer hands every record over through this (output/json.rs).
+impl RecordReader for Metrics {
+    fn reads(&self, kind: &str) -> bool {
+        wanted(kind)
+    }
+
+    fn read(&self, kind: &str, record: &Value) {
+        self.record(kind, record);
+    }
+
+    fn made(&self, kind: &str) {
+        self.count(kind);
+    }
+
+    fn dropped(&self) {
+        Metrics::dropped(self);
+    }
+}
+
 impl Metrics {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves figures at worst half-added:
@@ -99,6 +119,8 @@ impl Metrics {
 
     /// One emitted record (its whole line as JSON), of a type `wanted` asked for.
     pub fn record(&self, kind: &str, record: &Value) {
+        // Read as its type before taking the lock a scrape takes too.
+        let record = Measured::read(kind, record);
         let state = &mut *self.lock();
         state.from_records.record(&mut state.registry, kind, record);
     }

@@ -11,9 +11,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use serde_json::Value;
-
 use super::registry::{Kind, Labels, Registry, SERIES_TTL};
+use crate::records::tcp::TcpRetransmitRecord;
 
 /// The most `--prometheus-peers` takes: a few thousand series in all.
 pub const MAX_PEERS: u32 = 1000;
@@ -57,13 +56,9 @@ impl Peers {
 
     /// One `tcp_retransmit` record that went out (err 0); `timeout`: the
     /// timer's first retransmission.
-    pub fn retransmitted(&mut self, r: &mut Registry, v: &Value, timeout: bool) {
-        let netns = v["netns"].to_string();
-        let Some(addr) = v["daddr"].as_str() else {
-            return;
-        };
-        let labels = self.labels(netns, addr, Instant::now());
-        r.add(SEGMENTS, labels.clone(), v["segs"].as_f64().unwrap_or(0.0));
+    pub fn retransmitted(&mut self, r: &mut Registry, t: &TcpRetransmitRecord, timeout: bool) {
+        let labels = self.labels(t.netns.to_string(), &t.daddr, Instant::now());
+        r.add(SEGMENTS, labels.clone(), f64::from(t.segs));
         if timeout {
             r.add(TIMEOUTS, labels, 1.0);
         } else {
@@ -105,10 +100,11 @@ impl Peers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn rtx(addr: &str, segs: u32) -> Value {
-        json!({"netns": 4026531840u64, "daddr": addr, "segs": segs, "kind": "rto", "err": 0})
+    fn rtx(addr: &str, segs: u32) -> TcpRetransmitRecord {
+        let mut t = TcpRetransmitRecord::from_event(&Default::default(), 250);
+        (t.netns, t.daddr, t.segs) = (4026531840, addr.into(), segs);
+        t
     }
 
     #[test]

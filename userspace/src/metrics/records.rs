@@ -2,6 +2,11 @@
 //! records as they are emitted, so a scrape and the JSON stream can never
 //! disagree: the same requests, segments and episodes, summed.
 //!
+//! An emitted record comes as JSON (its line, envelope and all) and is read
+//! back as its type once, in [`Measured::read`]; everything past that reads
+//! typed fields. A record that does not read as its type is counted in
+//! `stalltrace_records_total` and adds nothing else.
+//!
 //! Labels are bounded by design: devices, ops, disk roles, interfaces (with
 //! their namespace), retransmission kinds, stall kinds and causes, lost
 //! sources, record types, programs. Never a peer, port, session or pid.
@@ -15,8 +20,12 @@ use super::peers::Peers;
 use super::registry::{Edges, Kind, Labels, Registry};
 use crate::abi;
 use crate::hist::{HistogramRecord, bucket_range};
-use crate::output::OUTPUT_LOST;
-use crate::tcp::record::kind_name;
+use crate::records::block::BlockRecord;
+use crate::records::netdev::NetdevRecord;
+use crate::records::run::{LostRecord, StartRecord};
+use crate::records::stall::{self, Cause, Phase, StallRecord};
+use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::{OUTPUT_LOST, Record};
 
 /// `2^k - 1`: the top of the kernel's bucket octave `k` (0 for k = 0).
 fn octave_top(k: u32) -> u64 {
@@ -77,104 +86,170 @@ fn requests() -> Edges {
     Unit::Requests.edges(0..=12)
 }
 
-const BLOCK_TIMES: [(&str, &str, &str); 4] = [
+/// A histogram family read off one field of a record `R`: the field, the
+/// family's name and its help.
+type Times<R> = (fn(&R) -> &HistogramRecord, &'static str, &'static str);
+
+/// A counter family read off one field of a record `R`.
+type Counts<R> = (fn(&R) -> u64, &'static str, &'static str);
+
+/// The names and help texts of `families`.
+fn declared<'a, F: Copy>(
+    families: &'a [(F, &'static str, &'static str)],
+) -> impl Iterator<Item = (&'static str, &'static str)> + 'a {
+    families.iter().map(|&(_, name, help)| (name, help))
+}
+
+const BLOCK_TIMES: [Times<BlockRecord>; 4] = [
     (
-        "latency_us",
+        |b| &b.latency_us,
         "stalltrace_block_latency_seconds",
         "Bio submitted to completed, by disk and op.",
     ),
     (
-        "tag_wait_us",
+        |b| &b.tag_wait_us,
         "stalltrace_block_tag_wait_seconds",
         "Bio submitted to request allocated: waiting for a tag (the queue depth) or a request.",
     ),
     (
-        "queue_us",
+        |b| &b.queue_us,
         "stalltrace_block_queue_seconds",
         "Request allocated to issued to the driver: plugging, scheduler, dispatch.",
     ),
     (
-        "device_us",
+        |b| &b.device_us,
         "stalltrace_block_device_seconds",
         "Request issued to completed: what the device (or the layer under it) took.",
     ),
 ];
 
-const BLOCK_COUNTS: [(&str, &str, &str); 5] = [
+const BLOCK_COUNTS: [Counts<BlockRecord>; 5] = [
     (
-        "count",
+        |b| b.count,
         "stalltrace_block_requests_total",
         "Requests completed (what /proc/diskstats counts).",
     ),
-    ("bytes", "stalltrace_block_bytes_total", "Bytes completed."),
     (
-        "bios",
+        |b| b.bytes,
+        "stalltrace_block_bytes_total",
+        "Bytes completed.",
+    ),
+    (
+        |b| b.bios,
         "stalltrace_block_bios_total",
         "Bios completed (more than requests where the block layer merges).",
     ),
     (
-        "errors",
+        |b| b.errors,
         "stalltrace_block_errors_total",
         "Requests completed with an error, and bios that failed before reaching a request.",
     ),
     (
-        "requeues",
+        |b| b.requeues,
         "stalltrace_block_requeues_total",
         "Requests the driver handed back (queue full, resource shortage).",
     ),
 ];
 
-const NETDEV_TIMES: [(&str, &str, &str); 3] = [
+const NETDEV_TIMES: [Times<NetdevRecord>; 3] = [
     (
-        "qdisc_us",
+        |n| &n.qdisc_us,
         "stalltrace_netdev_qdisc_seconds",
         "Packet enqueued on the qdisc to handed to the driver (1 in 64 sent packets per CPU: counts are samples).",
     ),
     (
-        "xmit_us",
+        |n| &n.xmit_us,
         "stalltrace_netdev_xmit_seconds",
         "The driver's transmit call (the packets qdisc_seconds samples).",
     ),
     (
-        "rx_us",
+        |n| &n.rx_us,
         "stalltrace_netdev_rx_seconds",
         "Received packet handed up the stack (1 in 16 received packets per CPU: counts are samples).",
     ),
 ];
 
-const NETDEV_COUNTS: [(&str, &str, &str); 3] = [
+const NETDEV_COUNTS: [Counts<NetdevRecord>; 3] = [
     (
-        "tx_timeouts",
+        |n| n.tx_timeouts,
         "stalltrace_netdev_tx_timeouts_total",
         "Transmit queue timeouts (the watchdog fired).",
     ),
     (
-        "tx_stalls",
+        |n| n.tx_stalls,
         "stalltrace_netdev_tx_stalls_total",
         "Transmit queues the driver stopped (full rings).",
     ),
     (
-        "tx_busy",
+        |n| n.tx_busy,
         "stalltrace_netdev_tx_busy_total",
         "Packets the driver refused as busy.",
     ),
 ];
 
-/// The record types that feed the metrics.
+/// The record types that feed the metrics: those [`Measured::read`] reads.
 pub fn wanted(kind: &str) -> bool {
     matches!(
         kind,
-        "start" | "block" | "tcp_retransmit" | "tcp_rtt" | "netdev" | "stall" | "lost"
+        StartRecord::TYPE
+            | BlockRecord::TYPE
+            | TcpRetransmitRecord::TYPE
+            | TcpRttRecord::TYPE
+            | NetdevRecord::TYPE
+            | StallRecord::TYPE
+            | LostRecord::TYPE
     )
+}
+
+/// The envelope's fields the metrics read (output/json.rs writes them on
+/// every line, around the record's own).
+#[derive(Debug, Deserialize)]
+pub struct Envelope {
+    ts: String,
+    schema: u32,
+}
+
+/// An emitted record the metrics read, as its type.
+#[derive(Debug)]
+pub enum Measured {
+    Start(Envelope, Box<StartRecord>),
+    Block(Box<BlockRecord>),
+    TcpRetransmit(Box<TcpRetransmitRecord>),
+    TcpRtt(Box<TcpRttRecord>),
+    Netdev(Box<NetdevRecord>),
+    Stall(Box<StallRecord>),
+    Lost(LostRecord),
+}
+
+impl Measured {
+    /// The one place the metrics read JSON: an emitted line read as the
+    /// record type `kind` names (fields the type does not know, the
+    /// envelope's among them, skipped). None for a type the metrics do not
+    /// read, and for a record that does not read as its type.
+    pub fn read(kind: &str, line: &Value) -> Option<Self> {
+        fn read<'a, R: Deserialize<'a>>(line: &'a Value) -> Option<R> {
+            R::deserialize(line).ok()
+        }
+        Some(match kind {
+            StartRecord::TYPE => Self::Start(read(line)?, read(line)?),
+            BlockRecord::TYPE => Self::Block(read(line)?),
+            TcpRetransmitRecord::TYPE => Self::TcpRetransmit(read(line)?),
+            TcpRttRecord::TYPE => Self::TcpRtt(read(line)?),
+            NetdevRecord::TYPE => Self::Netdev(read(line)?),
+            StallRecord::TYPE => Self::Stall(read(line)?),
+            LostRecord::TYPE => Self::Lost(read(line)?),
+            _ => return None,
+        })
+    }
 }
 
 /// Reads records into the registry.
 #[derive(Debug)]
 pub struct FromRecords {
     /// Open stall episodes by id: the open-episodes gauge is their count.
-    open: HashMap<u64, (String, String)>,
+    open: HashMap<u64, (stall::Kind, Cause)>,
     /// Every (kind, cause) an episode had: bounded by the detector's enums.
-    seen: BTreeSet<(String, String)>,
+    seen: BTreeSet<(stall::Kind, Cause)>,
     /// `--prometheus-peers`: per-peer retransmissions, capped.
     peers: Option<Peers>,
 }
@@ -184,10 +259,10 @@ impl FromRecords {
     pub fn new(r: &mut Registry, peers: u32) -> Self {
         use Kind::*;
         let seconds = seconds();
-        for (_, name, help) in BLOCK_TIMES.iter().chain(&NETDEV_TIMES) {
+        for (name, help) in declared(&BLOCK_TIMES).chain(declared(&NETDEV_TIMES)) {
             r.declare_histogram(name, help, &seconds);
         }
-        for (_, name, help) in BLOCK_COUNTS.iter().chain(&NETDEV_COUNTS) {
+        for (name, help) in declared(&BLOCK_COUNTS).chain(declared(&NETDEV_COUNTS)) {
             r.declare(name, Counter, help);
         }
         r.declare_histogram(
@@ -269,7 +344,7 @@ impl FromRecords {
             abi::TCP_RETX_TLP,
             abi::TCP_RETX_SYN,
         ] {
-            let kind = label("kind", kind_name(kind as u8));
+            let kind = label("kind", RetransmitKind::from_kernel(kind as u8).name());
             r.set(
                 "stalltrace_tcp_retransmitted_segments_total",
                 kind.clone(),
@@ -278,11 +353,10 @@ impl FromRecords {
             r.set("stalltrace_tcp_retransmit_failed_segments_total", kind, 0.0);
         }
         // A disk's or an interface's series go with it.
-        for (_, name, _) in BLOCK_TIMES
-            .iter()
-            .chain(&BLOCK_COUNTS)
-            .chain(&NETDEV_TIMES)
-            .chain(&NETDEV_COUNTS)
+        for (name, _) in declared(&BLOCK_TIMES)
+            .chain(declared(&BLOCK_COUNTS))
+            .chain(declared(&NETDEV_TIMES))
+            .chain(declared(&NETDEV_COUNTS))
         {
             r.expires(name);
         }
@@ -301,68 +375,63 @@ impl FromRecords {
         }
     }
 
-    pub fn record(&mut self, r: &mut Registry, kind: &str, v: &Value) {
+    /// One emitted record of type `kind`, as [`Measured::read`] read it
+    /// (None: it did not read, and is only counted).
+    pub fn record(&mut self, r: &mut Registry, kind: &str, record: Option<Measured>) {
         r.add("stalltrace_records_total", label("type", kind), 1.0);
-        match kind {
-            "start" => start(r, v),
-            "block" => block(r, v),
-            "tcp_retransmit" => {
-                let sent_timeout = retransmit(r, v);
+        let Some(record) = record else { return };
+        match record {
+            Measured::Start(envelope, s) => start(r, &envelope, &s),
+            Measured::Block(b) => block(r, &b),
+            Measured::TcpRetransmit(t) => {
+                let sent_timeout = retransmit(r, &t);
                 if let (Some(peers), Some(timeout)) = (&mut self.peers, sent_timeout) {
-                    peers.retransmitted(r, v, timeout);
+                    peers.retransmitted(r, &t, timeout);
                 }
             }
-            "tcp_rtt" => histogram(
+            Measured::TcpRtt(t) => histogram(
                 r,
                 "stalltrace_tcp_srtt_seconds",
                 vec![],
-                &v["srtt_us"],
+                &t.srtt_us,
                 Unit::Seconds,
             ),
-            "netdev" => netdev(r, v),
-            "stall" => self.stall(r, v),
-            "lost" => {
+            Measured::Netdev(n) => netdev(r, &n),
+            Measured::Stall(s) => self.stall(r, &s),
+            Measured::Lost(l) => {
                 // Drops of the output queue are counted as they happen
                 // (`Metrics::dropped`): a `lost` record saying so can itself
                 // be dropped and said again.
-                let sources = v["by_source"].as_object().into_iter().flatten();
-                for (source, n) in sources.filter(|(s, _)| *s != OUTPUT_LOST) {
-                    let n = n.as_f64().unwrap_or(0.0);
-                    r.add("stalltrace_lost_total", label("source", source), n);
+                let sources = l.by_source.iter().filter(|(s, _)| *s != OUTPUT_LOST);
+                for (source, &n) in sources {
+                    r.add("stalltrace_lost_total", label("source", source), n as f64);
                 }
             }
-            _ => {}
         }
     }
 
-    fn stall(&mut self, r: &mut Registry, v: &Value) {
-        let (Some(id), Some(kind), Some(cause)) =
-            (v["id"].as_u64(), text(v, "kind"), text(v, "cause"))
-        else {
-            return;
+    fn stall(&mut self, r: &mut Registry, s: &StallRecord) {
+        let labels = |kind: stall::Kind, cause: Cause| {
+            vec![("kind", kind.name().to_string()), ("cause", cause.name())]
         };
-        let labels = |kind: &str, cause: &str| {
-            vec![("kind", kind.to_string()), ("cause", cause.to_string())]
-        };
-        match text(v, "phase") {
-            Some("open") => {
-                r.add("stalltrace_stall_episodes_total", labels(kind, cause), 1.0);
-                self.open.insert(id, (kind.to_string(), cause.to_string()));
+        match s.phase {
+            Phase::Open => {
+                r.add(
+                    "stalltrace_stall_episodes_total",
+                    labels(s.kind, s.cause),
+                    1.0,
+                );
+                self.open.insert(s.id, (s.kind, s.cause));
             }
-            Some("closed") => {
-                self.open.remove(&id);
+            Phase::Closed => {
+                self.open.remove(&s.id);
             }
-            _ => {}
         }
         // Every kind and cause seen keeps its gauge, at 0 once all are closed
         // (an episode's cause can change between its open and closed records).
-        self.seen.insert((kind.to_string(), cause.to_string()));
-        for (k, c) in &self.seen {
-            let n = self
-                .open
-                .values()
-                .filter(|(ok, oc)| ok == k && oc == c)
-                .count();
+        self.seen.insert((s.kind, s.cause));
+        for &(k, c) in &self.seen {
+            let n = self.open.values().filter(|&&open| open == (k, c)).count();
             r.set("stalltrace_stall_episodes_open", labels(k, c), n as f64);
         }
     }
@@ -372,15 +441,8 @@ fn label(name: &'static str, value: &str) -> Labels {
     vec![(name, value.to_string())]
 }
 
-fn text<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
-    v.get(field).and_then(Value::as_str)
-}
-
-/// Adds one histogram object of a record (either schema: hist/record.rs).
-fn histogram(r: &mut Registry, name: &str, labels: Labels, h: &Value, unit: Unit) {
-    let Ok(h) = HistogramRecord::deserialize(h) else {
-        return;
-    };
+/// Adds one histogram of a record.
+fn histogram(r: &mut Registry, name: &str, labels: Labels, h: &HistogramRecord, unit: Unit) {
     // The kernel bucket's upper edge (exact, unlike the rounded figures in
     // the record), and the octave that holds it.
     let buckets = h.buckets.iter().map(|&(index, count)| {
@@ -391,21 +453,18 @@ fn histogram(r: &mut Registry, name: &str, labels: Labels, h: &Value, unit: Unit
     r.observe(name, labels, buckets.collect::<Vec<_>>(), sum);
 }
 
-fn start(r: &mut Registry, v: &Value) {
+fn start(r: &mut Registry, envelope: &Envelope, s: &StartRecord) {
     // The start that opens a further file repeats the run's: the run began once.
-    if v.get("file").is_some() {
+    if s.file.is_some() {
         return;
     }
     let info = vec![
-        (
-            "version",
-            text(v, "version").unwrap_or_default().to_string(),
-        ),
-        ("schema", v["schema"].to_string()),
-        ("kernel", text(v, "kernel").unwrap_or_default().to_string()),
+        ("version", s.version.clone()),
+        ("schema", envelope.schema.to_string()),
+        ("kernel", s.kernel.clone()),
     ];
     r.set("stalltrace_build_info", info, 1.0);
-    if let Some(ts) = text(v, "ts").and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) {
+    if let Ok(ts) = chrono::DateTime::parse_from_rfc3339(&envelope.ts) {
         r.set(
             "stalltrace_start_time_seconds",
             vec![],
@@ -414,163 +473,79 @@ fn start(r: &mut Registry, v: &Value) {
     }
 }
 
-fn block(r: &mut Registry, v: &Value) {
-    let Some(dev) = text(v, "dev") else { return };
-    let mut labels = vec![("device", dev.to_string())];
-    labels.push(("op", text(v, "op").unwrap_or("other").to_string()));
-    if let Some(role) = text(v, "role") {
-        labels.push(("role", role.to_string()));
+fn block(r: &mut Registry, b: &BlockRecord) {
+    let mut labels = vec![("device", b.dev.clone()), ("op", b.op.name().to_string())];
+    if let Some(role) = &b.role {
+        labels.push(("role", role.clone()));
     }
     for (field, name, _) in BLOCK_COUNTS {
-        r.add(name, labels.clone(), v[field].as_f64().unwrap_or(0.0));
+        r.add(name, labels.clone(), field(b) as f64);
     }
     for (field, name, _) in BLOCK_TIMES {
-        histogram(r, name, labels.clone(), &v[field], Unit::Seconds);
+        histogram(r, name, labels.clone(), field(b), Unit::Seconds);
     }
-    let occupancy = &v["inflight"];
     histogram(
         r,
         "stalltrace_block_queue_occupancy_requests",
         labels.clone(),
-        occupancy,
+        &b.inflight,
         Unit::Requests,
     );
     // No issue in the interval: nothing was in flight at one.
-    let max = occupancy["max"].as_f64().unwrap_or(0.0);
+    let max = b.inflight.max.unwrap_or(0.0);
     r.set("stalltrace_block_requests_in_flight_max", labels, max);
-    let disk = label("device", dev);
-    if let Some(now) = v["inflight_now"].as_f64() {
-        r.set("stalltrace_block_requests_in_flight", disk.clone(), now);
-    }
-    for limit in ["nr_requests", "hw_queue_depth", "device_queue_depth"] {
-        if let Some(n) = v["queue_limit"][limit].as_f64() {
+    let disk = label("device", &b.dev);
+    r.set(
+        "stalltrace_block_requests_in_flight",
+        disk.clone(),
+        b.inflight_now as f64,
+    );
+    let q = &b.queue_limit;
+    for (limit, n) in [
+        ("nr_requests", q.nr_requests),
+        ("hw_queue_depth", q.hw_queue_depth),
+        ("device_queue_depth", q.device_queue_depth),
+    ] {
+        if let Some(n) = n {
             let mut labels = disk.clone();
             labels.push(("limit", limit.to_string()));
-            r.set("stalltrace_block_queue_limit_requests", labels, n);
+            r.set("stalltrace_block_queue_limit_requests", labels, n as f64);
         }
     }
 }
 
 /// Counts one `tcp_retransmit` record. For one that went out: Some(whether
 /// it is a retransmission timeout); None for one that failed locally.
-fn retransmit(r: &mut Registry, v: &Value) -> Option<bool> {
-    let kind = text(v, "kind").unwrap_or("unknown");
-    let segs = v["segs"].as_f64().unwrap_or(0.0);
-    let sent = v["err"].as_i64() == Some(0);
+fn retransmit(r: &mut Registry, t: &TcpRetransmitRecord) -> Option<bool> {
+    let sent = t.err == 0;
     let name = if sent {
         "stalltrace_tcp_retransmitted_segments_total"
     } else {
         "stalltrace_tcp_retransmit_failed_segments_total"
     };
-    r.add(name, label("kind", kind), segs);
+    r.add(name, label("kind", t.kind.name()), f64::from(t.segs));
     // As the kernel side counts a peer's `rtos`: a timer retransmission that
     // went out (one that failed locally is retried, and would count twice).
-    let timeout = sent && kind == "rto" && v["timer"].as_bool() == Some(true);
+    let timeout = sent && t.kind == RetransmitKind::Rto && t.timer;
     if timeout {
         r.add("stalltrace_tcp_retransmission_timeouts_total", vec![], 1.0);
     }
     sent.then_some(timeout)
 }
 
-fn netdev(r: &mut Registry, v: &Value) {
-    let Some(iface) = text(v, "iface") else {
-        return;
-    };
+fn netdev(r: &mut Registry, n: &NetdevRecord) {
     let labels = vec![
-        ("interface", iface.to_string()),
-        ("netns", v["netns"].to_string()),
+        ("interface", n.iface.clone()),
+        ("netns", n.netns.to_string()),
     ];
     for (field, name, _) in NETDEV_COUNTS {
-        r.add(name, labels.clone(), v[field].as_f64().unwrap_or(0.0));
+        r.add(name, labels.clone(), field(n) as f64);
     }
     for (field, name, _) in NETDEV_TIMES {
-        histogram(r, name, labels.clone(), &v[field], Unit::Seconds);
+        histogram(r, name, labels.clone(), field(n), Unit::Seconds);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    /// The help texts say the sampling rates the kernel side uses (abi.h).
-    #[test]
-    fn netdev_help_names_the_kernel_sampling_rates() {
-        let help = |key: &str| NETDEV_TIMES.iter().find(|t| t.0 == key).unwrap().2;
-        let tx = format!("1 in {} sent packets", crate::abi::NETDEV_TX_SAMPLE);
-        let rx = format!("1 in {} received packets", crate::abi::NETDEV_RX_SAMPLE);
-        assert!(help("qdisc_us").contains(&tx), "{}", help("qdisc_us"));
-        assert!(help("rx_us").contains(&rx), "{}", help("rx_us"));
-    }
-
-    use super::*;
-    use serde_json::json;
-
-    fn registry() -> (Registry, FromRecords) {
-        let mut r = Registry::default();
-        let f = FromRecords::new(&mut r, 0);
-        (r, f)
-    }
-
-    fn hist(buckets: Value, count: u64, mean: f64) -> Value {
-        json!({"count": count, "mean": mean, "buckets": buckets})
-    }
-
-    #[test]
-    fn kernel_buckets_land_in_their_octave() {
-        let (mut r, mut f) = registry();
-        // 496-511 ns and 1024-1087 ns (the kernel's buckets, in µs), and 3 s.
-        let mut kernel = crate::hist::Histogram::default();
-        kernel.record(500, 4);
-        kernel.record(1_050, 5);
-        kernel.record(3_000_000_000, 1);
-        let mut latency = serde_json::to_value(kernel.to_record(1e-3)).unwrap();
-        latency["mean"] = json!(300000.0);
-        let empty = hist(json!([]), 0, 0.0);
-        let record = json!({"ts": "2026-11-23T10:00:00Z", "dev": "sdb", "op": "read", "count": 10,
-            "bytes": 40960, "bios": 10, "errors": 0, "requeues": 0, "latency_us": latency,
-            "tag_wait_us": empty, "queue_us": empty, "device_us": empty,
-            "inflight": hist(json!([[3.0, 3.0, 10]]), 10, 3.0), "inflight_now": 0,
-            "queue_limit": {"nr_requests": 64, "device_queue_depth": 32}, "role": "log"});
-        f.record(&mut r, "block", &record);
-        let text = r.render();
-        let series = r#"device="sdb",op="read",role="log""#;
-        for line in [
-            format!("stalltrace_block_latency_seconds_bucket{{{series},le=\"0.000001023\"}} 4"),
-            format!("stalltrace_block_latency_seconds_bucket{{{series},le=\"0.000002047\"}} 9"),
-            format!("stalltrace_block_latency_seconds_bucket{{{series},le=\"2.147483647\"}} 9"),
-            format!("stalltrace_block_latency_seconds_bucket{{{series},le=\"4.294967295\"}} 10"),
-            format!("stalltrace_block_latency_seconds_sum{{{series}}} 3"),
-            format!("stalltrace_block_requests_total{{{series}}} 10"),
-            format!("stalltrace_block_queue_occupancy_requests_bucket{{{series},le=\"1\"}} 0"),
-            format!("stalltrace_block_queue_occupancy_requests_bucket{{{series},le=\"3\"}} 10"),
-            "stalltrace_block_queue_limit_requests{device=\"sdb\",limit=\"device_queue_depth\"} 32"
-                .into(),
-            "stalltrace_records_total{type=\"block\"} 1".into(),
-        ] {
-            assert!(text.contains(&format!("{line}\n")), "no {line} in\n{text}");
-        }
-    }
-
-    #[test]
-    fn retransmits_and_episodes_are_counted_as_the_stream_says() {
-        let (mut r, mut f) = registry();
-        let rtx = |kind: &str, segs: u32, err: i32, timer: bool| json!({"kind": kind, "segs": segs, "err": err, "timer": timer});
-        f.record(&mut r, "tcp_retransmit", &rtx("rto", 1, 0, true));
-        f.record(&mut r, "tcp_retransmit", &rtx("rto", 2, 0, false));
-        f.record(&mut r, "tcp_retransmit", &rtx("fast", 3, -105, false));
-        let stall = |id: u64, phase: &str, cause: &str| json!({"id": id, "phase": phase, "kind": "storage", "cause": cause});
-        f.record(&mut r, "stall", &stall(1, "open", "slow_device"));
-        f.record(&mut r, "stall", &stall(2, "open", "slow_device"));
-        // Closed under another cause than it opened with.
-        f.record(&mut r, "stall", &stall(1, "closed", "queue_full"));
-        let text = r.render();
-        for line in [
-            "stalltrace_tcp_retransmitted_segments_total{kind=\"rto\"} 3",
-            "stalltrace_tcp_retransmit_failed_segments_total{kind=\"fast\"} 3",
-            "stalltrace_tcp_retransmission_timeouts_total 1",
-            "stalltrace_stall_episodes_total{kind=\"storage\",cause=\"slow_device\"} 2",
-            "stalltrace_stall_episodes_open{kind=\"storage\",cause=\"slow_device\"} 1",
-            "stalltrace_stall_episodes_open{kind=\"storage\",cause=\"queue_full\"} 0",
-        ] {
-            assert!(text.contains(&format!("{line}\n")), "no {line} in\n{text}");
-        }
-    }
-}
+#[path = "records_tests.rs"]
+mod tests;

@@ -1,8 +1,6 @@
 //! Netdev family: attaches `ebpf/netdev.bpf.c` and reads link health over
 //! netlink; one `netdev` record per interface per interval.
 
-pub mod record;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -20,7 +18,7 @@ use crate::host::netns::{self, NAMED_NETNS_DIR, Netns, is_ns_file};
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
-use record::NetdevRecord;
+use crate::records::netdev::NetdevRecord;
 
 pub struct NetdevOptions {
     pub mode: ModeChoice,
@@ -259,7 +257,7 @@ impl Family for NetdevProbe {
                 qdisc_untimed: delta[3],
                 link,
             };
-            out.emit("netdev", ts, &record)?;
+            out.emit(ts, &record)?;
         }
         for (key, id) in forget {
             let _ = self.stats.remove(&key);

@@ -9,16 +9,8 @@ use serde_json::{Map, Value};
 
 use super::file::NextFile;
 use super::queue::OutputQueue;
-use super::split::{MAX_LINE_BYTES, split_body};
-use crate::metrics::{self, Metrics};
-
-/// Bumped when a field is removed or changes meaning or encoding; additions
-/// keep it. 2: histograms by bucket index (hist/record.rs), `schema` and `run`
-/// on every record.
-pub const SCHEMA_VERSION: u32 = 2;
-
-/// The `lost` source of records the output queue had no room for.
-pub const OUTPUT_LOST: &str = "output.queue_full";
+use super::split::split_body;
+use crate::records::{MAX_LINE_BYTES, Record, SCHEMA_VERSION};
 
 pub struct JsonWriter {
     sink: Sink,
@@ -43,7 +35,20 @@ pub struct JsonWriter {
     /// `--prometheus`: every record made is counted there, and those it reads
     /// are handed over (written or dropped by the queue: the metrics do not
     /// depend on the reader).
-    metrics: Option<Metrics>,
+    metrics: Option<Box<dyn RecordReader>>,
+}
+
+/// A reader of every record as it is made, written or dropped by the queue
+/// (the Prometheus metrics): the writer knows its readers only through this.
+pub trait RecordReader: Send {
+    /// Whether it reads records of `kind` whole; else it is only told one was made.
+    fn reads(&self, kind: &str) -> bool;
+    /// A record of `kind`, envelope and body, as the stream has it.
+    fn read(&self, kind: &str, record: &Value);
+    /// A record of a kind it does not read was made.
+    fn made(&self, kind: &str);
+    /// One record the output queue had no room for.
+    fn dropped(&self);
 }
 
 /// Where the lines go.
@@ -132,14 +137,9 @@ impl JsonWriter {
         }
     }
 
-    /// The metrics the records are handed to, if any.
-    pub fn metrics(&self) -> Option<&Metrics> {
-        self.metrics.as_ref()
-    }
-
-    /// Hand the records to `metrics` too.
-    pub fn feed(&mut self, metrics: Metrics) {
-        self.metrics = Some(metrics);
+    /// Hand every record to `reader` too.
+    pub fn feed(&mut self, reader: Box<dyn RecordReader>) {
+        self.metrics = Some(reader);
     }
 
     /// Keep a copy of the records `wants` asks for, at most `event_cap`
@@ -168,10 +168,17 @@ impl JsonWriter {
         }
     }
 
-    /// Write one record of type `kind` whose fields are `body`'s. `Ok(false)`:
-    /// the output queue was full and the record was dropped (and counted).
-    /// An error is the output's own: nothing more can be written.
-    pub fn emit<T: Serialize>(
+    /// Write one record. `Ok(false)`: the output queue was full and the
+    /// record was dropped (and counted). An error is the output's own:
+    /// nothing more can be written.
+    pub fn emit<R: Record>(&mut self, ts: &str, record: &R) -> io::Result<bool> {
+        self.emit_as(R::TYPE, ts, record)
+    }
+
+    /// Write `body`'s fields as a record of type `kind`: [`emit`](Self::emit)
+    /// for any serializable body, which the tests of readers use to write
+    /// what no record type would.
+    pub fn emit_as<T: Serialize>(
         &mut self,
         kind: &'static str,
         ts: &str,
@@ -203,7 +210,7 @@ impl JsonWriter {
             seqno: self.seq,
             body,
         };
-        hand_over(&mut self.tap, self.metrics.as_ref(), kind, &envelope)?;
+        hand_over(&mut self.tap, self.metrics.as_deref(), kind, &envelope)?;
         self.seq += lines.len() as u64;
         let dropped = self.write_lines(lines)?;
         self.count(kind, dropped == 0, dropped);
@@ -332,7 +339,7 @@ impl JsonWriter {
                 seqno: self.seq,
                 body: &body,
             };
-            hand_over(&mut self.tap, self.metrics.as_ref(), "start", &envelope)?;
+            hand_over(&mut self.tap, self.metrics.as_deref(), "start", &envelope)?;
             self.seq += head.len() as u64;
             self.count("start", true, 0);
         }
@@ -420,7 +427,7 @@ impl JsonWriter {
 /// The tap and the metrics read every record whole, written or not.
 fn hand_over<T: Serialize>(
     tap: &mut Option<Tap>,
-    metrics: Option<&Metrics>,
+    metrics: Option<&dyn RecordReader>,
     kind: &'static str,
     envelope: &Envelope<'_, T>,
 ) -> io::Result<()> {
@@ -435,7 +442,7 @@ fn hand_over<T: Serialize>(
             true
         }
     });
-    let measured = metrics.map(|_| metrics::wanted(kind));
+    let measured = metrics.map(|m| m.reads(kind));
     // One JSON value for whichever reader wants it: per-event records come by the thousand.
     let value = if tapped == Some(true) || measured == Some(true) {
         Some(serde_json::to_value(envelope)?)
@@ -444,8 +451,8 @@ fn hand_over<T: Serialize>(
     };
     if let Some(metrics) = metrics {
         match &value {
-            Some(v) if measured == Some(true) => metrics.record(kind, v),
-            _ => metrics.count(kind),
+            Some(v) if measured == Some(true) => metrics.read(kind, v),
+            _ => metrics.made(kind),
         }
     }
     if let (Some(tap), Some(true), Some(v)) = (tap, tapped, value) {

@@ -19,9 +19,9 @@ fn the_tap_keeps_aggregates_and_caps_events_per_take() {
         "tcp_retransmit",
         "tcp_retransmit",
     ] {
-        w.emit(kind, "t", &serde_json::json!({})).unwrap();
+        w.emit_as(kind, "t", &serde_json::json!({})).unwrap();
     }
-    w.emit("block", "t", &serde_json::json!({})).unwrap();
+    w.emit_as("block", "t", &serde_json::json!({})).unwrap();
     let (records, dropped) = w.take_tapped();
     let kinds: Vec<&str> = records
         .iter()
@@ -33,7 +33,7 @@ fn the_tap_keeps_aggregates_and_caps_events_per_take() {
     );
     assert_eq!(dropped, 1, "the third event is over the cap");
     // The cap is per take: the next interval starts afresh.
-    w.emit("tcp_retransmit", "t", &serde_json::json!({}))
+    w.emit_as("tcp_retransmit", "t", &serde_json::json!({}))
         .unwrap();
     let (again, dropped) = w.take_tapped();
     assert_eq!(
@@ -51,7 +51,7 @@ fn records_are_single_lines_with_the_envelope_first() {
     }
     let buf = SharedBuffer::default();
     let mut w = JsonWriter::new(Box::new(buf.clone()), "db1".into());
-    w.emit(
+    w.emit_as(
         "block",
         "2026-11-21T00:00:00.000000Z",
         &Body {
@@ -60,7 +60,7 @@ fn records_are_single_lines_with_the_envelope_first() {
         },
     )
     .unwrap();
-    w.emit(
+    w.emit_as(
         "block",
         "2026-11-21T00:00:01.000000Z",
         &Body {

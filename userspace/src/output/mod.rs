@@ -3,13 +3,11 @@
 pub mod file;
 mod json;
 mod queue;
-pub mod records;
 #[cfg(test)]
 mod schema_check;
 mod split;
 
 #[cfg(test)]
 pub(crate) use json::SharedBuffer;
-pub use json::{FileBudget, JsonWriter, OUTPUT_LOST, SCHEMA_VERSION, Tapped};
+pub use json::{FileBudget, JsonWriter, RecordReader, Tapped};
 pub use queue::{OutputQueue, Unwritten};
-pub use split::MAX_LINE_BYTES;

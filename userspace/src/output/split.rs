@@ -14,10 +14,6 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-/// The longest line written, newline included: 7.5 KiB leaves rsyslog room
-/// for its header with a host name of up to 255 bytes.
-pub const MAX_LINE_BYTES: usize = 7680;
-
 /// What the envelope adds to a part beyond its body: `part`, `parts` and
 /// `split` with their values (a field name of up to 40 bytes).
 const PART_FIELDS_BYTES: usize = 96;

@@ -12,34 +12,10 @@ use aya::programs::{BtfTracePoint, FEntry, KProbe, RawTracePoint};
 use aya::{Btf, Ebpf};
 use aya_obj::btf::BtfKind;
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use serde::Serialize;
 
-use super::{HookMode, describe};
-
-/// How a program attaches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttachKind {
-    /// A BTF-typed tracepoint (direct loads).
-    TpBtf,
-    /// A raw tracepoint (untyped arguments, probe reads).
-    RawTp,
-    /// The entry of a kernel function, BTF-typed (a trampoline).
-    Fentry,
-    /// The entry of a kernel function through a kprobe.
-    Kprobe,
-}
+use super::{AttachKind, HookMode, describe};
 
 impl AttachKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            AttachKind::TpBtf => "tp_btf",
-            AttachKind::RawTp => "raw_tp",
-            AttachKind::Fentry => "fentry",
-            AttachKind::Kprobe => "kprobe",
-        }
-    }
-
     fn from_section(section: &str) -> Option<(Self, &str)> {
         [
             (AttachKind::TpBtf, "tp_btf/"),

@@ -19,9 +19,9 @@ pub mod stats;
 use std::cell::RefCell;
 
 use aya::{Btf, Ebpf, EbpfLoader};
-use serde::Serialize;
 
 use crate::error::UserError;
+pub use crate::records::run::{HookMode, HookStatus};
 
 /// One family's objects, compiled and embedded by build.rs.
 pub struct EmbeddedFamily {
@@ -39,29 +39,6 @@ pub fn embedded(name: &str) -> &'static EmbeddedFamily {
         .unwrap_or_else(|| panic!("family {name} is not embedded (no ebpf/{name}.bpf.c)"))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum HookMode {
-    TpBtf,
-    RawTp,
-}
-
-impl HookMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            HookMode::TpBtf => "tp_btf",
-            HookMode::RawTp => "raw_tp",
-        }
-    }
-
-    pub fn section_prefix(self) -> &'static str {
-        match self {
-            HookMode::TpBtf => "tp_btf/",
-            HookMode::RawTp => "raw_tp/",
-        }
-    }
-}
-
 /// `--probe-mode`: which hook flavour to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ModeChoice {
@@ -74,55 +51,6 @@ pub enum ModeChoice {
     /// raw tracepoints only (every read through bpf_probe_read_kernel)
     #[value(name = "raw_tp", alias = "raw-tp")]
     RawTp,
-}
-
-/// What happened to one hook; carried in the `start` record's `probes`.
-#[derive(Clone, Debug, Serialize)]
-pub struct HookStatus {
-    pub family: &'static str,
-    pub hook: String,
-    pub mode: HookMode,
-    pub attached: bool,
-    /// What served the hook once attached: its tracepoint (`tp_btf`, `raw_tp`) or
-    /// a kernel function standing in for it (`fentry`, `kprobe`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub via: Option<AttachKind>,
-    /// The tracepoint or kernel function it attached to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
-    /// Why the hook's earlier programs (its tracepoint) could not be used, when a later one serves it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fallback_reason: Option<String>,
-    /// What this kernel's hook cannot tell (docs/records.md says per field).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    /// The family works without it (a tracepoint only newer kernels have); serialized only when true.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub optional: bool,
-    /// Kernel program id once loaded (`bpftool prog show id N`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub program_id: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl HookStatus {
-    /// A required hook of `family` not tried yet in `mode`.
-    pub fn untried(family: &'static str, hook: &str, mode: HookMode) -> Self {
-        Self {
-            family,
-            hook: hook.to_string(),
-            mode,
-            attached: false,
-            via: None,
-            target: None,
-            fallback_reason: None,
-            note: None,
-            optional: false,
-            program_id: None,
-            error: None,
-        }
-    }
 }
 
 /// A family whose programs are all attached. Dropping it detaches them (links
@@ -142,7 +70,8 @@ pub struct FamilyFailure {
     pub error: UserError,
 }
 
-pub use hooks::{AttachKind, Hook, hooks_in_object};
+pub use crate::records::run::AttachKind;
+pub use hooks::{Hook, hooks_in_object};
 
 /// What a family sets before its programs run. Built with
 /// `..Default::default()` for what a family leaves out, so a setting added
@@ -361,7 +290,7 @@ pub struct Ctx<'a> {
     pub clock: &'a crate::host::clock::Clock,
     /// SQL Server correlation, when its family is attached: tags records with
     /// the session or instance they belong to.
-    pub sql: Option<&'a mut crate::sqlserver::live::SqlServer>,
+    pub sql: Option<&'a mut dyn crate::enrich::Tagger>,
 }
 
 /// What the run loop needs from an attached probe family.

@@ -3,26 +3,9 @@
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
 
+pub use crate::records::run::ProgramStats;
 use aya::Ebpf;
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
-use serde::Serialize;
-
-/// One attached program's counters since load.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct ProgramStats {
-    pub program: String,
-    /// Runs counted by the kernel; 0 unless bpf stats are on (`--bpf-stats` or sysctl kernel.bpf_stats_enabled).
-    pub run_count: u64,
-    pub run_time_ns: u64,
-    /// Runs skipped because the program was already running on that CPU (nested hook): lost measurements.
-    pub recursion_misses: u64,
-}
-
-impl ProgramStats {
-    pub fn ns_per_run(&self) -> Option<f64> {
-        (self.run_count > 0).then(|| self.run_time_ns as f64 / self.run_count as f64)
-    }
-}
 
 /// Counters of every program in `ebpf`.
 ///

@@ -1,55 +1,219 @@
-//! SQL Server records (schema v1: `sql_instance`, `sql_session`) and the `sql`
-//! object other records carry when they belong to SQL Server.
+//! SQL Server's records (`sql_instance`, `sql_session`), what they are made
+//! of, and the `sql` object other records carry when they belong to SQL
+//! Server.
 
-use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use super::inventory::{Instance, Session, SessionKind};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
-/// An instance found (or changed: ports, files, roles).
-#[derive(Serialize)]
-pub struct SqlInstanceRecord<'a> {
-    #[serde(flatten)]
-    pub instance: &'a Instance,
-}
-
-/// A session opened, learned its SPID, or closed.
-#[derive(Serialize)]
-pub struct SqlSessionRecord<'a> {
-    /// `open`, `identified` (its SPID became known) or `closed`.
-    pub event: &'static str,
-    #[serde(flatten)]
-    pub session: &'a Session,
-}
-
-/// Which SQL Server session (or instance) a record belongs to.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct SqlTag {
-    /// The instance's worker pid.
+/// A SQL Server instance found on the host (or changed: ports, files, roles), from /proc and
+/// /sys alone.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Instance {
+    /// The worker process (it listens, opens the files, owns the sessions).
     pub pid: u32,
-    /// `client`, `availability_group` or `backup`; absent for an instance-wide
-    /// record (a slow I/O of the worker).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<SessionKind>,
-    /// The session's SPID, when known (TDS header or DMV).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Its watchdog parent `sqlservr`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog_pid: Option<u32>,
+    /// The worker's network namespace inode.
+    pub netns: u32,
+    /// TDS listener ports, as the worker listens on them (or --sql-port).
+    pub tds_ports: Vec<u16>,
+    /// Availability-group / mirroring endpoint ports (--sql-ag-port, default 5022).
+    pub ag_ports: Vec<u16>,
+    /// Its open database, log, tempdb and backup files.
+    pub files: Vec<FileSummary>,
+    /// Role of each disk (`major:minor`) it keeps files on; `mixed` when a disk holds files of
+    /// several roles. `block` records of those disks carry it as `role`.
+    pub disk_roles: BTreeMap<String, String>,
+}
+
+/// One open file of a SQL Server instance.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "file_summary")]
+pub struct FileSummary {
+    /// File path.
+    pub path: PathBuf,
+    /// From SQL Server's file naming: .mdf/.ndf data, .ldf log, tempdb's files, .bak/.trn
+    /// backups.
+    pub role: String,
+    /// The whole disks under it (`major:minor`): the filesystem's, then for device-mapper and md
+    /// the disks under those.
+    pub disks: Vec<String>,
+}
+
+/// What a SQL Server connection is: `client` (to a TDS listener), `availability_group` (an
+/// availability-group or mirroring endpoint connection), `backup` (to an SMB or NFS share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "session_kind")]
+pub enum SessionKind {
+    /// A client connected to a TDS listener.
+    Client,
+    /// An availability-group or mirroring endpoint connection.
+    AvailabilityGroup,
+    /// A connection to a file share (SMB, NFS): backups.
+    Backup,
+}
+
+impl SessionKind {
+    /// The name the records use.
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionKind::Client => "client",
+            SessionKind::AvailabilityGroup => "availability_group",
+            SessionKind::Backup => "backup",
+        }
+    }
+}
+
+/// A connection of a SQL Server worker: a client session, an availability-group connection, or
+/// a backup share connection.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields)]
+pub struct Session {
+    /// The instance's worker process.
+    pub pid: u32,
+    /// Network namespace inode.
+    pub netns: u32,
+    /// What the connection is.
+    pub kind: SessionKind,
+    /// Local end (`addr:port`).
+    pub local: SocketAddr,
+    /// Remote end (`addr:port`): the client of a client session.
+    pub remote: SocketAddr,
+    /// Socket inode (as in /proc/PID/fd).
+    pub sock_ino: u64,
+    /// When stalltrace first saw it (sessions older than stalltrace have no earlier time). It
+    /// cannot know the connect time of a session older than itself.
+    pub first_seen: String,
+    /// Its SPID, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spid: Option<u16>,
-    /// The client end (`addr:port`) of a client session; the remote end otherwise.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub client: Option<String>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// Its TDS stream is TLS: no SPID from its headers.
     pub encrypted: bool,
-    /// From the DMVs (`--sql-dmv`), for the connection's own session.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub login: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// DMV enrichment (`--sql-dmv`): the sessions on this connection, its own first, then MARS
+    /// sessions. An `identified` record follows when they change. What SQL Server's DMVs say
+    /// about the sessions on this connection.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dmv: Vec<DmvSession>,
+    /// The last refresh that did not see this socket (UTC ms): its connection
+    /// is younger than that. None for a socket there at stalltrace's start.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub absent_at_ms: Option<i64>,
+}
+
+/// What SQL Server's DMVs (sys.dm_exec_connections, sys.dm_exec_sessions,
+/// sys.dm_exec_requests) say about one session on a connection, at the last poll.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields, rename = "dmv_session")]
+pub struct DmvSession {
+    /// The session id (SPID).
+    pub session_id: u16,
+    /// When the connection (or MARS session) was made, UTC ms since the epoch; with the id, what
+    /// names a session (ids are reused).
+    pub connect_time_ms: i64,
+    /// Present for a MARS session sharing the connection with the first one (the primary one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mars: bool,
+    /// Login name.
+    pub login: String,
+    /// Program name the client reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Host name the client reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Current database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database: Option<String>,
-    /// What the session waited on at the last DMV poll.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Session status: `running`, `sleeping`, `dormant`, ...
+    pub status: String,
+    /// The current request's status, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_status: Option<String>,
+    /// The current request's command (`SELECT`, `INSERT`, ...; never SQL text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// What the current request waits on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_type: Option<String>,
-    /// The other sessions multiplexed on the connection (MARS).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// For how long, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_time_ms: Option<i32>,
+    /// The session blocking it, when one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_session_id: Option<i16>,
+}
+
+/// `sql_instance`: an instance found, or changed (ports, files, roles).
+pub type SqlInstanceRecord = Instance;
+
+/// What happened to a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "session_event")]
+pub enum SessionEvent {
+    /// First seen.
+    Open,
+    /// Its SPID (or encryption) became known.
+    Identified,
+    /// Gone.
+    Closed,
+}
+
+/// `sql_session`: a connection of a SQL Server worker: a client session, an availability-group
+/// connection, or a backup share connection. Written when a session opened, learned its SPID,
+/// or closed.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SqlSessionRecord {
+    /// `open`: first seen; `identified`: its SPID (or encryption) became known; `closed`: gone.
+    pub event: SessionEvent,
+    #[serde(flatten)]
+    pub session: Session,
+}
+
+/// The SQL Server session (or instance) a record belongs to, when it belongs to one.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "sql_tag")]
+pub struct SqlTag {
+    /// The instance's worker process.
+    pub pid: u32,
+    /// The session's kind; absent for an instance-wide record (a slow I/O submitted by the
+    /// worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SessionKind>,
+    /// The session's SPID, when known: from the TDS headers the server sends (unencrypted
+    /// sessions), else from DMV enrichment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spid: Option<u16>,
+    /// The remote end (`addr:port`): the client of a client session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// Present for a session whose TDS stream is TLS (no SPID from its headers).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
+    /// DMV enrichment (`--sql-dmv`): the connection's own session's login.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
+    /// DMV enrichment: its program name (as the client reported it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// DMV enrichment: its current database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// DMV enrichment: what its request waited on at the last poll (e.g. `WRITELOG`,
+    /// `ASYNC_NETWORK_IO`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_type: Option<String>,
+    /// DMV enrichment: the other sessions multiplexed on the same connection (MARS).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mars_spids: Vec<u16>,
 }
 

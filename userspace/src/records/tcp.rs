@@ -1,12 +1,13 @@
-//! The tcp family's JSON records (schema v1: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`).
+//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
+use super::HistogramRecord;
+use super::sql::SqlTag;
 use crate::abi::{self, tcp_retransmit_event};
-use crate::hist::HistogramRecord;
-use crate::sqlserver::record::SqlTag;
 
 const AF_INET6: u16 = 10;
 
@@ -19,8 +20,33 @@ pub fn addr(family: u16, bytes: &[u8; 16]) -> IpAddr {
     }
 }
 
-pub fn family_name(family: u16) -> &'static str {
-    if family == AF_INET6 { "ipv6" } else { "ipv4" }
+/// An address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "ip_family")]
+pub enum IpFamily {
+    Ipv4,
+    Ipv6,
+}
+
+impl IpFamily {
+    /// The family of a kernel `sa_family_t`.
+    pub fn from_kernel(family: u16) -> Self {
+        if family == AF_INET6 {
+            Self::Ipv6
+        } else {
+            Self::Ipv4
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(addr: &IpAddr) -> Self {
+        if addr.is_ipv6() {
+            Self::Ipv6
+        } else {
+            Self::Ipv4
+        }
+    }
 }
 
 /// include/net/tcp_states.h
@@ -54,60 +80,160 @@ pub fn ca_state_name(state: u8) -> &'static str {
     }
 }
 
-pub fn kind_name(kind: u8) -> &'static str {
-    match u32::from(kind) {
-        abi::TCP_RETX_RTO => "rto",
-        abi::TCP_RETX_FAST => "fast",
-        abi::TCP_RETX_TLP => "tlp",
-        abi::TCP_RETX_SYN => "syn",
-        _ => "unknown",
+/// What sent a retransmission.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "retransmit_kind")]
+pub enum RetransmitKind {
+    /// The retransmission timer, or an ACK during the loss recovery it started (TCP_CA_Loss).
+    Rto,
+    /// Fast retransmit (duplicate ACKs, SACK, RACK).
+    Fast,
+    /// A tail loss probe.
+    Tlp,
+    /// A SYN or SYN-ACK sent again.
+    Syn,
+    /// A kind this build does not know (from the kernel, or a newer stream).
+    #[serde(other)]
+    Unknown,
+}
+
+impl RetransmitKind {
+    /// The kind of an `enum tcp_retx_kind` value (abi.h).
+    pub fn from_kernel(kind: u8) -> Self {
+        match u32::from(kind) {
+            abi::TCP_RETX_RTO => Self::Rto,
+            abi::TCP_RETX_FAST => Self::Fast,
+            abi::TCP_RETX_TLP => Self::Tlp,
+            abi::TCP_RETX_SYN => Self::Syn,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The name the records use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rto => "rto",
+            Self::Fast => "fast",
+            Self::Tlp => "tlp",
+            Self::Syn => "syn",
+            Self::Unknown => "unknown",
+        }
     }
 }
 
-/// One retransmission (or an attempt that did not go out: `err` != 0).
-#[derive(Clone, Debug, Serialize)]
+/// What held a flow's sending back most in an interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "limiter")]
+pub enum Limiter {
+    /// The congestion window: bandwidth, loss, queueing on the path.
+    Network,
+    /// The peer's receive window: the receiver does not read fast enough.
+    Receiver,
+    /// The local send buffer: all written data was sent and the application
+    /// waited for buffer space while the window had room.
+    SenderBuffer,
+    /// Nothing in flight for most of the interval: the application had
+    /// nothing to send.
+    Application,
+}
+
+impl Limiter {
+    /// The name the records use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limiter::Network => "network",
+            Limiter::Receiver => "receiver",
+            Limiter::SenderBuffer => "sender_buffer",
+            Limiter::Application => "application",
+        }
+    }
+}
+
+/// One TCP retransmission, or an attempt that did not go out (`err` != 0), as it happens: sent
+/// through the ring buffer, drops counted in `lost` as `tcp.retransmit_ringbuf_full`. `kind` is
+/// decided from the kernel's own state at the retransmit, not from timing.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct TcpRetransmitRecord {
+    /// Network namespace inode of the socket (`ls -Li /proc/PID/ns/net`, `stat -L
+    /// /run/netns/NAME`).
     pub netns: u32,
-    pub family: &'static str,
+    /// Address family.
+    pub family: IpFamily,
+    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
+    /// IPv4.
     pub saddr: String,
+    /// Local port.
     pub sport: u16,
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
+    /// IPv4.
     pub daddr: String,
+    /// Remote port.
     pub dport: u16,
-    pub state: &'static str,
-    /// `rto`, `fast`, `tlp` or `syn`.
-    pub kind: &'static str,
-    /// Sent by the retransmission timer itself (one per timeout); the rest of an RTO's
-    /// retransmissions follow from ACKs while in loss recovery.
+    /// TCP state of the connection (SYN_RECV for a SYN-ACK retransmit).
+    pub state: String,
+    /// Why it was sent again: `rto` in loss recovery after the retransmission timer fired
+    /// (TCP_CA_Loss); `fast` fast retransmit/recovery (dupacks, SACK, RACK); `tlp` tail loss
+    /// probe; `syn` a SYN or SYN-ACK sent again.
+    pub kind: RetransmitKind,
+    /// Sent by the retransmission timer itself: exactly one per RTO expiry (the kernel's
+    /// TCPTimeouts). The rest of an RTO's retransmissions follow from ACKs while in loss recovery
+    /// (kind `rto`, timer false: the kernel's TCPSlowStartRetrans).
     pub timer: bool,
-    /// A SYN-ACK of a connection not yet accepted.
+    /// A SYN-ACK for a connection not yet accepted (a listener's retransmit).
     pub synack: bool,
-    pub ca_state: &'static str,
+    /// Congestion-avoidance state at the retransmit.
+    pub ca_state: String,
+    /// Segments the retransmission carries (one event can carry many under GSO/TSO).
     pub segs: u32,
+    /// Bytes it carries (the skb length).
     pub bytes: u32,
+    /// Sequence number of its first byte.
     pub seq: u32,
-    /// 0 when it went out; negative errno or positive NET_XMIT code otherwise.
+    /// 0 when it went out. Otherwise the kernel's result: negative errno for an attempt that
+    /// stopped early (-16 EBUSY: the previous copy was still queued on the host; not counted) or
+    /// whose send failed (-1 EPERM: dropped by a local filter; counted), or a positive NET_XMIT
+    /// code (1: the local qdisc dropped it; counted).
     pub err: i32,
-    /// Whether the kernel counted its segments in RetransSegs.
+    /// Whether the kernel counted its `segs` in RetransSegs (/proc/net/snmp): the sum of `segs`
+    /// over counted records is the namespace's RetransSegs increase.
     pub counted: bool,
+    /// The retransmission timeout in force, in milliseconds (converted from jiffies with
+    /// `start.kernel_hz`). At a timer retransmit: the timeout that just expired.
+    #[schemars(range(min = 0))]
     pub rto_ms: f64,
+    /// RTO doublings before this retransmit (icsk_backoff).
     pub backoff: u8,
+    /// Consecutive timeouts so far (icsk_retransmits); for a SYN-ACK, how many times it was sent
+    /// again.
     pub retransmits: u8,
+    /// The connection's smoothed RTT, in microseconds (0 before the first sample).
     pub srtt_us: u32,
-    /// Since this loss episode's first retransmission (or since the first SYN).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Milliseconds since this loss episode's first retransmission (or, before the connection is
+    /// established, since the first SYN): how long the flow has been stuck. Absent when not in an
+    /// episode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled_ms: Option<u32>,
-    /// The socket owner: the process that last sent or received on it (or connected/listened).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Process (thread group) that owns the socket: the last to send or receive on it, or the one
+    /// that connected or listened. Absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Thread of that process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Command name of that thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm: Option<String>,
-    /// Inode of the socket (as in /proc/PID/fd and `ss -e`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Inode of the socket, as in /proc/PID/fd (`socket:[N]`) and `ss -e`. Absent for a SYN-ACK
+    /// (no socket yet) or an orphaned socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sock_ino: Option<u64>,
-    /// The SQL Server session the connection is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The SQL Server session the connection is, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
 }
 
@@ -119,16 +245,16 @@ impl TcpRetransmitRecord {
         let comm: Vec<u8> = e.comm[..comm_len].iter().map(|&c| c as u8).collect();
         Self {
             netns: e.netns,
-            family: family_name(e.family),
+            family: IpFamily::from_kernel(e.family),
             saddr: addr(e.family, &e.saddr).to_string(),
             sport: e.sport,
             daddr: addr(e.family, &e.daddr).to_string(),
             dport: e.dport,
-            state: state_name(e.state),
-            kind: kind_name(e.retx_kind),
+            state: state_name(e.state).to_string(),
+            kind: RetransmitKind::from_kernel(e.retx_kind),
             timer: flag(abi::TCP_RETX_F_TIMER),
             synack: flag(abi::TCP_RETX_F_SYNACK),
-            ca_state: ca_state_name(e.ca_state),
+            ca_state: ca_state_name(e.ca_state).to_string(),
             segs: e.segs,
             bytes: e.bytes,
             seq: e.seq,
@@ -148,70 +274,122 @@ impl TcpRetransmitRecord {
     }
 }
 
-/// One peer (remote address and port, local port, network namespace), one interval.
-#[derive(Clone, Debug, Serialize)]
+/// One TCP peer (remote address and port, local port, network namespace) over one interval, for
+/// peers that had RTT samples or retransmits in it. Aggregated in the kernel in a bounded table
+/// (1024 peers; the least recently active give way).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct TcpRttRecord {
+    /// Network namespace inode.
     pub netns: u32,
-    pub family: &'static str,
+    /// Address family.
+    pub family: IpFamily,
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
+    /// IPv4.
     pub peer: String,
+    /// Remote port.
     pub peer_port: u16,
+    /// Local port.
     pub local_port: u16,
+    /// Measured length of the interval, in milliseconds.
     pub interval_ms: u64,
-    /// The kernel's smoothed RTT, sampled at the socket's send and receive
-    /// calls: at most one sample per call, and only after an ACK of new data
-    /// (the only time the estimate moves) since the socket's last sample.
+    /// The kernel's smoothed RTT (srtt), in microseconds, sampled at the socket's send and
+    /// receive calls: at most one sample per call, and only when an ACK of new data (the only
+    /// thing that moves the estimate) came since the socket's previous sample; a socket that
+    /// only receives has none. It leaves out the applications' own wakeups: a request/response
+    /// round trip seen by the application is longer.
     pub srtt_us: HistogramRecord,
-    /// Retransmission events (attempts included) and the segments the kernel counted.
+    /// Retransmission events in the interval (attempts that did not go out included).
     pub retransmits: u64,
+    /// Segments retransmitted that the kernel counted (RetransSegs).
     pub retrans_segs: u64,
-    /// Retransmission timer expiries (each one an RTO stall).
+    /// Retransmission timer expiries (each one a stall of at least the RTO).
     pub rtos: u64,
+    /// Fast retransmits that went out.
     pub fast_retransmits: u64,
+    /// Tail loss probes that went out.
     pub tail_loss_probes: u64,
+    /// SYN and SYN-ACK retransmits that went out.
     pub syn_retransmits: u64,
-    /// The peer table was full in this interval: some peers' figures were dropped (see `lost`).
+    /// The peer table was full during the interval: peers were evicted and their figures since
+    /// the last interval are lost (counted in `lost` as `tcp.peer_table_evicted`).
     pub peer_table_full: bool,
-    /// The SQL Server session this peer is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The SQL Server session this peer is, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
 }
 
-/// One bulk TCP flow (it sent at least `--bulk-mbps`), one interval: what
-/// limited it, from the kernel's tcp_info (the socket's own accounting).
-#[derive(Clone, Debug, Serialize)]
+/// A bulk TCP flow and what limited it in one interval, from the kernel's own accounting of the
+/// socket (tcp_info via sock_diag: busy, receive-window-limited and send-buffer-limited time).
+/// One per established socket that sent at least `--bulk-mbps` (acknowledged by the peer) in the
+/// interval, in every watched network namespace. Only the sending end gets one: the busy and
+/// limited times describe a socket's sending. A connection's first interval (before a first
+/// reading of its counters) gives none.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct TcpFlowRecord {
+    /// Network namespace inode.
     pub netns: u32,
-    pub family: &'static str,
+    /// Address family.
+    pub family: IpFamily,
+    /// Local address.
     pub saddr: String,
+    /// Local port.
     pub sport: u16,
+    /// Remote address.
     pub daddr: String,
+    /// Remote port.
     pub dport: u16,
-    /// Absent for a connection not accepted yet (no inode).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Socket inode (as in /proc/PID/fd and `ss -e`); absent for a connection not accepted yet
+    /// (no inode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sock_ino: Option<u64>,
-    /// Between the two readings of the socket's counters.
+    /// Measured time between the two readings of the socket's counters, ms.
     pub interval_ms: u64,
+    /// Bytes sent and acknowledged by the peer in the interval (tcpi_bytes_acked delta).
     pub bytes_acked: u64,
+    /// Bytes received in the interval (tcpi_bytes_received delta).
     pub bytes_received: u64,
-    /// `bytes_acked` as Mbit/s over `interval_ms`.
+    /// `bytes_acked` as Mbit/s over the interval (`interval_ms`).
+    #[schemars(range(min = 0))]
     pub send_mbps: f64,
-    /// The kernel's latest delivery-rate sample at the end, Mbit/s.
+    /// The kernel's latest delivery-rate sample at the end of the interval (tcpi_delivery_rate),
+    /// Mbit/s: what the path delivered over the last round trip with data to send, the rate the
+    /// congestion control sees.
+    #[schemars(range(min = 0))]
     pub delivery_mbps: f64,
-    /// Time with data in flight (kernel ticks: steps of 1/HZ).
+    /// Time with data in flight or waiting to be sent in the interval (tcpi_busy_time delta).
+    /// The kernel counts it in ticks (4 ms at HZ 250), and the limited times below are part of
+    /// it.
+    #[schemars(range(min = 0))]
     pub busy_ms: f64,
+    /// Of which limited by the receiver's window (tcpi_rwnd_limited delta).
+    #[schemars(range(min = 0))]
     pub rwnd_limited_ms: f64,
+    /// Of which limited by the send buffer (tcpi_sndbuf_limited delta).
+    #[schemars(range(min = 0))]
     pub sndbuf_limited_ms: f64,
+    /// Segments retransmitted in the interval (tcpi_total_retrans delta).
     pub retrans_segs: u64,
+    /// Smoothed RTT at the end of the interval (tcpi_rtt), µs.
+    #[schemars(range(min = 0))]
     pub srtt_us: f64,
+    /// Congestion window at the end of the interval, segments.
     pub cwnd: u32,
-    /// `network`, `receiver`, `sender_buffer` or `application`.
-    pub limiter: &'static str,
-    /// The processes holding the socket open (from /proc/PID/fd), for a flow
-    /// whose sender had nothing to send (`limiter` `application`): what feeds it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// What held it back most: `receiver` (rwnd-limited ≥ half the busy time: the peer does not
+    /// read as fast as this host sends), `sender_buffer` (sndbuf-limited ≥ half: all written data
+    /// was sent and the application waited for send-buffer space, a buffer too small for the
+    /// path), `application` (busy less than half the interval, or never busy: the sender had
+    /// nothing to send, e.g. it reads from a slow disk), else `network` (the congestion window:
+    /// bandwidth, loss, queueing).
+    pub limiter: Limiter,
+    /// The processes holding the socket open (from /proc/PID/fd, at most 8), on a flow whose
+    /// `limiter` is `application`: what feeds it. Stall detection ties the flow to a disk these
+    /// processes did slow I/O on. Absent otherwise, or when none was found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pids: Vec<u32>,
-    /// The SQL Server session the connection is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The SQL Server session (availability-group replica, backup) it belongs to, when it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
 }
 
@@ -254,8 +432,8 @@ mod tests {
             ("10.200.0.1", "10.200.0.2")
         );
         assert_eq!(
-            (r.kind, r.state, r.ca_state),
-            ("rto", "ESTABLISHED", "loss")
+            (r.kind, r.state.as_str(), r.ca_state.as_str()),
+            (RetransmitKind::Rto, "ESTABLISHED", "loss")
         );
         assert!(r.timer && r.counted && !r.synack);
         assert_eq!(r.rto_ms, 800.0);
@@ -273,7 +451,7 @@ mod tests {
         e.daddr = "fd00:5700::2".parse::<Ipv6Addr>().unwrap().octets();
         let r = TcpRetransmitRecord::from_event(&e, 1000);
         assert_eq!(r.daddr, "fd00:5700::2");
-        assert_eq!(r.family, "ipv6");
+        assert_eq!(r.family, IpFamily::Ipv6);
         assert_eq!((r.pid, r.comm.clone(), r.stalled_ms), (None, None, None));
     }
 }

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::fields::{f64_of, str_of, text_of, u64_of};
 use super::sessions::SqlTag;
 use super::time::parse_us;
+use crate::records::stall::{Kind, Phase, StallRecord};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evidence {
@@ -87,7 +87,7 @@ impl Episode {
 
 /// The parts of one `stall` record the pairing needs.
 struct Seen {
-    record: Value,
+    record: StallRecord,
     start_us: i64,
 }
 
@@ -99,24 +99,19 @@ pub struct Episodes {
 
 impl Episodes {
     /// A `stall` record. Returns false when it is not one the report can use
-    /// (no id, phase or start).
-    pub fn add(&mut self, r: &Value) -> bool {
-        let (Some(id), Some(phase), Some(start_us)) = (
-            u64_of(r, "id"),
-            str_of(r, "phase"),
-            str_of(r, "start").as_deref().and_then(parse_us),
-        ) else {
+    /// (its start is not a time).
+    pub fn add(&mut self, r: &StallRecord) -> bool {
+        let Some(start_us) = parse_us(&r.start) else {
             return false;
         };
         let seen = Seen {
             record: r.clone(),
             start_us,
         };
-        match phase.as_str() {
+        match r.phase {
             // A later record of the same phase replaces the earlier: it knows more.
-            "open" => self.open.insert(id, seen),
-            "closed" => self.closed.insert(id, seen),
-            _ => return false,
+            Phase::Open => self.open.insert(r.id, seen),
+            Phase::Closed => self.closed.insert(r.id, seen),
         };
         true
     }
@@ -151,7 +146,7 @@ impl Episodes {
 
 fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> Episode {
     let r = &seen.record;
-    let recorded_ms = f64_of(r, "duration_ms").unwrap_or(0.0);
+    let recorded_ms = r.duration_ms;
     let (end_us, duration_ms) = match state {
         // Still open: it lasted at least until the recording's end.
         EpisodeState::StillOpen => {
@@ -159,7 +154,8 @@ fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> 
             (end, recorded_ms.max((end - seen.start_us) as f64 / 1000.0))
         }
         _ => {
-            let end = str_of(r, "end")
+            let end = r
+                .end
                 .as_deref()
                 .and_then(parse_us)
                 .unwrap_or(seen.start_us + (recorded_ms * 1000.0) as i64);
@@ -167,56 +163,56 @@ fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> 
         }
     };
     let evidence = r
-        .get("evidence")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| {
-                    Some(Evidence {
-                        signal: str_of(e, "signal")?,
-                        value: e.get("value").and_then(text_of).unwrap_or_default(),
-                        threshold: f64_of(e, "threshold"),
-                        unit: str_of(e, "unit"),
-                        text: str_of(e, "text").unwrap_or_default(),
-                    })
-                })
-                .collect()
+        .evidence
+        .iter()
+        .map(|e| Evidence {
+            signal: e.signal.clone(),
+            value: text_of(&e.value).unwrap_or_default(),
+            threshold: e.threshold,
+            unit: e.unit.clone(),
+            text: e.text.clone(),
         })
-        .unwrap_or_default();
-    let strings = |key: &str| -> Vec<String> {
-        r.get(key)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+        .collect();
     Episode {
         id,
         state,
-        kind: str_of(r, "kind").unwrap_or_else(|| "unknown".into()),
-        cause: str_of(r, "cause").unwrap_or_else(|| "unknown".into()),
+        kind: kind_name(r.kind).to_string(),
+        cause: r.cause.name(),
         start_us: seen.start_us,
         end_us,
         duration_ms,
-        impact_ms: f64_of(r, "impact_ms").unwrap_or(0.0),
-        dev: str_of(r, "dev"),
-        role: str_of(r, "role"),
-        iface: str_of(r, "iface"),
-        peer: str_of(r, "peer"),
-        flow: str_of(r, "flow"),
-        netns: u64_of(r, "netns"),
+        impact_ms: r.impact_ms,
+        dev: r.subject.dev.clone(),
+        role: r.role.clone(),
+        iface: r.subject.iface.clone(),
+        peer: r.subject.peer.clone(),
+        flow: r.subject.flow.clone(),
+        netns: r.subject.netns,
         evidence,
-        next_step: str_of(r, "next_step").unwrap_or_default(),
-        sessions: r
-            .get("sessions")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(SqlTag::from_value).collect())
-            .unwrap_or_default(),
-        sessions_omitted: u64_of(r, "sessions_omitted").unwrap_or(0),
-        files: strings("files"),
+        next_step: r.next_step.clone(),
+        sessions: r.sessions.iter().map(SqlTag::from).collect(),
+        sessions_omitted: r.sessions_omitted.map_or(0, u64::from),
+        files: r.files.clone(),
+    }
+}
+
+/// The name the records use for an episode's kind.
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Network => "network",
+        Kind::Storage => "storage",
+        Kind::BulkFlow => "bulk_flow",
+    }
+}
+
+/// An evidence value (the record keeps it as JSON: a number, a word such as
+/// `half`, or a flag), as text.
+fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
     }
 }
 

@@ -79,6 +79,8 @@ pub struct StreamHealth {
     pub missing: Vec<(String, u64, u64)>,
     /// Record types this version does not know, and how many were ignored.
     pub unknown_types: BTreeMap<String, u64>,
+    /// Records of a known type that do not fit it (see `typed`), by type: ignored.
+    pub unreadable: BTreeMap<String, u64>,
     /// Records before the `start` record, ignored.
     pub before_start: usize,
     /// Where another run begins; everything from it is ignored.

@@ -11,7 +11,6 @@ use flate2::bufread::MultiGzDecoder;
 use super::html::render_html;
 use super::model::{Report, ReportBuilder, ReportError};
 use super::text::render_text;
-use crate::cli::ReportArgs;
 use crate::error::UserError;
 
 mod lines;
@@ -261,6 +260,23 @@ impl<R: Read> Read for GzStop<R> {
             }
         }
     }
+}
+
+/// `stalltrace report`'s options (cli.rs lists it with the other subcommands).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A stream written by `stalltrace run` (JSON lines, gzip-compressed or
+    /// not), or all the files of a rotated set in any order (`FILE*`); `-`
+    /// reads stdin.
+    // Not `required`: no path is the report's own one-line error, not clap's usage text.
+    #[arg(value_name = "FILE.jsonl")]
+    pub files: Vec<PathBuf>,
+    /// Also write the report as one self-contained HTML page (heatmaps, episode timeline).
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
+    /// Width of the text report in columns (default: the terminal's, else 100).
+    #[arg(long, value_name = "COLUMNS", value_parser = clap::value_parser!(u16).range(60..=400))]
+    pub width: Option<u16>,
 }
 
 /// The `report` subcommand.

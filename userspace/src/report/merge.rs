@@ -8,9 +8,10 @@
 //! the same code (nearest rank, bucket midpoint) that wrote each interval's:
 //! merging one interval gives back exactly that interval's figures.
 
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::hist::{BUCKETS, Histogram, bucket_index, bucket_range, buckets_of};
+use crate::hist::{BUCKETS, Histogram, HistogramRecord, bucket_index, bucket_range};
 
 /// What a histogram field's values were recorded in. Every `_us` histogram is
 /// timed in nanoseconds and written in µs (`to_record(1e-3)`); `inflight`
@@ -74,11 +75,17 @@ impl MergedHist {
     /// non-empty buckets (for a series), or `None` when it is not a histogram
     /// object (then nothing is merged).
     pub fn add(&mut self, h: &Value) -> Option<Sparse> {
+        let h = HistogramRecord::deserialize(h).ok()?;
+        Some(self.add_record(&h))
+    }
+
+    /// Merge one interval's histogram; returns its non-empty buckets (for a
+    /// series).
+    pub fn add_record(&mut self, h: &HistogramRecord) -> Sparse {
         // Triples in the field's unit whatever the object's own scale: its
         // buckets are put into this field's geometry by value.
-        let buckets = buckets_of(h)?;
-        let mut sparse = Sparse::with_capacity(buckets.len());
-        for (low, high, count) in buckets {
+        let mut sparse = Sparse::with_capacity(h.buckets.len());
+        for (low, high, count) in h.triples() {
             if count == 0 {
                 continue;
             }
@@ -87,11 +94,11 @@ impl MergedHist {
             sparse.push((index as u16, count));
         }
         let count: u64 = sparse.iter().map(|&(_, n)| n).sum();
-        if let Some(mean) = h.get("mean").and_then(Value::as_f64) {
+        if let Some(mean) = h.mean {
             self.weighted_sum += mean * count as f64;
             self.weighted_count += count;
         }
-        Some(sparse)
+        sparse
     }
 
     fn add_index(&mut self, index: usize, count: u64) {

@@ -8,7 +8,6 @@
 
 mod bars;
 mod episodes;
-mod fields;
 mod health;
 pub mod html;
 mod input;
@@ -23,12 +22,13 @@ mod split;
 mod storage;
 pub mod text;
 mod time;
+mod typed;
 mod view;
 
 pub use episodes::{Episode, EpisodeState, Evidence};
 pub use health::{FileRead, LineRef, StreamFile, StreamHealth};
 pub use html::render_html;
-pub use input::{command, read_report, terminal_width};
+pub use input::{ReportArgs, command, read_report, terminal_width};
 pub use merge::{MergedHist, Unit};
 pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};

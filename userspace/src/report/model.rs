@@ -1,11 +1,14 @@
 //! A [`Report`] built from a record stream: what the run was, whether the
 //! stream is whole and what it lost, and every section the renderers show.
 //!
-//! Forward compatible by construction: records are read as JSON values, record
-//! types this version does not know are counted and ignored, and fields it does
-//! not know are never looked at. Only a different schema *major* in `start`
-//! (or, in a stream without one, in the records) is refused, since fields may
-//! have changed meaning then.
+//! Records are read as JSON values up to `whole`, which checks the envelope
+//! and dispatches each record by its `type` into its record type
+//! (`crate::records`, through `typed`: the one boundary, with its policy for
+//! older streams). Record types this version does not know are counted and
+//! ignored, fields it does not know are skipped, and records of a known type
+//! that do not fit it are counted as unreadable. Only a different schema
+//! *major* in `start` (or, in a stream without one, in the records) is
+//! refused, since fields may have changed meaning then.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,7 +17,6 @@ use std::io::BufRead;
 use serde_json::Value;
 
 use super::episodes::{Episode, Episodes};
-use super::fields::{str_of, u64_of};
 use super::health::{LineRef, StreamHealth};
 use super::network::{BulkFlow, Interface, Network, Retransmits, TcpPeer};
 pub use super::run::{FamilyStatus, RunInfo};
@@ -22,10 +24,18 @@ use super::run::{Inference, readable_schemas};
 use super::sessions::{Instance, SessionImpact, Sessions, SqlTag};
 use super::split::Reassembly;
 use super::storage::{Disk, Disks};
-use super::time::parse_us;
+use super::typed::typed;
 use crate::error::UserError;
+use crate::records::block::{BlockRecord, SlowIoRecord};
+use crate::records::netdev::NetdevRecord;
+use crate::records::run::{LostRecord, StartRecord, StopRecord};
+use crate::records::sql::{SqlInstanceRecord, SqlSessionRecord};
+use crate::records::stall::StallRecord;
+use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
-mod envelope;
+pub(in crate::report) mod envelope;
+
+use envelope::field;
 
 /// Events and measurements the run could not deliver (`lost`, `stop.lost`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -249,10 +259,15 @@ impl ReportBuilder {
         }
     }
 
+    /// A record of a known type that does not fit it (see `typed`).
+    fn unreadable(&mut self, kind: &str) {
+        *self.health.unreadable.entry(kind.to_string()).or_default() += 1;
+    }
+
     /// A whole record of the run (put back together when it was written in
     /// parts), past the envelope's checks (see `envelope`).
     fn whole(&mut self, r: &Value, at: LineRef) -> Result<(), ReportError> {
-        let Some(kind) = r.get("type").and_then(Value::as_str) else {
+        let Some(kind) = field::kind(r) else {
             self.note_bad(at);
             return Ok(());
         };
@@ -266,87 +281,133 @@ impl ReportBuilder {
                 self.primed = true;
             }
             self.run = Some(info);
-            self.run_id = str_of(r, "run");
+            self.run_id = field::run(r).map(String::from);
             self.health
                 .sequence
-                .run_file(u64_of(r, "file").unwrap_or(0), at);
+                .run_file(field::file(r).unwrap_or(0), at);
         } else if kind == "start" {
             // The same run's `start` repeated at the head of a new file
             // (`envelope` sent another run's elsewhere).
             self.health
                 .sequence
-                .run_file(u64_of(r, "file").unwrap_or(0), at);
+                .run_file(field::file(r).unwrap_or(0), at);
         }
         let Some(run) = self.run.as_mut() else {
             self.health.before_start += 1;
             return Ok(());
         };
-        let ts_us = str_of(r, "ts")
-            .as_deref()
-            .and_then(parse_us)
-            .unwrap_or(self.last_ts_us);
+        let ts_us = field::ts_us(r).unwrap_or(self.last_ts_us);
         self.last_ts_us = self.last_ts_us.max(ts_us);
         if self.primed {
             run.start_us = run.start_us.min(ts_us);
         }
         if run.inferred {
-            self.inference.record(kind, r);
+            self.inference.family(kind);
         }
         // Counted as `stop.records` counts: a record written in parts once.
         if kind != "stop" {
             *self.found.entry(kind.to_string()).or_default() += 1;
         }
         match kind {
-            "start" => {}
+            // Read by `run_info` above (or for the run's first file); a
+            // `start` whose body does not fit is counted here, once per record.
+            "start" => {
+                if typed::<StartRecord>(r).is_none() {
+                    self.unreadable(kind);
+                }
+            }
             "block" => {
                 self.interval_ends.insert(ts_us);
-                self.disks.block(r, ts_us);
+                match typed::<BlockRecord>(r) {
+                    Some(b) => {
+                        self.inference.interval(b.interval_ms);
+                        self.disks.block(&b, ts_us)
+                    }
+                    None => self.unreadable(kind),
+                }
             }
             "slow_io" => {
-                self.disks.slow_io(r, ts_us);
-                if let Some(tag) = r.get("sql").and_then(SqlTag::from_value)
-                    && let Some(pid) = tag.pid
-                {
-                    self.sessions.slow_io(pid, str_of(r, "file"));
+                let Some(s) = typed::<SlowIoRecord>(r) else {
+                    self.unreadable(kind);
+                    return Ok(());
+                };
+                self.disks.slow_io(&s, ts_us);
+                if let Some(tag) = &s.sql {
+                    self.sessions.slow_io(u64::from(tag.pid), s.file.clone());
                 }
             }
             "netdev" => {
                 self.interval_ends.insert(ts_us);
-                self.network.netdev(r, ts_us);
+                match typed::<NetdevRecord>(r) {
+                    Some(n) => {
+                        self.inference.interval(n.interval_ms);
+                        self.network.netdev(&n, ts_us)
+                    }
+                    None => self.unreadable(kind),
+                }
             }
             "tcp_rtt" => {
                 self.interval_ends.insert(ts_us);
-                self.network.tcp_rtt(r);
-            }
-            "tcp_retransmit" => {
-                let waited = self.network.tcp_retransmit(r);
-                if let Some(tag) = r.get("sql").and_then(SqlTag::from_value) {
-                    let segs = u64_of(r, "segs").unwrap_or(1);
-                    self.sessions.retransmit(&tag, segs, waited);
+                match typed::<TcpRttRecord>(r) {
+                    Some(t) => {
+                        self.inference.interval(t.interval_ms);
+                        self.network.tcp_rtt(&t)
+                    }
+                    None => self.unreadable(kind),
                 }
             }
-            "tcp_flow" => self.network.tcp_flow(r, ts_us),
-            "sql_instance" => self.sessions.instance(r),
-            "sql_session" => self.sessions.session(r),
+            "tcp_retransmit" => match typed::<TcpRetransmitRecord>(r) {
+                Some(t) => {
+                    let waited = self.network.tcp_retransmit(&t);
+                    if let Some(tag) = &t.sql {
+                        self.sessions
+                            .retransmit(&SqlTag::from(tag), u64::from(t.segs), waited);
+                    }
+                }
+                None => self.unreadable(kind),
+            },
+            "tcp_flow" => match typed::<TcpFlowRecord>(r) {
+                Some(t) => {
+                    self.inference.interval(t.interval_ms);
+                    self.network.tcp_flow(&t, ts_us)
+                }
+                None => self.unreadable(kind),
+            },
+            "sql_instance" => match typed::<SqlInstanceRecord>(r) {
+                Some(i) => self.sessions.instance(&i),
+                None => self.unreadable(kind),
+            },
+            "sql_session" => match typed::<SqlSessionRecord>(r) {
+                Some(s) => self.sessions.session(&s),
+                None => self.unreadable(kind),
+            },
+            // A stall the episodes cannot use was a bad line before records
+            // were typed; it stays one.
             "stall" => {
-                if !self.episodes.add(r) {
+                if !typed::<StallRecord>(r).is_some_and(|s| self.episodes.add(&s)) {
                     self.note_bad(at);
                 }
             }
             "lost" => {
                 self.interval_ends.insert(ts_us);
-                add_counts(&mut self.lost_sum, r.get("by_source"));
+                match typed::<LostRecord>(r) {
+                    Some(l) => {
+                        self.inference.interval(l.interval_ms);
+                        add_counts(&mut self.lost_sum, &l.by_source)
+                    }
+                    None => self.unreadable(kind),
+                }
             }
             "stop" => {
+                let Some(stop) = typed::<StopRecord>(r) else {
+                    self.unreadable(kind);
+                    return Ok(());
+                };
                 self.health.has_stop = true;
                 run.end_us = ts_us;
-                run.stop_reason = str_of(r, "reason");
-                let mut written = BTreeMap::new();
-                add_counts(&mut written, r.get("records"));
-                self.written = Some(written);
-                let mut lost = BTreeMap::new();
-                add_counts(&mut lost, r.get("lost"));
-                self.stop_lost = Some(lost);
+                run.stop_reason = Some(stop.reason.name().to_string());
+                self.written = Some(stop.records);
+                self.stop_lost = Some(stop.lost);
             }
             other => {
                 *self
@@ -389,7 +450,7 @@ impl ReportBuilder {
         };
         self.health.sequence.queue_full = losses
             .by_source
-            .get(crate::output::OUTPUT_LOST)
+            .get(crate::records::OUTPUT_LOST)
             .copied()
             .unwrap_or(0);
         let mut episodes = self.episodes.finish(run.end_us);
@@ -421,13 +482,9 @@ impl ReportBuilder {
     }
 }
 
-fn add_counts(into: &mut BTreeMap<String, u64>, map: Option<&Value>) {
-    if let Some(m) = map.and_then(Value::as_object) {
-        for (k, v) in m {
-            if let Some(n) = v.as_u64() {
-                *into.entry(k.clone()).or_default() += n;
-            }
-        }
+fn add_counts(into: &mut BTreeMap<String, u64>, counts: &BTreeMap<String, u64>) {
+    for (k, n) in counts {
+        *into.entry(k.clone()).or_default() += n;
     }
 }
 

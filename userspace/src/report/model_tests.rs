@@ -306,8 +306,9 @@ fn a_session_collects_its_episodes_rto_waits_and_who_it_is() {
         start(),
         json!({"ts": ts(0.5), "host": HOST, "type": "sql_session", "event": "identified", "pid": 4242,
             "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.9:50000",
-            "sock_ino": 77, "first_seen": ts(0.1), "spid": 51,
-            "dmv": [{"session_id": 51, "login": "orders", "program": "OrderSvc"}]}),
+            "sock_ino": 77, "first_seen": ts(0.1), "spid": 51, "encrypted": false,
+            "dmv": [{"session_id": 51, "connect_time_ms": 1_795_341_600_000_u64, "login": "orders",
+                "program": "OrderSvc", "status": "running"}]}),
         retransmit(1.5, 50000, 51, true, 204.0),
         retransmit(1.9, 50000, 51, true, 408.0),
         retransmit(2.0, 50000, 51, false, 816.0), // not timer-fired: no wait of its own

@@ -5,12 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
-use super::fields::{bool_of, count_of, f64_of, str_of, text_of, u64_of};
 use super::merge::{MergedHist, Sparse, Unit};
 use super::series::{self, Point, add_sparse};
 use super::sessions::SqlTag;
+use super::typed::named_counts;
+use crate::host::link::NOT_EXPOSED;
+use crate::records::netdev::{self, Exposed, NetdevRecord};
+use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 // ---- interfaces -----------------------------------------------------------
 
@@ -47,11 +48,11 @@ pub struct Pause {
 }
 
 impl LinkHealth {
-    fn update(&mut self, link: &Value) {
-        self.oper_state = str_of(link, "oper_state").or(self.oper_state.take());
-        self.carrier = bool_of(link, "carrier").or(self.carrier);
-        let speed = link.get("speed_mbps").and_then(text_of);
-        let duplex = link.get("duplex").and_then(text_of);
+    fn update(&mut self, link: &netdev::LinkHealth) {
+        self.oper_state = Some(link.oper_state.clone());
+        self.carrier = link.carrier.or(self.carrier);
+        let speed = Some(exposed_text(&link.speed_mbps));
+        let duplex = Some(exposed_text(&link.duplex));
         for (old, new, what) in [
             (&self.speed, &speed, "speed"),
             (&self.duplex, &duplex, "duplex"),
@@ -64,41 +65,33 @@ impl LinkHealth {
         }
         self.speed = speed.or(self.speed.take());
         self.duplex = duplex.or(self.duplex.take());
-        self.autoneg = link
-            .get("autoneg")
-            .and_then(text_of)
-            .or(self.autoneg.take());
-        self.carrier_changes += count_of(link, "carrier_changes");
-        if let Some(c) = link.get("counters").and_then(Value::as_object) {
-            for (name, v) in c {
-                if let Some(n) = v.as_u64().filter(|n| *n > 0) {
-                    *self.counters.entry(name.clone()).or_default() += n;
+        self.autoneg = Some(exposed_text(&link.autoneg));
+        self.carrier_changes += link.carrier_changes.unwrap_or(0);
+        if let Some(c) = &link.counters {
+            for (name, n) in named_counts(c) {
+                if n > 0 {
+                    *self.counters.entry(name).or_default() += n;
                 }
             }
         }
-        match link.get("pause") {
-            Some(p) if p.is_object() => {
-                let pause = self.pause.get_or_insert_with(Pause::default);
-                pause.rx_enabled = bool_of(p, "rx_enabled").or(pause.rx_enabled);
-                pause.tx_enabled = bool_of(p, "tx_enabled").or(pause.tx_enabled);
-                let add = |acc: &mut Option<u64>, key| {
-                    if let Some(n) = u64_of(p, key) {
-                        *acc = Some(acc.unwrap_or(0) + n);
-                    }
-                };
-                add(&mut pause.rx_frames, "rx_pause_frames");
-                add(&mut pause.tx_frames, "tx_pause_frames");
-            }
-            _ => {}
+        if let Exposed::Value(p) = &link.pause {
+            let pause = self.pause.get_or_insert_with(Pause::default);
+            pause.rx_enabled = p.rx_enabled.or(pause.rx_enabled);
+            pause.tx_enabled = p.tx_enabled.or(pause.tx_enabled);
+            let add = |acc: &mut Option<u64>, n: &Exposed<u64>| {
+                if let Exposed::Value(n) = n {
+                    *acc = Some(acc.unwrap_or(0) + n);
+                }
+            };
+            add(&mut pause.rx_frames, &p.rx_pause_frames);
+            add(&mut pause.tx_frames, &p.tx_pause_frames);
         }
-        if let Some(q) = link.get("qdisc") {
-            self.qdisc_kind = str_of(q, "kind").or(self.qdisc_kind.take());
-            self.qdisc_drops += count_of(q, "drops");
-            self.qdisc_overlimits += count_of(q, "overlimits");
-            self.qdisc_requeues += count_of(q, "requeues");
-            self.qdisc_backlog_max_bytes = self
-                .qdisc_backlog_max_bytes
-                .max(count_of(q, "backlog_bytes"));
+        if let Some(q) = &link.qdisc {
+            self.qdisc_kind = Some(q.kind.clone());
+            self.qdisc_drops += q.drops;
+            self.qdisc_overlimits += q.overlimits;
+            self.qdisc_requeues += q.requeues;
+            self.qdisc_backlog_max_bytes = self.qdisc_backlog_max_bytes.max(q.backlog_bytes);
         }
     }
 
@@ -338,16 +331,13 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn netdev(&mut self, r: &Value, ts_us: i64) {
-        let Some(iface) = str_of(r, "iface") else {
-            return;
-        };
-        let netns = u64_of(r, "netns");
+    pub fn netdev(&mut self, r: &NetdevRecord, ts_us: i64) {
+        let netns = Some(u64::from(r.netns));
         let i = self
             .ifaces
-            .entry((netns, iface.clone()))
+            .entry((netns, r.iface.clone()))
             .or_insert_with(|| Interface {
-                iface,
+                iface: r.iface.clone(),
                 netns,
                 rx_packets: 0,
                 rx_bytes: 0,
@@ -363,33 +353,26 @@ impl Network {
                 link: None,
                 series: Vec::new(),
             });
-        let tx_bytes = count_of(r, "tx_bytes");
-        i.rx_packets += count_of(r, "rx_packets");
-        i.rx_bytes += count_of(r, "rx_bytes");
-        i.tx_packets += count_of(r, "tx_packets");
+        let tx_bytes = r.tx_bytes.unwrap_or(0);
+        i.rx_packets += r.rx_packets.unwrap_or(0);
+        i.rx_bytes += r.rx_bytes.unwrap_or(0);
+        i.tx_packets += r.tx_packets.unwrap_or(0);
         i.tx_bytes += tx_bytes;
-        i.qdisc_untimed += count_of(r, "qdisc_untimed");
-        i.tx_timeouts += count_of(r, "tx_timeouts");
-        i.tx_stalls += count_of(r, "tx_stalls");
-        i.tx_busy += count_of(r, "tx_busy");
-        let qdisc = r
-            .get("qdisc_us")
-            .and_then(|h| i.qdisc.add(h))
-            .unwrap_or_default();
-        if let Some(h) = r.get("xmit_us") {
-            i.xmit.add(h);
-        }
-        if let Some(h) = r.get("rx_us") {
-            i.rx.add(h);
-        }
-        if let Some(link) = r.get("link").filter(|l| l.is_object()) {
+        i.qdisc_untimed += r.qdisc_untimed;
+        i.tx_timeouts += r.tx_timeouts;
+        i.tx_stalls += r.tx_stalls;
+        i.tx_busy += r.tx_busy;
+        let qdisc = i.qdisc.add_record(&r.qdisc_us);
+        i.xmit.add_record(&r.xmit_us);
+        i.rx.add_record(&r.rx_us);
+        if let Some(link) = &r.link {
             i.link.get_or_insert_with(LinkHealth::default).update(link);
         }
         series::push(
             &mut i.series,
             NetPoint {
                 ts_us,
-                interval_ms: count_of(r, "interval_ms"),
+                interval_ms: r.interval_ms,
                 qdisc,
                 tx_bytes,
             },
@@ -421,79 +404,67 @@ impl Network {
         })
     }
 
-    pub fn tcp_rtt(&mut self, r: &Value) {
-        let Some(peer) = str_of(r, "peer") else {
-            return;
-        };
+    pub fn tcp_rtt(&mut self, r: &TcpRttRecord) {
         let key = (
-            u64_of(r, "netns"),
-            peer,
-            u64_of(r, "peer_port"),
-            u64_of(r, "local_port"),
+            Some(u64::from(r.netns)),
+            r.peer.clone(),
+            Some(u64::from(r.peer_port)),
+            Some(u64::from(r.local_port)),
         );
         let p = self.peer(key);
-        if let Some(h) = r.get("srtt_us") {
-            p.srtt.add(h);
-        }
-        p.retransmits += count_of(r, "retransmits");
-        p.retrans_segs += count_of(r, "retrans_segs");
-        p.rtos += count_of(r, "rtos");
-        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value)
+        p.srtt.add_record(&r.srtt_us);
+        p.retransmits += r.retransmits;
+        p.retrans_segs += r.retrans_segs;
+        p.rtos += r.rtos;
+        if let Some(tag) = &r.sql
             && !p.others
         {
-            p.sql = Some(tag);
+            p.sql = Some(SqlTag::from(tag));
         }
     }
 
     /// A `tcp_retransmit` event; returns the RTO it waited out when the
     /// retransmission timer sent it (for the session's time lost).
-    pub fn tcp_retransmit(&mut self, r: &Value) -> Option<f64> {
+    pub fn tcp_retransmit(&mut self, r: &TcpRetransmitRecord) -> Option<f64> {
         let rt = &mut self.retransmits;
         rt.events += 1;
-        rt.segs += count_of(r, "segs");
-        *rt.by_kind
-            .entry(str_of(r, "kind").unwrap_or_else(|| "unknown".into()))
-            .or_default() += 1;
-        let sent = r.get("err").and_then(Value::as_i64).is_none_or(|e| e == 0);
-        if !sent {
+        rt.segs += u64::from(r.segs);
+        *rt.by_kind.entry(r.kind.name().to_string()).or_default() += 1;
+        if r.err != 0 {
             rt.not_sent += 1;
         }
-        let rto_ms = f64_of(r, "rto_ms").unwrap_or(0.0);
+        let rto_ms = r.rto_ms;
         // The timer expired whether or not the copy then went out: the wait happened.
-        let waited = (bool_of(r, "timer") == Some(true) && rto_ms > 0.0).then_some(rto_ms);
+        let waited = (r.timer && rto_ms > 0.0).then_some(rto_ms);
         if let Some(ms) = waited {
             rt.timeouts += 1;
             rt.rto_wait_ms += ms;
             rt.max_rto_ms = rt.max_rto_ms.max(ms);
         }
-        let daddr = str_of(r, "daddr")?;
         let key = (
-            u64_of(r, "netns"),
-            daddr,
-            u64_of(r, "dport"),
-            u64_of(r, "sport"),
+            Some(u64::from(r.netns)),
+            r.daddr.clone(),
+            Some(u64::from(r.dport)),
+            Some(u64::from(r.sport)),
         );
         let p = self.peer(key);
         p.events += 1;
         p.rto_wait_ms += waited.unwrap_or(0.0);
         p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));
-        p.max_backoff = p.max_backoff.max(count_of(r, "backoff"));
+        p.max_backoff = p.max_backoff.max(u64::from(r.backoff));
         if p.sql.is_none() && !p.others {
-            p.sql = r.get("sql").and_then(SqlTag::from_value);
+            p.sql = r.sql.as_ref().map(SqlTag::from);
         }
         waited
     }
 
-    pub fn tcp_flow(&mut self, r: &Value, ts_us: i64) {
-        let (Some(saddr), Some(daddr)) = (str_of(r, "saddr"), str_of(r, "daddr")) else {
-            return;
-        };
+    pub fn tcp_flow(&mut self, r: &TcpFlowRecord, ts_us: i64) {
         let flow = format!(
             "{} -> {}",
-            endpoint(&saddr, u64_of(r, "sport")),
-            endpoint(&daddr, u64_of(r, "dport"))
+            endpoint(&r.saddr, Some(u64::from(r.sport))),
+            endpoint(&r.daddr, Some(u64::from(r.dport)))
         );
-        let netns = u64_of(r, "netns");
+        let netns = Some(u64::from(r.netns));
         let f = self
             .flows
             .entry((netns, flow.clone()))
@@ -513,26 +484,24 @@ impl Network {
                 sql: None,
                 series: Vec::new(),
             });
-        let interval_ms = count_of(r, "interval_ms");
-        let send_mbps = f64_of(r, "send_mbps").unwrap_or(0.0);
-        f.bytes_acked += count_of(r, "bytes_acked");
-        f.bytes_received += count_of(r, "bytes_received");
-        f.retrans_segs += count_of(r, "retrans_segs");
-        f.active_ms += interval_ms;
-        f.busy_ms += f64_of(r, "busy_ms").unwrap_or(0.0);
-        f.rwnd_limited_ms += f64_of(r, "rwnd_limited_ms").unwrap_or(0.0);
-        f.sndbuf_limited_ms += f64_of(r, "sndbuf_limited_ms").unwrap_or(0.0);
-        f.peak_send_mbps = f.peak_send_mbps.max(send_mbps);
-        f.delivery_mbps = f64_of(r, "delivery_mbps").or(f.delivery_mbps);
-        f.srtt_us_max = f.srtt_us_max.max(f64_of(r, "srtt_us").unwrap_or(0.0));
-        if let Some(tag) = r.get("sql").and_then(SqlTag::from_value) {
-            f.sql = Some(tag);
+        f.bytes_acked += r.bytes_acked;
+        f.bytes_received += r.bytes_received;
+        f.retrans_segs += r.retrans_segs;
+        f.active_ms += r.interval_ms;
+        f.busy_ms += r.busy_ms;
+        f.rwnd_limited_ms += r.rwnd_limited_ms;
+        f.sndbuf_limited_ms += r.sndbuf_limited_ms;
+        f.peak_send_mbps = f.peak_send_mbps.max(r.send_mbps);
+        f.delivery_mbps = Some(r.delivery_mbps);
+        f.srtt_us_max = f.srtt_us_max.max(r.srtt_us);
+        if let Some(tag) = &r.sql {
+            f.sql = Some(SqlTag::from(tag));
         }
         f.series.push(FlowPoint {
             ts_us,
-            interval_ms,
-            send_mbps,
-            limiter: str_of(r, "limiter").unwrap_or_else(|| "unknown".into()),
+            interval_ms: r.interval_ms,
+            send_mbps: r.send_mbps,
+            limiter: r.limiter.name().to_string(),
         });
     }
 
@@ -563,5 +532,13 @@ impl Network {
             (b.bytes_acked + b.bytes_received).cmp(&(a.bytes_acked + a.bytes_received))
         });
         (ifaces, peers, flows, self.retransmits)
+    }
+}
+
+/// An `Exposed` value as the report words it: the value, or `not exposed`.
+fn exposed_text<T: ToString>(e: &Exposed<T>) -> String {
+    match e {
+        Exposed::Value(v) => v.to_string(),
+        Exposed::NotExposed => NOT_EXPOSED.to_string(),
     }
 }

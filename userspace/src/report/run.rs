@@ -8,9 +8,11 @@ use std::ops::RangeInclusive;
 
 use serde_json::Value;
 
-use super::fields::{bool_of, f64_of, str_of, u64_of};
 use super::model::ReportError;
-use super::time::{parse_us, sig3};
+use super::model::envelope::field;
+use super::time::sig3;
+use super::typed::typed;
+use crate::records::run::{Filters, StartRecord};
 
 /// Record schemas (`start.schema` majors) the report reads: 1, and 2 (the
 /// run id and file ordinal in every record, compact histograms, records
@@ -125,86 +127,68 @@ impl RunInfo {
     }
 }
 
-/// The schema major of a `start` record: `1`, `1.2` and `"1.2"` are all 1.
-fn schema_major(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => n.as_u64().or_else(|| n.as_f64().map(|f| f.trunc() as u64)),
-        Value::String(s) => s.split('.').next()?.trim().parse().ok(),
-        _ => None,
-    }
-}
-
 /// What the run was, from its `start` record; a schema this version does not
-/// read is refused.
+/// read is refused. The schema is checked on the record as written, before
+/// its body is read (a later schema's body may not fit `StartRecord`); the
+/// body is then read through its record type (`typed`). A body that does not
+/// fit leaves what it would have said unknown (the caller counts the record
+/// as unreadable): the run is still reported from its envelope.
 pub fn run_info(r: &Value) -> Result<RunInfo, ReportError> {
-    let schema = r.get("schema");
-    let major = schema.and_then(schema_major);
+    let schema = field::schema(r);
+    let major = schema.and_then(field::schema_major);
     if !major.is_some_and(|m| READABLE_SCHEMAS.contains(&m)) {
         return Err(ReportError::Schema {
             found: schema
                 .map(|s| s.to_string().trim_matches('"').to_string())
                 .unwrap_or_else(|| "(none)".into()),
-            writer: str_of(r, "version"),
+            writer: field::writer_version(r).map(String::from),
         });
     }
-    let families = r
-        .get("families")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| {
-                    Some(FamilyStatus {
-                        family: str_of(f, "family")?,
-                        attached: bool_of(f, "attached").unwrap_or(false),
-                        mode: str_of(f, "mode"),
-                        note: str_of(f, "error").or_else(|| str_of(f, "fallback_reason")),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let missing_hooks = r
-        .get("probes")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter(|p| {
-                    bool_of(p, "optional") == Some(true) && bool_of(p, "attached") == Some(false)
-                })
-                .filter_map(|p| {
-                    Some(format!(
-                        "{} {}: {}",
-                        str_of(p, "family")?,
-                        str_of(p, "hook")?,
-                        str_of(p, "error").unwrap_or_else(|| "not attached".into())
-                    ))
-                })
-                .collect::<Vec<_>>()
-        })
-        .map(|mut v| {
-            v.dedup();
-            v
-        })
-        .unwrap_or_default();
-    let start_us = str_of(r, "ts").as_deref().and_then(parse_us).unwrap_or(0);
-    Ok(RunInfo {
-        host: str_of(r, "host").unwrap_or_else(|| "unknown".into()),
-        kernel: str_of(r, "kernel").unwrap_or_else(|| "unknown".into()),
-        version: str_of(r, "version").unwrap_or_else(|| "unknown".into()),
+    let start_us = field::ts_us(r).unwrap_or(0);
+    let mut run = RunInfo {
+        host: field::host(r).unwrap_or("unknown").to_string(),
+        kernel: "unknown".into(),
+        version: "unknown".into(),
         schema: major.unwrap_or(0),
         start_us,
         end_us: start_us,
-        stop_reason: None,
-        interval_ms: u64_of(r, "interval_ms").unwrap_or(0),
-        duration_ms: u64_of(r, "duration_ms"),
-        slow_io_ms: f64_of(r, "slow_io_ms").unwrap_or(0.0),
-        families,
-        missing_hooks,
-        filters: filters(r.get("filters")),
-        intervals: 0,
-        run_id: str_of(r, "run"),
-        inferred: false,
-    })
+        run_id: field::run(r).map(String::from),
+        ..RunInfo::default()
+    };
+    let Some(start) = typed::<StartRecord>(r) else {
+        return Ok(run);
+    };
+    run.kernel = start.kernel;
+    run.version = start.version;
+    run.interval_ms = start.interval_ms;
+    run.duration_ms = start.duration_ms;
+    run.slow_io_ms = start.slow_io_ms;
+    run.families = start
+        .families
+        .iter()
+        .map(|f| FamilyStatus {
+            family: f.family.clone(),
+            attached: f.attached,
+            mode: f.mode.map(|m| m.name().to_string()),
+            note: f.error.clone().or_else(|| f.fallback_reason.clone()),
+        })
+        .collect();
+    run.missing_hooks = start
+        .probes
+        .iter()
+        .filter(|p| p.optional && !p.attached)
+        .map(|p| {
+            format!(
+                "{} {}: {}",
+                p.family,
+                p.hook,
+                p.error.as_deref().unwrap_or("not attached")
+            )
+        })
+        .collect();
+    run.missing_hooks.dedup();
+    run.filters = filters(&start.filters);
+    Ok(run)
 }
 
 /// What the run was, from the first record of a stream that holds no
@@ -212,17 +196,14 @@ pub fn run_info(r: &Value) -> Result<RunInfo, ReportError> {
 /// schema 1 stream, which is refused as before); a schema this version does
 /// not read is refused as a `start` of it would be.
 pub fn inferred_run_info(r: &Value) -> Result<Option<RunInfo>, ReportError> {
-    let (Some(run), Some(_), Some(start_us)) = (
-        str_of(r, "run"),
-        u64_of(r, "seqno"),
-        str_of(r, "ts").as_deref().and_then(parse_us),
-    ) else {
+    let (Some(run), Some(_), Some(start_us)) = (field::run(r), field::seqno(r), field::ts_us(r))
+    else {
         return Ok(None);
     };
-    let Some(schema) = r.get("schema") else {
+    let Some(schema) = field::schema(r) else {
         return Ok(None);
     };
-    let major = schema_major(schema);
+    let major = field::schema_major(schema);
     match major {
         // Schema 1 carries no run id per record: its records say nothing of the run.
         Some(1) => return Ok(None),
@@ -235,13 +216,13 @@ pub fn inferred_run_info(r: &Value) -> Result<Option<RunInfo>, ReportError> {
         }
     }
     Ok(Some(RunInfo {
-        host: str_of(r, "host").unwrap_or_else(|| "unknown".into()),
+        host: field::host(r).unwrap_or("unknown").to_string(),
         kernel: "unknown".into(),
         version: "unknown".into(),
         schema: major.unwrap_or(0),
         start_us,
         end_us: start_us,
-        run_id: Some(run),
+        run_id: Some(run.to_string()),
         inferred: true,
         ..RunInfo::default()
     }))
@@ -262,12 +243,16 @@ pub struct Inference {
 }
 
 impl Inference {
-    /// One record of the run (of type `kind`).
-    pub fn record(&mut self, kind: &str, r: &Value) {
+    /// One record of the run, of type `kind`.
+    pub fn family(&mut self, kind: &str) {
         if let Some(family) = family_of(kind) {
             self.families.insert(family);
         }
-        if let Some(ms) = u64_of(r, "interval_ms").filter(|&ms| ms > 0)
+    }
+
+    /// The measured length of an interval, as an interval record said it.
+    pub fn interval(&mut self, ms: u64) {
+        if ms > 0
             && (self.interval_ms.len() < INTERVAL_VALUES_KEPT || self.interval_ms.contains_key(&ms))
         {
             *self.interval_ms.entry(ms).or_default() += 1;
@@ -327,26 +312,19 @@ fn family_of(kind: &str) -> Option<&'static str> {
     })
 }
 
-fn filters(f: Option<&Value>) -> Vec<String> {
-    let Some(f) = f else { return Vec::new() };
-    let list = |key: &str, each: &dyn Fn(&Value) -> Option<String>| -> Vec<String> {
-        f.get(key)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(each).collect())
-            .unwrap_or_default()
-    };
+/// The run's limits, in words (`TCP ports 1433, 5022`).
+fn filters(f: &Filters) -> Vec<String> {
     let mut out = Vec::new();
-    let ports = list("ports", &|v| v.as_u64().map(|p| p.to_string()));
-    if !ports.is_empty() {
+    if !f.ports.is_empty() {
+        let ports: Vec<String> = f.ports.iter().map(u16::to_string).collect();
         out.push(format!("TCP ports {}", ports.join(", ")));
     }
-    let netns = list("netns", &|v| str_of(v, "spec"));
-    if !netns.is_empty() {
+    if !f.netns.is_empty() {
+        let netns: Vec<&str> = f.netns.iter().map(|n| n.spec.as_str()).collect();
         out.push(format!("netns {}", netns.join(", ")));
     }
-    let ifaces = list("ifaces", &|v| v.as_str().map(String::from));
-    if !ifaces.is_empty() {
-        out.push(format!("interfaces {}", ifaces.join(", ")));
+    if !f.ifaces.is_empty() {
+        out.push(format!("interfaces {}", f.ifaces.join(", ")));
     }
     out
 }
@@ -359,7 +337,7 @@ mod tests {
     /// the report fails here.
     #[test]
     fn the_report_reads_the_schema_this_version_writes() {
-        assert!(READABLE_SCHEMAS.contains(&u64::from(crate::output::SCHEMA_VERSION)));
+        assert!(READABLE_SCHEMAS.contains(&u64::from(crate::records::SCHEMA_VERSION)));
         assert_eq!(readable_schemas(), "schemas 1 and 2");
     }
 
@@ -367,13 +345,6 @@ mod tests {
     /// median, rounded as a person would set it; families in `start`'s order.
     #[test]
     fn what_the_records_say_of_a_run_without_start() {
-        let record = |kind: &str, ms: Option<u64>| {
-            let mut r = serde_json::json!({"type": kind});
-            if let Some(ms) = ms {
-                r["interval_ms"] = ms.into();
-            }
-            r
-        };
         let mut i = Inference::default();
         for (kind, ms) in [
             ("sql_session", None),
@@ -384,7 +355,10 @@ mod tests {
             ("block", Some(212)),
             ("stall", None),
         ] {
-            i.record(kind, &record(kind, ms));
+            i.family(kind);
+            if let Some(ms) = ms {
+                i.interval(ms);
+            }
         }
         let mut run = RunInfo {
             inferred: true,
@@ -398,7 +372,8 @@ mod tests {
         // Short intervals are kept to the ms; none said: unknown.
         let mut short = Inference::default();
         for ms in [49, 50, 50] {
-            short.record("block", &record("block", Some(ms)));
+            short.family("block");
+            short.interval(ms);
         }
         assert_eq!(short.interval_estimate(), 50);
         run.interval_ms = Inference::default().interval_estimate();

@@ -8,9 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
-
-use super::fields::{bool_of, str_of, u64_of};
+use crate::records;
 
 /// A `sql` tag (schema `sql_tag`), or the same facts from a `sql_session` record.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -26,22 +24,23 @@ pub struct SqlTag {
     pub wait_type: Option<String>,
 }
 
-impl SqlTag {
-    pub fn from_value(v: &Value) -> Option<Self> {
-        v.as_object()?;
-        Some(Self {
-            pid: u64_of(v, "pid"),
-            kind: str_of(v, "kind"),
-            spid: u64_of(v, "spid"),
-            client: str_of(v, "client"),
-            encrypted: bool_of(v, "encrypted").unwrap_or(false),
-            login: str_of(v, "login"),
-            program: str_of(v, "program"),
-            database: str_of(v, "database"),
-            wait_type: str_of(v, "wait_type"),
-        })
+impl From<&records::sql::SqlTag> for SqlTag {
+    fn from(t: &records::sql::SqlTag) -> Self {
+        Self {
+            pid: Some(u64::from(t.pid)),
+            kind: t.kind.map(|k| k.name().to_string()),
+            spid: t.spid.map(u64::from),
+            client: t.client.clone(),
+            encrypted: t.encrypted,
+            login: t.login.clone(),
+            program: t.program.clone(),
+            database: t.database.clone(),
+            wait_type: t.wait_type.clone(),
+        }
     }
+}
 
+impl SqlTag {
     /// A session (it has a client or a SPID), not an instance-wide tag.
     pub fn is_session(&self) -> bool {
         self.client.is_some() || self.spid.is_some()
@@ -154,57 +153,26 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    pub fn instance(&mut self, r: &Value) {
-        let Some(pid) = u64_of(r, "pid") else { return };
-        let ports = |key: &str| -> Vec<u64> {
-            r.get(key)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default()
-        };
+    pub fn instance(&mut self, r: &records::sql::SqlInstanceRecord) {
+        let pid = u64::from(r.pid);
+        let ports = |ports: &[u16]| ports.iter().copied().map(u64::from).collect();
         let inst = self.instances.entry(pid).or_default();
         inst.pid = pid;
-        inst.watchdog_pid = u64_of(r, "watchdog_pid");
-        inst.tds_ports = ports("tds_ports");
-        inst.ag_ports = ports("ag_ports");
+        inst.watchdog_pid = r.watchdog_pid.map(u64::from);
+        inst.tds_ports = ports(&r.tds_ports);
+        inst.ag_ports = ports(&r.ag_ports);
         inst.files = r
-            .get("files")
-            .and_then(Value::as_array)
-            .map(|files| {
-                files
-                    .iter()
-                    .filter_map(|f| Some((str_of(f, "path")?, str_of(f, "role")?)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        inst.disk_roles = r
-            .get("disk_roles")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(disk, role)| Some((disk.clone(), role.as_str()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .files
+            .iter()
+            .map(|f| (f.path.to_string_lossy().into_owned(), f.role.clone()))
+            .collect();
+        inst.disk_roles = r.disk_roles.clone();
     }
 
     /// A `sql_session` record: what it says about who the session is.
-    pub fn session(&mut self, r: &Value) {
-        let dmv = r
-            .get("dmv")
-            .and_then(Value::as_array)
-            .and_then(|a| a.first());
-        let tag = SqlTag {
-            pid: u64_of(r, "pid"),
-            kind: str_of(r, "kind"),
-            spid: u64_of(r, "spid").or_else(|| dmv.and_then(|d| u64_of(d, "session_id"))),
-            client: str_of(r, "remote"),
-            encrypted: bool_of(r, "encrypted").unwrap_or(false),
-            login: dmv.and_then(|d| str_of(d, "login")),
-            program: dmv.and_then(|d| str_of(d, "program")),
-            database: dmv.and_then(|d| str_of(d, "database")),
-            wait_type: dmv.and_then(|d| str_of(d, "wait_type")),
-        };
+    pub fn session(&mut self, r: &records::sql::SqlSessionRecord) {
+        // The tag the tracer puts on the session's own records.
+        let tag = SqlTag::from(&records::sql::SqlTag::for_session(&r.session));
         if let (Some(pid), Some(client)) = (tag.pid, &tag.client)
             && tag.kind.as_deref().is_none_or(|k| k == "client")
         {
@@ -310,20 +278,40 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::records::sql::{DmvSession, Session, SessionEvent, SessionKind, SqlSessionRecord};
+    use serde_json::{Value, json};
 
+    /// A `sql` tag as records carry it.
     fn tag(v: Value) -> SqlTag {
-        SqlTag::from_value(&v).unwrap()
+        SqlTag::from(&serde_json::from_value::<records::sql::SqlTag>(v).unwrap())
     }
 
     #[test]
     fn one_session_across_records_is_one_row_with_everything_known() {
         let mut s = Sessions::default();
-        s.session(
-            &json!({"type": "sql_session", "event": "identified", "pid": 10,
-            "kind": "client", "remote": "10.0.0.9:50000", "spid": 51,
-            "dmv": [{"session_id": 51, "login": "app", "program": "OrderSvc"}]}),
-        );
+        s.session(&SqlSessionRecord {
+            event: SessionEvent::Identified,
+            session: Session {
+                pid: 10,
+                netns: 1,
+                kind: SessionKind::Client,
+                local: "10.0.0.1:1433".parse().unwrap(),
+                remote: "10.0.0.9:50000".parse().unwrap(),
+                sock_ino: 77,
+                first_seen: "2026-11-22T10:00:00.100000Z".into(),
+                spid: Some(51),
+                encrypted: false,
+                dmv: vec![DmvSession {
+                    session_id: 51,
+                    connect_time_ms: 1_795_341_600_000,
+                    login: "app".into(),
+                    program: Some("OrderSvc".into()),
+                    status: "running".into(),
+                    ..DmvSession::default()
+                }],
+                absent_at_ms: None,
+            },
+        });
         let t = tag(json!({"pid": 10, "kind": "client", "spid": 51, "client": "10.0.0.9:50000"}));
         s.retransmit(&t, 2, None);
         s.retransmit(&t, 1, Some(204.0));

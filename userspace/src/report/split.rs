@@ -11,9 +11,9 @@
 
 use serde_json::Value;
 
-use super::fields::{str_of, u64_of};
 use super::health::LineRef;
 use super::input::MAX_LINE;
+use super::model::envelope::field;
 
 /// Incomplete sets whose place the report names.
 const DAMAGED_LISTED: usize = 5;
@@ -92,15 +92,15 @@ struct PartOf {
 }
 
 fn part_of(r: &Value) -> Option<PartOf> {
-    if r.get("part").is_none() && r.get("parts").is_none() {
+    if !field::is_part(r) {
         return None;
     }
     Some(PartOf {
         // A malformed part (0, missing, not a number) is still a part: it
         // breaks its set rather than being read as a whole record.
-        part: u64_of(r, "part").unwrap_or(0),
-        parts: u64_of(r, "parts").unwrap_or(0),
-        split: str_of(r, "split").unwrap_or_default(),
+        part: field::part(r).unwrap_or(0),
+        parts: field::parts(r).unwrap_or(0),
+        split: field::split(r).unwrap_or_default().to_string(),
     })
 }
 
@@ -119,8 +119,8 @@ impl Reassembly {
             self.give_up();
             return Offer::Whole;
         };
-        let kind = str_of(r, "type").unwrap_or_default();
-        let seqno = u64_of(r, "seqno");
+        let kind = field::kind(r).unwrap_or_default().to_string();
+        let seqno = field::seqno(r);
         let same_set = self.pending.as_ref().is_some_and(|s| {
             s.kind == kind && s.split == p.split && s.parts == p.parts && p.part >= s.next_part
         });
@@ -129,7 +129,7 @@ impl Reassembly {
             // damaged, and its remaining parts are still its own.
             let next = s.next_part == p.part && (s.next_seqno.is_none() || s.next_seqno == seqno);
             s.bytes = s.bytes.saturating_add(bytes);
-            let more = r.get(&p.split).and_then(Value::as_array);
+            let more = field::split_items(r, &p.split);
             match (s.record.as_mut(), more) {
                 (Some(record), Some(more)) if next && s.bytes <= MAX_LINE => {
                     if let Some(Value::Array(items)) = record.get_mut(&p.split) {
@@ -141,7 +141,7 @@ impl Reassembly {
         } else {
             self.give_up();
             let valid = p.part >= 1 && p.part <= p.parts && !p.split.is_empty();
-            let array_ok = r.get(&p.split).is_some_and(Value::is_array);
+            let array_ok = field::split_items(r, &p.split).is_some();
             self.pending = Some(Pending {
                 kind,
                 split: p.split.clone(),

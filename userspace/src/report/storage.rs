@@ -5,11 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
-use super::fields::{count_of, f64_of, str_of, u64_of};
 use super::merge::{MergedHist, Sparse, Unit};
 use super::series::{self, Point, add_sparse};
+use crate::records::block::{BlockRecord, QueueLimits, SlowIoRecord};
 
 /// The queue in front of a disk (last `queue_limit` seen).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -21,17 +19,19 @@ pub struct QueueLimit {
     pub device_queue_depth: Option<u64>,
 }
 
-impl QueueLimit {
-    fn from_value(v: &Value) -> Self {
+impl From<&QueueLimits> for QueueLimit {
+    fn from(q: &QueueLimits) -> Self {
         Self {
-            scheduler: str_of(v, "scheduler"),
-            nr_requests: u64_of(v, "nr_requests"),
-            hw_queue_depth: u64_of(v, "hw_queue_depth"),
-            nr_hw_queues: u64_of(v, "nr_hw_queues"),
-            device_queue_depth: u64_of(v, "device_queue_depth"),
+            scheduler: q.scheduler.clone(),
+            nr_requests: q.nr_requests,
+            hw_queue_depth: q.hw_queue_depth,
+            nr_hw_queues: q.nr_hw_queues,
+            device_queue_depth: q.device_queue_depth,
         }
     }
+}
 
+impl QueueLimit {
     /// The smallest depth that caps requests in flight: what `inflight` is read against.
     pub fn effective_depth(&self) -> Option<u64> {
         [
@@ -205,76 +205,63 @@ impl Disks {
         })
     }
 
-    pub fn block(&mut self, r: &Value, ts_us: i64) {
-        let (Some(dev), Some(op)) = (str_of(r, "dev"), str_of(r, "op")) else {
-            return;
-        };
-        let disk = self.disk(&dev);
-        if let (Some(major), Some(minor)) = (u64_of(r, "major"), u64_of(r, "minor")) {
-            disk.devno = Some(format!("{major}:{minor}"));
+    pub fn block(&mut self, r: &BlockRecord, ts_us: i64) {
+        let disk = self.disk(&r.dev);
+        disk.devno = Some(format!("{}:{}", r.major, r.minor));
+        if let Some(role) = &r.role {
+            disk.role = Some(role.clone());
         }
-        if let Some(role) = str_of(r, "role") {
-            disk.role = Some(role);
-        }
-        if let Some(q) = r.get("queue_limit") {
-            disk.queue_limit = QueueLimit::from_value(q);
-        }
+        disk.queue_limit = QueueLimit::from(&r.queue_limit);
+        let op = r.op.name();
         let index = match disk.ops.iter().position(|o| o.op == op) {
             Some(i) => i,
             None => {
-                disk.ops.push(DiskOp::new(op));
+                disk.ops.push(DiskOp::new(op.to_string()));
                 disk.ops.len() - 1
             }
         };
         let o = &mut disk.ops[index];
-        let requests = count_of(r, "count");
-        let bytes = count_of(r, "bytes");
-        let interval_ms = count_of(r, "interval_ms");
-        o.requests += requests;
-        o.bytes += bytes;
-        o.bios += count_of(r, "bios");
-        o.requeues += count_of(r, "requeues");
-        o.errors += count_of(r, "errors");
-        o.completions_unseen += count_of(r, "completions_unseen");
-        o.active_ms += interval_ms;
-        o.peak_iops = o.peak_iops.max(per_second(requests, interval_ms));
-        let latency = merge(&mut o.latency, r, "latency_us").unwrap_or_default();
-        merge(&mut o.tag_wait, r, "tag_wait_us");
-        merge(&mut o.queue, r, "queue_us");
-        merge(&mut o.device, r, "device_us");
-        merge(&mut o.inflight, r, "inflight");
-        let p99 = |field: &str| r.get(field).and_then(|h| f64_of(h, "p99"));
+        o.requests += r.count;
+        o.bytes += r.bytes;
+        o.bios += r.bios;
+        o.requeues += r.requeues;
+        o.errors += r.errors;
+        o.completions_unseen += r.completions_unseen;
+        o.active_ms += r.interval_ms;
+        o.peak_iops = o.peak_iops.max(per_second(r.count, r.interval_ms));
+        let latency = o.latency.add_record(&r.latency_us);
+        o.tag_wait.add_record(&r.tag_wait_us);
+        o.queue.add_record(&r.queue_us);
+        o.device.add_record(&r.device_us);
+        o.inflight.add_record(&r.inflight);
         series::push(
             &mut o.series,
             DiskPoint {
                 ts_us,
-                interval_ms,
-                requests,
-                bytes,
+                interval_ms: r.interval_ms,
+                requests: r.count,
+                bytes: r.bytes,
                 latency,
-                latency_p99_us: p99("latency_us"),
-                tag_wait_p99_us: p99("tag_wait_us"),
-                inflight_max: r.get("inflight").and_then(|h| f64_of(h, "max")),
+                latency_p99_us: r.latency_us.p99,
+                tag_wait_p99_us: r.tag_wait_us.p99,
+                inflight_max: r.inflight.max,
             },
         );
     }
 
-    pub fn slow_io(&mut self, r: &Value, ts_us: i64) {
-        let (Some(dev), Some(latency_us)) = (str_of(r, "dev"), f64_of(r, "latency_us")) else {
-            return;
-        };
-        let disk = self.disk(&dev);
+    pub fn slow_io(&mut self, r: &SlowIoRecord, ts_us: i64) {
+        let disk = self.disk(&r.dev);
         disk.slow_io_count += 1;
         disk.slowest.push(SlowIo {
             ts_us,
-            op: str_of(r, "op").unwrap_or_default(),
-            latency_us,
-            device_us: f64_of(r, "device_us"),
-            tag_wait_us: f64_of(r, "tag_wait_us"),
-            pid: u64_of(r, "pid"),
-            comm: str_of(r, "comm"),
-            file: str_of(r, "file"),
-            bytes: u64_of(r, "bytes"),
+            op: r.op.name().to_string(),
+            latency_us: r.latency_us,
+            device_us: Some(r.device_us),
+            tag_wait_us: r.tag_wait_us,
+            pid: Some(u64::from(r.pid)),
+            comm: Some(r.comm.clone()),
+            file: r.file.clone(),
+            bytes: Some(u64::from(r.bytes)),
         });
         // Keep the list short as the stream goes: a long run has many.
         if disk.slowest.len() > 4 * SLOWEST_KEPT {
@@ -301,8 +288,4 @@ impl Disks {
 fn trim_slowest(list: &mut Vec<SlowIo>) {
     list.sort_by(|a, b| b.latency_us.total_cmp(&a.latency_us));
     list.truncate(SLOWEST_KEPT);
-}
-
-fn merge(into: &mut MergedHist, r: &Value, field: &str) -> Option<Sparse> {
-    into.add(r.get(field)?)
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use crate::cli::RunArgs;
 use crate::error::UserError;
 use crate::output::file::{LogFile, Output, rotatable};
-use crate::output::records::StopRecord;
 use crate::output::{FileBudget, JsonWriter, Unwritten};
+use crate::records::run::StopRecord;
 
 /// How long after a signal the run may take to end, whatever its output does:
 /// what the output has not taken by then is given up (and said so on
@@ -81,7 +81,7 @@ pub(super) fn finish_output(
         // A stop record takes ~3 KiB with every program listed.
         queue.wait_for_room(16 << 10, OUTPUT_STUCK, deadline);
     }
-    let stop_kept = out.emit("stop", ts, stop_record)?;
+    let stop_kept = out.emit(ts, stop_record)?;
     let unwritten = match out.into_queue() {
         Some(queue) => queue.close(OUTPUT_STUCK, deadline).err(),
         None => None,

@@ -12,11 +12,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use super::dmv::DmvSession;
 use super::files::{self, DbFile, Disk, Role};
-use super::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
+use crate::host::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
+pub use crate::records::sql::{FileSummary, Instance, Session, SessionKind};
 
 /// How to find SQL Server (`--sql-pid`, `--sql-port`, `--sql-ag-port`).
 #[derive(Clone, Debug, Default)]
@@ -38,67 +36,6 @@ const RECENTLY_CLOSED_MAX: usize = 4096;
 
 /// Ports SQL Server backs up to: SMB and NFS shares.
 const BACKUP_SHARE_PORTS: [u16; 2] = [445, 2049];
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Instance {
-    /// The worker process: it listens, opens the files, owns the sessions.
-    pub pid: u32,
-    /// Its watchdog parent, when it is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub watchdog_pid: Option<u32>,
-    /// Network namespace inode of the worker.
-    pub netns: u32,
-    pub tds_ports: Vec<u16>,
-    pub ag_ports: Vec<u16>,
-    pub files: Vec<FileSummary>,
-    /// Role of each disk it keeps files on (`major:minor` -> role or `mixed`).
-    pub disk_roles: BTreeMap<String, &'static str>,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct FileSummary {
-    pub path: PathBuf,
-    pub role: &'static str,
-    pub disks: Vec<String>,
-}
-
-/// What a connection of the worker is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionKind {
-    /// A client connected to a TDS listener.
-    Client,
-    /// An availability-group or mirroring endpoint connection.
-    AvailabilityGroup,
-    /// A connection to a file share (SMB, NFS): backups.
-    Backup,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Session {
-    pub pid: u32,
-    pub netns: u32,
-    pub kind: SessionKind,
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-    /// Socket inode (as in /proc/PID/fd).
-    pub sock_ino: u64,
-    /// When stalltrace first saw it (it cannot know the connect time of a
-    /// session older than itself).
-    pub first_seen: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spid: Option<u16>,
-    /// The session's TDS stream is TLS: no SPID from its headers.
-    pub encrypted: bool,
-    /// What SQL Server's DMVs say about the sessions on this connection
-    /// (`--sql-dmv`): the physical connection's first, then MARS sessions.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub dmv: Vec<DmvSession>,
-    /// The last refresh that did not see this socket (UTC ms): its connection
-    /// is younger than that. None for a socket there at stalltrace's start.
-    #[serde(skip)]
-    pub absent_at_ms: Option<i64>,
-}
 
 /// What changed in one refresh; each becomes a record.
 #[derive(Default, Debug)]
@@ -291,7 +228,7 @@ impl Inventory {
                     .iter()
                     .map(|f| FileSummary {
                         path: f.path.clone(),
-                        role: f.role.name(),
+                        role: f.role.name().to_string(),
                         disks: f.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
                     })
                     .collect(),
@@ -314,7 +251,7 @@ impl Inventory {
                 .iter()
                 .filter(|f| instance.files.iter().any(|s| s.path == f.path))
                 .flat_map(|f| f.disks.iter())
-                .map(|&(a, b)| (format!("{a}:{b}"), self.roles[&(a, b)]))
+                .map(|&(a, b)| (format!("{a}:{b}"), self.roles[&(a, b)].to_string()))
                 .collect();
             if !self.instances.contains(instance) {
                 changes.instances.push(instance.clone());

@@ -5,7 +5,8 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aya::Btf;
@@ -13,13 +14,14 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::dmv::{Dmv, DmvRow, DmvSession, KnownSocket, join};
 use super::inventory::{Discovery, Inventory, Session};
-use super::procfs;
-use super::record::{SqlInstanceRecord, SqlSessionRecord, SqlTag};
 use crate::abi::{self, tds_session};
+use crate::enrich::Tagger;
 use crate::error::UserError;
+use crate::host::procfs;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
-use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
+use crate::probes::{self, AttachedFamily, FamilyFailure, ModeChoice};
+use crate::records::sql::{Instance, SessionEvent, SqlSessionRecord, SqlTag};
 
 /// The least time between two refreshes made for records of unknown sockets.
 const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -37,6 +39,15 @@ pub struct SqlServer {
     last_miss_refresh: Option<Instant>,
     /// DMV enrichment, when asked for (`--sql-dmv`).
     dmv: Option<Dmv>,
+    /// What discovery found and the run loop has not written yet, with when
+    /// it was found (`emit_news`): enrichment never writes output itself.
+    news: Vec<(String, News)>,
+}
+
+/// A record discovery made.
+enum News {
+    Instance(Instance),
+    Session(SqlSessionRecord),
 }
 
 impl SqlServer {
@@ -71,6 +82,7 @@ impl SqlServer {
                 pushed: HashSet::new(),
                 last_miss_refresh: None,
                 dmv: None,
+                news: Vec::new(),
             }),
             Err(e) => Err(FamilyFailure {
                 hooks: family.hooks.clone(),
@@ -88,9 +100,31 @@ impl SqlServer {
         &self.inventory
     }
 
-    /// Discover again, tell the kernel side about new workers, read the SPIDs it
-    /// learned, and write what changed.
-    pub fn refresh(&mut self, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
+    /// The loaded object and its hooks (the start record, program costs).
+    pub fn attached(&self) -> &AttachedFamily {
+        &self.family
+    }
+
+    /// New losses of the kernel side since the last call, by source.
+    pub fn lost(&mut self) -> Vec<(String, u64)> {
+        self.lost.deltas(&self.family.ebpf)
+    }
+
+    /// Write the records discovery made since the last call (instances and
+    /// sessions found, identified or closed), in the order it found them.
+    pub fn emit_news(&mut self, out: &mut JsonWriter) -> io::Result<()> {
+        for (ts, news) in self.news.drain(..) {
+            match news {
+                News::Instance(instance) => out.emit(&ts, &instance)?,
+                News::Session(session) => out.emit(&ts, &session)?,
+            };
+        }
+        Ok(())
+    }
+
+    /// Discover again, tell the kernel side about new workers, read the SPIDs
+    /// it learned, and keep what changed for `emit_news`.
+    pub fn refresh(&mut self, ts: &str) {
         let changes = self.inventory.refresh(ts);
         let live = self.inventory.worker_pids();
         for pid in &live {
@@ -112,29 +146,17 @@ impl SqlServer {
             let _ = self.workers.remove(&pid);
             self.pushed.remove(&pid);
         }
-        for instance in &changes.instances {
-            out.emit("sql_instance", ts, &SqlInstanceRecord { instance })?;
-        }
-        for session in &changes.opened {
-            out.emit(
-                "sql_session",
-                ts,
-                &SqlSessionRecord {
-                    event: "open",
-                    session,
-                },
-            )?;
-        }
-        for session in &changes.closed {
-            let _ = self.tds.remove(&session.sock_ino);
-            out.emit(
-                "sql_session",
-                ts,
-                &SqlSessionRecord {
-                    event: "closed",
-                    session,
-                },
-            )?;
+        let session = |event, session| News::Session(SqlSessionRecord { event, session });
+        let mut news: Vec<News> = changes.instances.into_iter().map(News::Instance).collect();
+        news.extend(
+            changes
+                .opened
+                .into_iter()
+                .map(|s| session(SessionEvent::Open, s)),
+        );
+        for closed in changes.closed {
+            let _ = self.tds.remove(&closed.sock_ino);
+            news.push(session(SessionEvent::Closed, closed));
         }
         let mut identified = self.join_dmv();
         for session in self.inventory.sessions_mut() {
@@ -150,17 +172,13 @@ impl SqlServer {
                 identified.push(session.clone());
             }
         }
-        for session in &identified {
-            out.emit(
-                "sql_session",
-                ts,
-                &SqlSessionRecord {
-                    event: "identified",
-                    session,
-                },
-            )?;
-        }
-        Ok(())
+        news.extend(
+            identified
+                .into_iter()
+                .map(|s| session(SessionEvent::Identified, s)),
+        );
+        self.news
+            .extend(news.into_iter().map(|n| (ts.to_string(), n)));
     }
 
     /// Put the latest DMV rows on the sessions; report the poller's news on
@@ -182,59 +200,6 @@ impl SqlServer {
             return Vec::new();
         }
         apply_dmv_rows(&snapshot.rows, self.inventory.sessions_mut().collect())
-    }
-
-    /// The session of a socket, by inode; or by its tuple.
-    pub fn tag_socket(
-        &self,
-        sock_ino: u64,
-        netns: u32,
-        local_port: u16,
-        remote: SocketAddr,
-    ) -> Option<SqlTag> {
-        let inv = &self.inventory;
-        let session = inv
-            .session_by_inode(sock_ino)
-            .or_else(|| inv.session_by_tuple(netns, local_port, remote))?;
-        let mut tag = SqlTag::for_session(session);
-        if tag.spid.is_none() && !tag.encrypted {
-            // Learned by the kernel since the last refresh (the session's
-            // `identified` record follows at the next one).
-            tag.spid = self
-                .tds
-                .get(&session.sock_ino, 0)
-                .ok()
-                .filter(|t| t.flags & abi::TDS_F_SPID as u8 != 0)
-                .map(|t| t.spid);
-        }
-        Some(tag)
-    }
-
-    /// Tag for something a process did (a slow I/O): the instance when it is a worker.
-    pub fn tag_process(&self, pid: u32) -> Option<SqlTag> {
-        self.inventory
-            .is_worker(pid)
-            .then(|| SqlTag::for_instance(pid))
-    }
-
-    /// A socket of a worker (or of a `sqlservr` not yet discovered) that the
-    /// last refresh did not know: a session or an instance younger than the
-    /// interval. Refresh now so its records are tagged, at most once per
-    /// `MISS_REFRESH_EVERY`: a burst of misses costs one /proc scan.
-    pub fn missed(&mut self, pid: Option<u32>, ts: &str, out: &mut JsonWriter) -> io::Result<()> {
-        let Some(pid) = pid else { return Ok(()) };
-        if self
-            .last_miss_refresh
-            .is_some_and(|at| at.elapsed() < MISS_REFRESH_EVERY)
-        {
-            return Ok(());
-        }
-        if !self.inventory.is_worker(pid) && !procfs::is_named(pid, "sqlservr") {
-            return Ok(());
-        }
-        self.refresh(ts, out)?;
-        self.last_miss_refresh = Some(Instant::now());
-        Ok(())
     }
 }
 
@@ -272,43 +237,73 @@ fn same_people(a: &[DmvSession], b: &[DmvSession]) -> bool {
         })
 }
 
-/// `addr:port` as a SocketAddr.
-pub fn socket(addr: &str, port: u16) -> Option<SocketAddr> {
-    addr.parse::<IpAddr>()
-        .ok()
-        .map(|ip| SocketAddr::new(ip, port))
-}
-
-impl Family for SqlServer {
-    fn attached(&self) -> &AttachedFamily {
-        &self.family
+/// The lookups the other families tag their records with.
+impl Tagger for SqlServer {
+    /// The session of a socket, by inode; or by its tuple.
+    fn tag_socket(
+        &self,
+        sock_ino: u64,
+        netns: u32,
+        local_port: u16,
+        remote: SocketAddr,
+    ) -> Option<SqlTag> {
+        let inv = &self.inventory;
+        let session = inv
+            .session_by_inode(sock_ino)
+            .or_else(|| inv.session_by_tuple(netns, local_port, remote))?;
+        let mut tag = SqlTag::for_session(session);
+        if tag.spid.is_none() && !tag.encrypted {
+            // Learned by the kernel since the last refresh (the session's
+            // `identified` record follows at the next one).
+            tag.spid = self
+                .tds
+                .get(&session.sock_ino, 0)
+                .ok()
+                .filter(|t| t.flags & abi::TDS_F_SPID as u8 != 0)
+                .map(|t| t.spid);
+        }
+        Some(tag)
     }
 
-    fn drain_events(&mut self, _ctx: &mut Ctx, _out: &mut JsonWriter) -> io::Result<()> {
-        Ok(())
+    fn tag_process(&self, pid: u32) -> Option<SqlTag> {
+        self.inventory
+            .is_worker(pid)
+            .then(|| SqlTag::for_instance(pid))
     }
 
-    /// The run loop calls `refresh` itself, before the other families collect.
-    fn collect(
-        &mut self,
-        _interval: Duration,
-        _ts: &str,
-        _ctx: &mut Ctx,
-        _out: &mut JsonWriter,
-    ) -> io::Result<()> {
-        Ok(())
+    /// A socket of a worker (or of a `sqlservr` not yet discovered) that the
+    /// last refresh did not know: a session or an instance younger than the
+    /// interval. Refresh now so its records are tagged, at most once per
+    /// `MISS_REFRESH_EVERY`: a burst of misses costs one /proc scan.
+    fn missed(&mut self, pid: Option<u32>, ts: &str) {
+        let Some(pid) = pid else { return };
+        if self
+            .last_miss_refresh
+            .is_some_and(|at| at.elapsed() < MISS_REFRESH_EVERY)
+        {
+            return;
+        }
+        if !self.inventory.is_worker(pid) && !procfs::is_named(pid, "sqlservr") {
+            return;
+        }
+        self.refresh(ts);
+        self.last_miss_refresh = Some(Instant::now());
     }
 
-    fn lost(&mut self) -> Vec<(String, u64)> {
-        self.lost.deltas(&self.family.ebpf)
+    fn disk_role(&self, disk: (u32, u32)) -> Option<&'static str> {
+        self.inventory.role_of(disk)
+    }
+
+    fn file_at(&self, disk: (u32, u32), sector: u64) -> Option<&Path> {
+        self.inventory.file_at(disk, sector)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::sql::SqlTag;
     use crate::sqlserver::inventory::SessionKind;
-    use crate::sqlserver::record::SqlTag;
 
     fn session(ino: u64, client_port: u16) -> Session {
         Session {

@@ -8,6 +8,4 @@ pub mod dmv;
 pub mod files;
 pub mod inventory;
 pub mod live;
-pub mod procfs;
-pub mod record;
 pub mod tds;

@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::interval::{Finding, Tally};
 use super::network::same_session;
-use super::record::{Cause, Evidence, Kind, MAX_SESSIONS, Phase, StallRecord, Subject};
+use crate::records::sql::SqlTag;
+use crate::records::stall::{Cause, Evidence, Kind, MAX_SESSIONS, Phase, StallRecord, Subject};
 
 pub struct Episode {
     pub id: u64,
@@ -24,7 +25,7 @@ pub struct Episode {
     role: Option<String>,
     evidence: Vec<Evidence>,
     next_step: String,
-    sessions: Vec<Value>,
+    sessions: Vec<SqlTag>,
     sessions_omitted: u32,
     files: Vec<String>,
     /// Summed over every interval with a finding, whatever its cause.

@@ -4,6 +4,8 @@
 
 use serde_json::{Value, json};
 
+use crate::records::netdev::LinkCounters;
+
 /// A histogram object of times in µs from (value, count) pairs, as the
 /// daemon writes one: kernel buckets (timed in ns), with the percentiles and
 /// mean exact so that a test states its figures plainly.
@@ -74,8 +76,9 @@ pub fn rto(peer: &str, rto_ms: f64, backoff: u64, spid: u64, client_port: u16) -
     json!({
         "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",
         "saddr": "10.0.0.1", "sport": 1433, "daddr": peer, "dport": client_port, "state": "ESTABLISHED",
-        "kind": "rto", "timer": true, "ca_state": "loss", "segs": 1, "bytes": 100, "err": 0,
-        "counted": true, "rto_ms": rto_ms, "backoff": backoff, "srtt_us": 500.0, "stalled_ms": rto_ms,
+        "kind": "rto", "timer": true, "synack": false, "ca_state": "loss", "segs": 1, "bytes": 100,
+        "seq": 1, "err": 0, "counted": true, "rto_ms": rto_ms, "backoff": backoff, "retransmits": backoff + 1,
+        "srtt_us": 500, "stalled_ms": rto_ms.round() as u32,
         "sql": {"pid": 42, "kind": "client", "spid": spid, "client": format!("{peer}:{client_port}")},
     })
 }
@@ -84,8 +87,9 @@ pub fn fast(peer: &str, segs: u64) -> Value {
     json!({
         "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",
         "saddr": "10.0.0.1", "sport": 1433, "daddr": peer, "dport": 50000, "state": "ESTABLISHED",
-        "kind": "fast", "timer": false, "ca_state": "recovery", "segs": segs, "bytes": 1448 * segs, "err": 0,
-        "counted": true, "rto_ms": 204.0, "backoff": 0, "srtt_us": 800.0, "stalled_ms": 3.0,
+        "kind": "fast", "timer": false, "synack": false, "ca_state": "recovery", "segs": segs,
+        "bytes": 1448 * segs, "seq": 1, "err": 0, "counted": true, "rto_ms": 204.0, "backoff": 0,
+        "retransmits": 0, "srtt_us": 800, "stalled_ms": 3,
     })
 }
 
@@ -101,7 +105,7 @@ pub fn netdev(iface: &str, qdisc: &[(f64, u64)], link: Value) -> Value {
 pub fn link(duplex: &str, collisions: u64, crc: u64, rx_pause: u64) -> Value {
     json!({
         "oper_state": "up", "speed_mbps": 1000, "duplex": duplex, "autoneg": true,
-        "counters": {"collisions": collisions, "rx_crc_errors": crc, "rx_errors": crc, "tx_errors": 0},
+        "counters": LinkCounters { collisions, rx_crc_errors: crc, rx_errors: crc, ..Default::default() },
         "pause": {"rx_pause_frames": rx_pause, "tx_pause_frames": 0},
         "qdisc": {"kind": "tbf", "backlog_bytes": 30000, "qlen_packets": 20, "drops": 0, "requeues": 0, "overlimits": 500},
     })
@@ -111,9 +115,24 @@ pub fn flow(limiter: &str, busy_ms: f64, rwnd_ms: f64, retrans: u64) -> Value {
     json!({
         "type": "tcp_flow", "ts": "t", "host": "h", "netns": 1, "family": "ipv4", "saddr": "10.0.0.1",
         "sport": 40000, "daddr": "10.0.0.9", "dport": 445, "interval_ms": 1000, "bytes_acked": 50_000_000,
-        "bytes_received": 0, "send_mbps": 400.0, "busy_ms": busy_ms, "rwnd_limited_ms": rwnd_ms,
+        "bytes_received": 0, "send_mbps": 400.0, "delivery_mbps": 400.0, "busy_ms": busy_ms, "rwnd_limited_ms": rwnd_ms,
         "sndbuf_limited_ms": 0.0, "retrans_segs": retrans, "srtt_us": 300.0, "cwnd": 40, "limiter": limiter,
     })
+}
+
+/// One slow I/O on `dev`, submitted by `pid`, to `file` when known.
+pub fn slow_io(dev: &str, pid: u32, file: Option<&str>) -> Value {
+    json!({
+        "type": "slow_io", "ts": "t", "host": "h", "dev": dev, "major": 7, "minor": 3, "op": "write",
+        "latency_us": 400_000.0, "device_us": 399_000.0, "sector": 2048, "bytes": 4096, "pid": pid,
+        "tid": pid, "comm": "writer", "error": 0, "file": file,
+    })
+}
+
+/// The sql_instance record of worker 42, with its disks' roles.
+pub fn sql_instance(disk_roles: Value) -> Value {
+    json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
+        "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": disk_roles})
 }
 
 /// One interval with something of every kind: timeouts on a half-duplex
@@ -122,16 +141,23 @@ pub fn flow(limiter: &str, busy_ms: f64, rwnd_ms: f64, retrans: u64) -> Value {
 pub fn eventful_interval() -> Vec<Value> {
     // More sessions hit than a record lists.
     let timeouts = (0..60).map(|i| rto("10.0.0.2", 408.0, 1, 51 + i, 50001 + i as u16));
-    timeouts.chain([
-        json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
-            "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": {"7:3": "log"}}),
-        json!({"type": "sql_session", "ts": "t", "host": "h", "event": "identified", "pid": 42,
+    timeouts
+        .chain([
+            sql_instance(json!({"7:3": "log"})),
+            json!({"type": "sql_session", "ts": "t", "host": "h", "event": "identified", "pid": 42,
             "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.7:50001",
             "sock_ino": 7, "first_seen": "t", "spid": 51, "encrypted": false}),
-        netdev("eth0", &[(30_000.0, 500)], link("half", 37, 12, 0)),
-        block("loop3", 50, &[(2.0, 50)], &[(400_000.0, 50)], &[(1.0, 50)], 128),
-        json!({"type": "slow_io", "ts": "t", "host": "h", "dev": "loop3", "file": "/var/opt/mssql/data/sales_log.ldf"}),
-        flow("receiver", 900.0, 700.0, 0),
-    ])
-    .collect()
+            netdev("eth0", &[(30_000.0, 500)], link("half", 37, 12, 0)),
+            block(
+                "loop3",
+                50,
+                &[(2.0, 50)],
+                &[(400_000.0, 50)],
+                &[(1.0, 50)],
+                128,
+            ),
+            slow_io("loop3", 42, Some("/var/opt/mssql/data/sales_log.ldf")),
+            flow("receiver", 900.0, 700.0, 0),
+        ])
+        .collect()
 }

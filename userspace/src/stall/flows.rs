@@ -5,8 +5,8 @@
 
 use super::interval::{Finding, Interval, SqlState, Tally};
 use super::network::round1;
-use super::record::{Cause, Evidence, Kind, Subject};
-use super::views::Flow;
+use crate::records::stall::{Cause, Evidence, Kind, Subject};
+use crate::records::tcp::{Limiter, TcpFlowRecord};
 
 /// `others`: this interval's network and storage findings, which turn a
 /// limiter into a cause; `sql`: which disks each SQL Server instance keeps
@@ -23,8 +23,8 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
             format!("the flow sent {:.1} Mbit/s", f.send_mbps),
         )
         .unit("Mbit/s");
-        let (cause, mut evidence, next_step, impact_ms) = match f.limiter.as_str() {
-            "receiver" => (
+        let (cause, mut evidence, next_step, impact_ms) = match f.limiter {
+            Limiter::Receiver => (
                 Cause::ReceiverLimited,
                 vec![
                     Evidence::new(
@@ -44,10 +44,10 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                 ),
                 f.rwnd_limited_ms,
             ),
-            "network" => {
+            Limiter::Network => {
                 let path = others
                     .iter()
-                    .find(|o| o.kind == Kind::Network && o.subject.netns == Some(f.netns));
+                    .find(|o| o.kind == Kind::Network && o.subject.netns == Some(f.netns.into()));
                 if f.retrans_segs == 0 && path.is_none() {
                     continue; // the network at full speed: nothing wrong
                 }
@@ -80,7 +80,7 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                     busy,
                 )
             }
-            "application" => {
+            Limiter::Application => {
                 // A disk the sender reads explains its idling: one that keeps files
                 // of the SQL Server instance the flow belongs to, or one a process
                 // holding the socket did slow I/O on. A flow of an instance is tied
@@ -142,14 +142,14 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                     (f.interval_ms as f64 - busy).max(0.0),
                 )
             }
-            _ => continue,
+            Limiter::SenderBuffer => continue,
         };
         evidence.push(rate);
         out.push(Finding {
             kind: Kind::BulkFlow,
             subject: Subject {
                 flow: Some(name),
-                netns: Some(f.netns),
+                netns: Some(f.netns.into()),
                 ..Default::default()
             },
             cause,
@@ -168,8 +168,8 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
 /// Whether flow `f`'s sender reads disk `dev`: its SQL Server instance keeps
 /// files there, or a process holding the socket did slow I/O on it in this
 /// interval (`slow_io` records, so only as far as `--slow-io-ms` sends them).
-fn feeds(iv: &Interval, sql: &SqlState, f: &Flow, dev: &str) -> bool {
-    let instance = f.sql.as_ref().and_then(|tag| tag["pid"].as_u64());
+fn feeds(iv: &Interval, sql: &SqlState, f: &TcpFlowRecord, dev: &str) -> bool {
+    let instance = f.sql.as_ref().map(|tag| tag.pid);
     let keeps_files = instance
         .zip(iv.disk_key(dev))
         .is_some_and(|(pid, key)| sql.keeps_files_on(pid, &key));
@@ -177,5 +177,5 @@ fn feeds(iv: &Interval, sql: &SqlState, f: &Flow, dev: &str) -> bool {
         || iv
             .slow_ios
             .iter()
-            .any(|s| s.dev == dev && s.pid.is_some_and(|pid| f.pids.contains(&pid)))
+            .any(|s| s.dev == dev && f.pids.contains(&s.pid))
 }

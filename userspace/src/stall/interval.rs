@@ -3,23 +3,59 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::record::{Cause, Evidence, Kind, Subject};
-use super::views::{Block, Flow, Netdev, Retransmit, Rtt, SlowIo, SqlInstance, SqlSession};
+use crate::records::Record;
+use crate::records::block::{BlockRecord, SlowIoRecord};
+use crate::records::netdev::NetdevRecord;
+use crate::records::sql::{SessionEvent, SessionKind, SqlInstanceRecord, SqlSessionRecord, SqlTag};
+use crate::records::stall::{Cause, Evidence, Kind, Subject};
+use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+
+/// A record of a type the detector reads, as the record types model it.
+enum Read {
+    Block(BlockRecord),
+    SlowIo(SlowIoRecord),
+    Retransmit(TcpRetransmitRecord),
+    Rtt(TcpRttRecord),
+    Netdev(NetdevRecord),
+    Flow(TcpFlowRecord),
+    SqlInstance(SqlInstanceRecord),
+    SqlSession(SqlSessionRecord),
+}
+
+/// The boundary: a record as the stream carries it (JSON, with the envelope's
+/// fields, which the record types skip) into the record type its `type`
+/// names. None for a type the detector does not read; an error for a record
+/// that does not have its type's shape. Must read every type `super::tapped`
+/// lists.
+fn read(kind: &str, r: &Value) -> Option<Result<Read, serde_json::Error>> {
+    fn typed<T: Record>(r: &Value, wrap: fn(T) -> Read) -> Option<Result<Read, serde_json::Error>> {
+        Some(T::deserialize(r).map(wrap))
+    }
+    match kind {
+        BlockRecord::TYPE => typed(r, Read::Block),
+        SlowIoRecord::TYPE => typed(r, Read::SlowIo),
+        TcpRetransmitRecord::TYPE => typed(r, Read::Retransmit),
+        TcpRttRecord::TYPE => typed(r, Read::Rtt),
+        NetdevRecord::TYPE => typed(r, Read::Netdev),
+        TcpFlowRecord::TYPE => typed(r, Read::Flow),
+        SqlInstanceRecord::TYPE => typed(r, Read::SqlInstance),
+        SqlSessionRecord::TYPE => typed(r, Read::SqlSession),
+        _ => None,
+    }
+}
 
 /// The records of one interval the rules read.
 #[derive(Default)]
 pub struct Interval {
     pub len_ms: f64,
-    pub blocks: Vec<Block>,
-    pub slow_ios: Vec<SlowIo>,
-    pub retransmits: Vec<Retransmit>,
-    pub rtts: Vec<Rtt>,
-    pub netdevs: Vec<Netdev>,
-    pub flows: Vec<Flow>,
+    pub blocks: Vec<BlockRecord>,
+    pub slow_ios: Vec<SlowIoRecord>,
+    pub retransmits: Vec<TcpRetransmitRecord>,
+    pub rtts: Vec<TcpRttRecord>,
+    pub netdevs: Vec<NetdevRecord>,
+    pub flows: Vec<TcpFlowRecord>,
     /// Records of a type the rules read that did not have the expected shape.
     pub unreadable: u64,
     /// Why, for the first of each type.
@@ -34,21 +70,21 @@ impl Interval {
         };
         for r in records {
             let kind = r["type"].as_str().unwrap_or_default();
-            let read = match kind {
-                "block" => push(&mut iv.blocks, r),
-                "slow_io" => push(&mut iv.slow_ios, r),
-                "tcp_retransmit" => push(&mut iv.retransmits, r),
-                "tcp_rtt" => push(&mut iv.rtts, r),
-                "netdev" => push(&mut iv.netdevs, r),
-                "tcp_flow" => push(&mut iv.flows, r),
-                "sql_instance" => sql.instance(r),
-                "sql_session" => sql.session(r),
-                _ => Ok(()),
-            };
-            if let Err(e) = read {
-                iv.unreadable += 1;
-                if !iv.why_unreadable.iter().any(|(k, _)| k == kind) {
-                    iv.why_unreadable.push((kind.to_string(), e.to_string()));
+            match read(kind, r) {
+                None => {}
+                Some(Ok(Read::Block(b))) => iv.blocks.push(b),
+                Some(Ok(Read::SlowIo(s))) => iv.slow_ios.push(s),
+                Some(Ok(Read::Retransmit(t))) => iv.retransmits.push(t),
+                Some(Ok(Read::Rtt(t))) => iv.rtts.push(t),
+                Some(Ok(Read::Netdev(n))) => iv.netdevs.push(n),
+                Some(Ok(Read::Flow(f))) => iv.flows.push(f),
+                Some(Ok(Read::SqlInstance(i))) => sql.instance(i),
+                Some(Ok(Read::SqlSession(s))) => sql.session(s),
+                Some(Err(e)) => {
+                    iv.unreadable += 1;
+                    if !iv.why_unreadable.iter().any(|(k, _)| k == kind) {
+                        iv.why_unreadable.push((kind.to_string(), e.to_string()));
+                    }
                 }
             }
         }
@@ -64,55 +100,49 @@ impl Interval {
     }
 }
 
-fn push<T: DeserializeOwned>(into: &mut Vec<T>, r: &Value) -> Result<(), serde_json::Error> {
-    into.push(T::deserialize(r)?);
-    Ok(())
-}
-
 /// SQL Server as the stream described it so far: which disks each instance
 /// keeps files on, and its open sessions.
 #[derive(Default)]
 pub struct SqlState {
     /// Worker pid -> `major:minor` -> role.
-    disk_roles: BTreeMap<u64, BTreeMap<String, String>>,
+    disk_roles: BTreeMap<u32, BTreeMap<String, String>>,
     /// Socket inode -> the session's `sql` tag, as the other records carry it.
-    sessions: BTreeMap<u64, (u64, Value)>,
+    sessions: BTreeMap<u64, SqlTag>,
 }
 
 impl SqlState {
-    fn instance(&mut self, r: &Value) -> Result<(), serde_json::Error> {
-        let i = SqlInstance::deserialize(r)?;
+    fn instance(&mut self, i: SqlInstanceRecord) {
         self.disk_roles.insert(i.pid, i.disk_roles);
-        Ok(())
     }
 
-    fn session(&mut self, r: &Value) -> Result<(), serde_json::Error> {
-        let s = SqlSession::deserialize(r)?;
-        if s.event == "closed" {
+    fn session(&mut self, r: SqlSessionRecord) {
+        let s = r.session;
+        if r.event == SessionEvent::Closed {
             self.sessions.remove(&s.sock_ino);
         } else {
-            let mut tag = json!({"pid": s.pid, "kind": s.kind, "client": s.remote});
-            if let Some(spid) = s.spid {
-                tag["spid"] = spid.into();
-            }
-            if s.encrypted {
-                tag["encrypted"] = true.into();
-            }
-            self.sessions.insert(s.sock_ino, (s.pid, tag));
+            // What the session record says of itself, not what the DMVs add.
+            let tag = SqlTag {
+                pid: s.pid,
+                kind: Some(s.kind),
+                spid: s.spid,
+                client: Some(s.remote.to_string()),
+                encrypted: s.encrypted,
+                ..Default::default()
+            };
+            self.sessions.insert(s.sock_ino, tag);
         }
-        Ok(())
     }
 
     /// Whether the instance whose worker is `pid` keeps files on `disk` (`major:minor`).
-    pub fn keeps_files_on(&self, pid: u64, disk: &str) -> bool {
+    pub fn keeps_files_on(&self, pid: u32, disk: &str) -> bool {
         self.disk_roles
             .get(&pid)
             .is_some_and(|roles| roles.contains_key(disk))
     }
 
     /// Client sessions open on the instances that keep files on `disk`.
-    pub fn sessions_on_disk(&self, disk: &str) -> Vec<Value> {
-        let pids: Vec<u64> = self
+    pub fn sessions_on_disk(&self, disk: &str) -> Vec<SqlTag> {
+        let pids: Vec<u32> = self
             .disk_roles
             .iter()
             .filter(|(_, roles)| roles.contains_key(disk))
@@ -120,8 +150,8 @@ impl SqlState {
             .collect();
         self.sessions
             .values()
-            .filter(|(pid, tag)| pids.contains(pid) && tag["kind"] == "client")
-            .map(|(_, tag)| tag.clone())
+            .filter(|tag| pids.contains(&tag.pid) && tag.kind == Some(SessionKind::Client))
+            .cloned()
             .collect()
     }
 }
@@ -149,7 +179,7 @@ pub struct Finding {
     pub impact_ms: f64,
     pub evidence: Vec<Evidence>,
     pub next_step: String,
-    pub sessions: Vec<Value>,
+    pub sessions: Vec<SqlTag>,
     pub files: Vec<String>,
     /// Counts the episode sums over its intervals (evidence shows each
     /// signal's worst interval; an SRE also wants the episode's whole toll).

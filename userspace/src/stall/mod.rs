@@ -16,21 +16,19 @@ pub(crate) mod fixtures;
 mod flows;
 mod interval;
 mod network;
-pub mod record;
 mod storage;
 #[cfg(test)]
 mod tests;
-pub mod views;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::output::Tapped;
+pub use crate::records::stall::{DEFAULT_RECOVER, Thresholds};
+use crate::records::stall::{Kind, Phase, StallRecord, Subject};
 use episode::Episode;
 use interval::{Interval, SqlState};
-use record::{Kind, Phase, StallRecord, Subject};
 
 /// Which records the detector reads, and which of them come one per kernel
 /// event (capped per interval by the writer's tap) rather than one per
@@ -42,48 +40,6 @@ pub fn tapped(kind: &str) -> Tapped {
             Tapped::Aggregate
         }
         _ => Tapped::No,
-    }
-}
-
-/// Quiet time after which an episode closes, by default.
-pub const DEFAULT_RECOVER: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// When a signal is a stall. Defaults are what an SRE of a SQL Server host
-/// would call one; each has a `stalltrace run` flag.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Thresholds {
-    /// A connection made no progress this long (ms), or a retransmission
-    /// timeout fired (the first is 200 ms on Linux): a stall a transaction felt.
-    pub net_ms: f64,
-    /// Retransmitted segments per second to one peer, without timeouts, that
-    /// count as loss worth an episode.
-    pub retrans_per_s: f64,
-    /// Transmit queue (qdisc) wait, p99, ms.
-    pub qdisc_ms: f64,
-    /// Device time (issue → complete), p99, ms. SQL Server's own guidance
-    /// calls log writes slower than a few ms and data reads slower than
-    /// 20 ms a problem; 20 ms flags both without tripping on busy but healthy disks.
-    pub io_ms: f64,
-    /// Least mean tag wait (µs) for a full queue to count: below it the queue
-    /// is full but nobody waits long.
-    pub tag_wait_us: f64,
-    /// Least requests or packets in an interval for a percentile to count.
-    pub min_samples: u64,
-    /// Quiet time (ms) after which an episode closes.
-    pub recover_ms: f64,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            net_ms: 200.0,
-            retrans_per_s: 100.0,
-            qdisc_ms: 20.0,
-            io_ms: 20.0,
-            tag_wait_us: 100.0,
-            min_samples: 10,
-            recover_ms: DEFAULT_RECOVER.as_secs_f64() * 1000.0,
-        }
     }
 }
 

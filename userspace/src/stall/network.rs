@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use super::Thresholds;
 use super::interval::{Finding, Interval, Tally, held_back_ms};
-use super::record::{Cause, Evidence, Kind, Subject};
-use super::views::{Netdev, Retransmit};
+use crate::records::netdev::{LinkHealth, NetdevRecord};
+use crate::records::sql::SqlTag;
+use crate::records::stall::{Cause, Evidence, Kind, Subject};
+use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord};
 
 /// Retransmissions to one peer in one interval.
 #[derive(Default)]
@@ -27,11 +27,11 @@ struct PeerLoss<'a> {
     /// retransmission costs about a round trip.
     /// Retransmission timeouts waited, and a round trip per other retransmission.
     waited_ms: f64,
-    sessions: Vec<&'a Value>,
+    sessions: Vec<&'a SqlTag>,
 }
 
 pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
-    let mut by_peer: BTreeMap<(u64, &str), PeerLoss> = BTreeMap::new();
+    let mut by_peer: BTreeMap<(u32, &str), PeerLoss> = BTreeMap::new();
     for r in iv.retransmits.iter().filter(|r| r.err == 0) {
         let p = by_peer.entry((r.netns, r.daddr.as_str())).or_default();
         add(p, r);
@@ -108,7 +108,7 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
             kind: Kind::Network,
             subject: Subject {
                 peer: Some(peer.to_string()),
-                netns: Some(netns),
+                netns: Some(netns.into()),
                 ..Default::default()
             },
             cause,
@@ -130,24 +130,25 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
     out
 }
 
-fn add<'a>(p: &mut PeerLoss<'a>, r: &'a Retransmit) {
-    p.segs += r.segs;
-    match r.kind.as_str() {
-        "rto" if r.timer => {
+fn add<'a>(p: &mut PeerLoss<'a>, r: &'a TcpRetransmitRecord) {
+    p.segs += u64::from(r.segs);
+    let timer_rto = r.kind == RetransmitKind::Rto && r.timer;
+    match r.kind {
+        RetransmitKind::Rto if r.timer => {
             p.timer_rtos += 1;
             p.rto_ms_max = p.rto_ms_max.max(r.rto_ms);
-            p.backoff_max = p.backoff_max.max(r.backoff);
+            p.backoff_max = p.backoff_max.max(r.backoff.into());
             p.rto_wait_ms += r.rto_ms;
             p.waited_ms += r.rto_ms;
         }
-        "tlp" => p.tlp += 1,
-        "fast" => p.fast += 1,
+        RetransmitKind::Tlp => p.tlp += 1,
+        RetransmitKind::Fast => p.fast += 1,
         _ => {}
     }
-    if !(r.kind == "rto" && r.timer) {
-        p.waited_ms += r.srtt_us / 1000.0;
+    if !timer_rto {
+        p.waited_ms += f64::from(r.srtt_us) / 1000.0;
     }
-    p.stalled_ms_max = p.stalled_ms_max.max(r.stalled_ms);
+    p.stalled_ms_max = p.stalled_ms_max.max(r.stalled_ms.map_or(0.0, f64::from));
     if let Some(tag) = &r.sql
         && !p.sessions.iter().any(|s| same_session(s, tag))
     {
@@ -156,27 +157,28 @@ fn add<'a>(p: &mut PeerLoss<'a>, r: &'a Retransmit) {
 }
 
 /// Two `sql` tags name the same session: same worker, same client end.
-pub fn same_session(a: &Value, b: &Value) -> bool {
-    a["pid"] == b["pid"] && a["client"] == b["client"]
+pub fn same_session(a: &SqlTag, b: &SqlTag) -> bool {
+    a.pid == b.pid && a.client == b.client
 }
 
 /// Link health of the namespace's interfaces that points at the cause: half
 /// duplex, collisions, CRC errors (the duplex-mismatch signature, true in the
 /// result when present), PAUSE frames.
-fn link_evidence(iv: &Interval, netns: u64) -> Option<(String, Vec<Evidence>, bool)> {
+fn link_evidence(iv: &Interval, netns: u32) -> Option<(String, Vec<Evidence>, bool)> {
     let mut best: Option<(String, Vec<Evidence>, bool)> = None;
     for n in iv.netdevs.iter().filter(|n| n.netns == netns) {
         let Some(link) = &n.link else { continue };
-        let c = link.counters();
+        let c = link.counters.unwrap_or_default();
         let mut ev = Vec::new();
-        if link.half_duplex() {
+        if half_duplex(link) {
             ev.push(Evidence::new(
                 "duplex",
                 "half",
                 format!(
                     "{} runs at half duplex{}",
                     n.iface,
-                    link.speed_mbps()
+                    link.speed_mbps
+                        .value()
                         .map(|s| format!(", {s} Mb/s"))
                         .unwrap_or_default()
                 ),
@@ -213,7 +215,7 @@ fn link_evidence(iv: &Interval, netns: u64) -> Option<(String, Vec<Evidence>, bo
         }
         // Collisions happen only in half duplex; with half duplex or late
         // collisions and CRC errors, the two ends disagree.
-        let mismatch = link.half_duplex() && (c.collisions > 0 || c.rx_crc_errors > 0)
+        let mismatch = half_duplex(link) && (c.collisions > 0 || c.rx_crc_errors > 0)
             || c.collisions > 0 && c.rx_crc_errors > 0;
         if best
             .as_ref()
@@ -234,7 +236,7 @@ pub fn interfaces(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
         .collect()
 }
 
-fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
+fn interface(iv: &Interval, n: &NetdevRecord, th: &Thresholds) -> Option<Finding> {
     let iface = &n.iface;
     // Unknown on an interface's first reading: no rate then, rather than 0.
     let rate = n.tx_bytes.zip(n.tx_packets).map(|(bytes, packets)| {
@@ -249,7 +251,8 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
     let pause = n
         .link
         .as_ref()
-        .and_then(|l| l.rx_pause_frames())
+        .and_then(|l| l.pause.value())
+        .and_then(|p| p.rx_pause_frames.value().copied())
         .unwrap_or(0);
     let qdisc = n.link.as_ref().and_then(|l| l.qdisc.clone());
     // the packets that waited in the queue the threshold or longer
@@ -337,7 +340,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
     }
     evidence.extend(rate);
     // The sessions sending through this namespace.
-    let mut sessions: Vec<Value> = Vec::new();
+    let mut sessions: Vec<SqlTag> = Vec::new();
     for r in iv.rtts.iter().filter(|r| r.netns == n.netns) {
         if let Some(tag) = &r.sql
             && !sessions.iter().any(|s| same_session(s, tag))
@@ -349,7 +352,7 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
         kind: Kind::Network,
         subject: Subject {
             iface: Some(iface.clone()),
-            netns: Some(n.netns),
+            netns: Some(n.netns.into()),
             ..Default::default()
         },
         cause,
@@ -361,6 +364,11 @@ fn interface(iv: &Interval, n: &Netdev, th: &Thresholds) -> Option<Finding> {
         files: Vec::new(),
         tally: Tally::default(),
     })
+}
+
+/// The link runs at half duplex (as the driver says; unknown is not half).
+fn half_duplex(link: &LinkHealth) -> bool {
+    link.duplex.value().is_some_and(|d| d == "half")
 }
 
 pub fn round1(v: f64) -> f64 {

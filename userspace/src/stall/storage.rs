@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 use super::Thresholds;
 use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
 use super::network::round1;
-use super::record::{Cause, Evidence, Kind, Subject};
-use super::views::{Block, Hist};
+use crate::records::HistogramRecord;
+use crate::records::block::BlockRecord;
+use crate::records::stall::{Cause, Evidence, Kind, Subject};
 
 /// One disk's interval, all ops together.
 struct Disk<'a> {
     name: &'a str,
     key: String,
-    ops: Vec<&'a Block>,
+    ops: Vec<&'a BlockRecord>,
 }
 
 impl Disk<'_> {
@@ -24,7 +25,7 @@ impl Disk<'_> {
         self.ops.iter().map(|b| b.requeues).sum()
     }
     /// Mean of a phase over every request of every op.
-    fn mean(&self, phase: impl Fn(&Block) -> &Hist) -> f64 {
+    fn mean(&self, phase: impl Fn(&BlockRecord) -> &HistogramRecord) -> f64 {
         let (total, n) = self.ops.iter().fold((0.0, 0), |(t, n), b| {
             let h = phase(b);
             (t + h.total(), n + h.count)
@@ -32,7 +33,7 @@ impl Disk<'_> {
         if n == 0 { 0.0 } else { total / n as f64 }
     }
     /// The op with the worst p99 of a phase, and that p99.
-    fn worst(&self, phase: impl Fn(&Block) -> &Hist) -> (&Block, f64) {
+    fn worst(&self, phase: impl Fn(&BlockRecord) -> &HistogramRecord) -> (&BlockRecord, f64) {
         self.ops
             .iter()
             .map(|b| (*b, phase(b).p99()))
@@ -189,7 +190,7 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
                 format!(
                     "{name} took {:.1} ms per {} request (p99; p50 {:.1} ms), issue to completion",
                     device_p99 / 1000.0,
-                    slow_op.op,
+                    slow_op.op.name(),
                     slow_op.device_us.p50() / 1000.0
                 ),
             )

@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use super::fixtures::*;
-use super::record::{Cause, Kind, Phase, StallRecord};
 use super::{Detector, Thresholds};
+use crate::records::stall::{Cause, Kind, Phase, StallRecord};
 
 /// Feed one-second intervals; collect every stall record.
 fn run(intervals: &[Vec<Value>]) -> Vec<StallRecord> {
@@ -89,8 +89,8 @@ fn retransmission_timeouts_open_an_episode_that_names_the_sessions() {
     assert_eq!(e.impact_ms, 204.0 + 408.0 + 204.0 + 816.0);
     assert_eq!(e.duration_ms, 2000.0, "two intervals over the threshold");
     assert_eq!(e.end.as_deref(), Some("2026-01-01T00:00:02.000000Z"));
-    let spids: Vec<&Value> = e.sessions.iter().map(|s| &s["spid"]).collect();
-    assert_eq!(spids, [&json!(51), &json!(52)]);
+    let spids: Vec<Option<u16>> = e.sessions.iter().map(|s| s.spid).collect();
+    assert_eq!(spids, [Some(51), Some(52)]);
     assert!(e.evidence[0].text.contains("816 ms"), "{:?}", e.evidence);
 }
 
@@ -185,9 +185,9 @@ fn loss_without_timeouts_needs_the_rate() {
     assert_eq!(closed(&r)[0].cause, Cause::PacketLoss);
     // A stall just under the threshold with no timer RTO is not a timeout.
     let mut near = fast("10.0.0.2", 1);
-    near["stalled_ms"] = json!(th.net_ms - 1.0);
+    near["stalled_ms"] = json!(th.net_ms as u32 - 1);
     assert!(run(&[vec![near.clone()]]).is_empty());
-    near["stalled_ms"] = json!(th.net_ms);
+    near["stalled_ms"] = json!(th.net_ms as u32);
     assert_eq!(
         first_closed(run(&[vec![near]])).cause,
         Cause::RetransmissionTimeouts
@@ -309,14 +309,13 @@ fn conflicting_storage_evidence_goes_to_the_bigger_wait() {
 
 #[test]
 fn storage_episodes_name_files_and_the_instances_sessions() {
-    let instance = json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
-        "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": {"7:3": "log"}});
+    let instance = sql_instance(json!({"7:3": "log"}));
     let session = |ino: u64, port: u16, event: &str| {
         json!({"type": "sql_session", "ts": "t", "host": "h",
         "event": event, "pid": 42, "netns": 1, "kind": "client", "local": "10.0.0.1:1433",
         "remote": format!("10.0.0.7:{port}"), "sock_ino": ino, "first_seen": "t", "spid": 51, "encrypted": false})
     };
-    let slow_io = json!({"type": "slow_io", "ts": "t", "host": "h", "dev": "loop3", "file": "/var/opt/mssql/data/sales_log.ldf"});
+    let slow_io = slow_io("loop3", 42, Some("/var/opt/mssql/data/sales_log.ldf"));
     let slow = block(
         "loop3",
         50,
@@ -342,7 +341,7 @@ fn storage_episodes_name_files_and_the_instances_sessions() {
         "the closed session is gone: {:?}",
         e.sessions
     );
-    assert_eq!(e.sessions[0]["client"], "10.0.0.7:50001");
+    assert_eq!(e.sessions[0].client.as_deref(), Some("10.0.0.7:50001"));
 }
 
 #[test]
@@ -401,10 +400,6 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         &[(1.0, 50)],
         128,
     );
-    let instance = |disk_roles: Value| {
-        json!({"type": "sql_instance", "ts": "t", "host": "h", "pid": 42, "netns": 1,
-            "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": disk_roles})
-    };
     let mut backup = flow("application", 200.0, 0.0, 0);
     backup["sql"] = json!({"pid": 42, "kind": "backup", "client": "10.0.0.9:445"});
     let bulk_of = |r: &[StallRecord]| {
@@ -415,7 +410,7 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
     };
     // The instance keeps its files on loop3 (7:3): its stream waits for that disk.
     let r = run(&[vec![
-        instance(json!({"7:3": "data"})),
+        sql_instance(json!({"7:3": "data"})),
         backup.clone(),
         slow_disk.clone(),
     ]]);
@@ -426,7 +421,7 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
     // A slow disk the sender does not read is no evidence: the instance's files
     // are elsewhere, or the flow belongs to no instance we know.
     let elsewhere = run(&[vec![
-        instance(json!({"8:0": "data"})),
+        sql_instance(json!({"8:0": "data"})),
         backup,
         slow_disk.clone(),
     ]]);
@@ -446,7 +441,7 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
     // No instance, but a process holding the socket did slow I/O on the disk.
     let mut fed = flow("application", 200.0, 0.0, 0);
     fed["pids"] = json!([77, 78]);
-    let slow_io = |pid: u64| json!({"type": "slow_io", "ts": "t", "host": "h", "dev": "loop3", "pid": pid, "tid": pid});
+    let slow_io = |pid: u32| slow_io("loop3", pid, None);
     let r = run(&[vec![fed.clone(), slow_disk.clone(), slow_io(78)]]);
     assert_eq!(bulk_of(&r).len(), 1, "{r:?}");
     assert!(proven(&r, "which the sender reads"), "{r:?}");
@@ -489,4 +484,22 @@ fn unreadable_records_are_counted() {
         1000.0,
     );
     assert_eq!(d.unreadable, 1);
+}
+
+/// Every fixture is a complete record: one the detector could not read would
+/// be counted and skipped, and a test built on it would prove nothing.
+#[test]
+fn the_fixtures_are_readable_records() {
+    let mut d = Detector::new(Thresholds::default(), "2026-01-01T00:00:00.000000Z");
+    let mut all = eventful_interval();
+    all.extend([
+        fast("10.0.0.2", 3),
+        flow("application", 200.0, 0.0, 0),
+        slow_io("loop3", 78, None),
+        json!({"type": "sql_session", "ts": "t", "host": "h", "event": "closed", "pid": 42,
+            "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.7:50001",
+            "sock_ino": 7, "first_seen": "t", "encrypted": false}),
+    ]);
+    d.interval(&all, "2026-01-01T00:00:01.000000Z", 1000.0);
+    assert_eq!(d.unreadable, 0);
 }

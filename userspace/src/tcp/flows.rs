@@ -16,19 +16,19 @@ mod table;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
+use crate::enrich::{SqlTag, Tagger};
 use crate::host::netns::Netns;
 use crate::output::JsonWriter;
 use crate::probes::Ctx;
-use crate::sqlserver::live::SqlServer;
 use diag::{TcpSocket, Undecodable};
 use namespaces::{MAX_NAMESPACES, OpenError, Sockets};
 use table::{FlowDelta, FlowTable};
 
-use super::record::TcpFlowRecord;
+use crate::records::tcp::{IpFamily, TcpFlowRecord};
 
 /// Loss sources (`lost.by_source`, prefixed `tcp.`).
 const OVER_LIMIT: &str = "flow_netns_over_limit";
@@ -91,7 +91,7 @@ impl FlowSampler {
             if idle_senders.contains(&flow.socket.ino) {
                 r.pids = holders.remove(&flow.socket.ino).unwrap_or_default();
             }
-            out.emit("tcp_flow", ts, &r)?;
+            out.emit(ts, &r)?;
         }
         Ok(())
     }
@@ -221,7 +221,7 @@ fn describe(e: &Undecodable) -> String {
     }
 }
 
-fn tag(sql: &SqlServer, netns: u32, s: &TcpSocket) -> Option<crate::sqlserver::record::SqlTag> {
+fn tag(sql: &dyn Tagger, netns: u32, s: &TcpSocket) -> Option<SqlTag> {
     sql.tag_socket(s.ino, netns, s.sport, SocketAddr::new(s.remote, s.dport))
 }
 
@@ -230,20 +230,13 @@ fn round3(v: f64) -> f64 {
 }
 
 /// The record of one bulk flow.
-fn record(
-    netns: u32,
-    flow: &FlowDelta,
-    sql: Option<crate::sqlserver::record::SqlTag>,
-) -> TcpFlowRecord {
+fn record(netns: u32, flow: &FlowDelta, sql: Option<SqlTag>) -> TcpFlowRecord {
     let (s, d) = (&flow.socket, &flow.delta);
     let secs = flow.interval.as_secs_f64();
     let ms = |us: u64| round3(us as f64 / 1000.0);
     TcpFlowRecord {
         netns,
-        family: match s.local {
-            IpAddr::V4(_) => "ipv4",
-            IpAddr::V6(_) => "ipv6",
-        },
+        family: IpFamily::of(&s.local),
         saddr: s.local.to_string(),
         sport: s.sport,
         daddr: s.remote.to_string(),
@@ -260,7 +253,7 @@ fn record(
         retrans_segs: d.retrans_segs,
         srtt_us: f64::from(s.info.rtt_us),
         cwnd: s.info.snd_cwnd,
-        limiter: flow.limiter().name(),
+        limiter: flow.limiter(),
         pids: Vec::new(),
         sql,
     }
@@ -268,12 +261,13 @@ fn record(
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 
     use super::diag::TcpInfo;
     use super::table::Counters;
     use super::*;
+    use crate::records::tcp::Limiter;
 
     #[test]
     fn a_record_from_a_delta() {
@@ -309,14 +303,14 @@ mod tests {
             (r.busy_ms, r.rwnd_limited_ms, r.sndbuf_limited_ms),
             (498.0, 250.0, 4.0)
         );
-        assert_eq!(r.limiter, "receiver");
+        assert_eq!(r.limiter, Limiter::Receiver);
         assert_eq!(
             (r.sock_ino, r.interval_ms, r.srtt_us, r.cwnd),
             (None, 1000, 1234.0, 40)
         );
         assert_eq!(
             (r.family, r.saddr.as_str(), r.dport),
-            ("ipv4", "10.0.0.1", 41_000)
+            (IpFamily::Ipv4, "10.0.0.1", 41_000)
         );
     }
 

@@ -3,24 +3,24 @@
 //! interval it also samples the bulk flows over sock_diag (`tcp_flow`, flows.rs).
 
 pub mod flows;
-pub mod record;
 
 use std::collections::HashMap;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::{Btf, Ebpf};
 
 use crate::abi::{tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
+use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
-use crate::sqlserver::live::{SqlServer, socket};
+use crate::records::tcp::{IpFamily, TcpRetransmitRecord, TcpRttRecord, addr};
 use flows::{FlowOptions, FlowSampler};
-use record::{TcpRetransmitRecord, TcpRttRecord, addr, family_name};
 
 pub struct TcpOptions {
     pub mode: ModeChoice,
@@ -123,6 +123,13 @@ impl TcpProbe {
     }
 }
 
+/// `addr:port` as a SocketAddr.
+fn socket(addr: &str, port: u16) -> Option<SocketAddr> {
+    addr.parse::<IpAddr>()
+        .ok()
+        .map(|ip| SocketAddr::new(ip, port))
+}
+
 impl Family for TcpProbe {
     fn attached(&self) -> &AttachedFamily {
         &self.family
@@ -134,16 +141,16 @@ impl Family for TcpProbe {
             let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
             if let Some(sql) = ctx.sql.as_deref_mut() {
                 let remote = socket(&record.daddr, record.dport);
-                let tag = |sql: &SqlServer| {
+                let tag = |sql: &dyn Tagger| {
                     remote.and_then(|r| sql.tag_socket(e.sock_ino, e.netns, e.sport, r))
                 };
                 if tag(sql).is_none() {
                     // A session younger than the last discovery: look again (once per drain).
-                    sql.missed(record.pid, &ts, out)?;
+                    sql.missed(record.pid, &ts);
                 }
                 record.sql = tag(sql);
             }
-            out.emit("tcp_retransmit", &ts, &record)?;
+            out.emit(&ts, &record)?;
         }
         Ok(())
     }
@@ -213,7 +220,7 @@ impl Family for TcpProbe {
             }
             let record = TcpRttRecord {
                 netns: key.netns,
-                family: family_name(key.family),
+                family: IpFamily::from_kernel(key.family),
                 peer: addr(key.family, &key.raddr).to_string(),
                 peer_port: key.rport,
                 local_port: key.lport,
@@ -231,7 +238,7 @@ impl Family for TcpProbe {
                     sql.tag_socket(0, key.netns, key.lport, remote)
                 }),
             };
-            out.emit("tcp_rtt", ts, &record)?;
+            out.emit(ts, &record)?;
         }
         if let Some(flows) = self.flows.as_mut() {
             flows.collect(ts, ctx, out)?;

@@ -2,12 +2,11 @@
 
 use super::latency_us;
 use crate::abi::{self, slow_io_event};
-use crate::block::record::{BlockRecord, SlowIoRecord, op_name};
-use crate::block::sysfs::QueueLimits;
 use crate::hist::{Histogram, HistogramRecord};
 use crate::host::clock::{Clock, monotonic_ns};
 use crate::output::JsonWriter;
-use crate::sqlserver::record::SqlTag;
+use crate::records::block::{BlockOp, BlockRecord, QueueLimits, SlowIoRecord};
+use crate::records::sql::SqlTag;
 
 fn inflight(depths: &[(u64, u64)]) -> HistogramRecord {
     let mut h = Histogram::default();
@@ -63,7 +62,7 @@ pub(super) fn block(w: &mut JsonWriter) {
         dev: "nvme0n1".into(),
         major: 259,
         minor: 0,
-        op: "write",
+        op: BlockOp::Write,
         interval_ms: 1001,
         count: 5210,
         bytes: 21_340_160,
@@ -86,14 +85,14 @@ pub(super) fn block(w: &mut JsonWriter) {
         },
         role: Some("log".into()),
     };
-    w.emit("block", &ts, &busy).unwrap();
+    w.emit(&ts, &busy).unwrap();
     // Every op name, idle (empty histograms), nothing known about the queue.
     for op in 0..abi::BLOCK_OP_COUNT {
         let idle = BlockRecord {
             dev: "7:3".into(),
             major: 7,
             minor: 3,
-            op: op_name(op),
+            op: BlockOp::from_kernel(op),
             interval_ms: 999,
             count: 0,
             bytes: 0,
@@ -110,7 +109,7 @@ pub(super) fn block(w: &mut JsonWriter) {
             queue_limit: QueueLimits::default(),
             role: None,
         };
-        w.emit("block", &ts, &idle).unwrap();
+        w.emit(&ts, &idle).unwrap();
     }
 }
 
@@ -122,13 +121,9 @@ pub(super) fn slow_io(w: &mut JsonWriter, clock: &Clock) {
         0,
     ] {
         let r = decoded_slow_io(flags, abi::BLOCK_OP_WRITE);
-        w.emit(
-            "slow_io",
-            &clock.monotonic_to_rfc3339(monotonic_ns()),
-            &sql_slow_io(),
-        )
-        .unwrap();
-        w.emit("slow_io", &clock.monotonic_to_rfc3339(monotonic_ns()), &r)
+        w.emit(&clock.monotonic_to_rfc3339(monotonic_ns()), &sql_slow_io())
+            .unwrap();
+        w.emit(&clock.monotonic_to_rfc3339(monotonic_ns()), &r)
             .unwrap();
     }
 }

@@ -2,8 +2,8 @@
 
 use super::latency_us;
 use crate::host::link::{Exposed, LinkCounters, LinkHealth, PauseCounters, QdiscStats};
-use crate::netdev::record::NetdevRecord;
 use crate::output::JsonWriter;
+use crate::records::netdev::NetdevRecord;
 
 /// A physical interface with everything exposed, and one in a namespace that
 /// cannot be entered (kernel figures only).
@@ -58,7 +58,7 @@ pub(super) fn netdev(w: &mut JsonWriter, ts: &str) {
         tx_busy: 0,
         link: Some(health.clone()),
     };
-    w.emit("netdev", ts, &netdev).unwrap();
+    w.emit(ts, &netdev).unwrap();
     let unnamed = NetdevRecord {
         iface: "if7".into(),
         ifindex: 7,
@@ -69,7 +69,7 @@ pub(super) fn netdev(w: &mut JsonWriter, ts: &str) {
         link: None,
         ..netdev
     };
-    w.emit("netdev", ts, &unnamed).unwrap();
+    w.emit(ts, &unnamed).unwrap();
     let bare = NetdevRecord {
         link: Some(LinkHealth {
             carrier: None,
@@ -84,5 +84,5 @@ pub(super) fn netdev(w: &mut JsonWriter, ts: &str) {
         }),
         ..unnamed.clone()
     };
-    w.emit("netdev", ts, &bare).unwrap();
+    w.emit(ts, &bare).unwrap();
 }

@@ -2,25 +2,22 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
-
 use crate::abi;
 use crate::host::clock::Clock;
 use crate::output::JsonWriter;
-use crate::output::records::{
-    FamilyReport, Filters, LostRecord, ProgramCost, StartRecord, StopRecord,
-};
 use crate::probes::lost::source_name;
-use crate::probes::stats::ProgramStats;
-use crate::probes::{AttachKind, HookMode, HookStatus};
+use crate::records::run::{
+    AttachKind, FamilyReport, Filters, HookMode, HookStatus, LostRecord, ProgramCost, ProgramStats,
+    StartRecord, StopReason, StopRecord,
+};
 
 /// A fallback to raw_tp with a failed tp_btf hook, and a family that failed
 /// (--degrade); the plainest run; and the start of a further file.
 pub(super) fn start(w: &mut JsonWriter) {
     let now = Clock::now_rfc3339;
-    let families = [
+    let families = vec![
         FamilyReport {
-            family: "block",
+            family: "block".into(),
             attached: true,
             mode: Some(HookMode::RawTp),
             fallback_reason: Some(
@@ -30,14 +27,14 @@ pub(super) fn start(w: &mut JsonWriter) {
             error: None,
         },
         FamilyReport {
-            family: "tcp",
+            family: "tcp".into(),
             attached: false,
             mode: None,
             fallback_reason: None,
             error: Some("cannot attach the tcp probe at its maps: Operation not permitted".into()),
         },
     ];
-    let probes = [
+    let probes = vec![
         HookStatus {
             error: Some("unknown BTF type `btf_trace_dql_stall_detected`".into()),
             optional: true,
@@ -80,37 +77,38 @@ pub(super) fn start(w: &mut JsonWriter) {
             ..HookStatus::untried("tcp", "tcp_retransmit_skb", HookMode::TpBtf)
         },
     ];
-    let netns = [crate::host::netns::Netns {
+    let netns = vec![crate::host::netns::Netns {
         spec: "sqlns".into(),
         inode: 4026532317,
         path: None,
     }];
-    let ifaces = ["eth0".to_string()];
+    let ifaces = vec!["eth0".to_string()];
     let thresholds = crate::stall::Thresholds::default();
     let start = StartRecord {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").into(),
         kernel: "6.18.0-stalltrace".into(),
         interval_ms: 1000,
         duration_ms: Some(30_000),
         slow_io_ms: 0.5,
         bpf_stats: true,
         kernel_hz: 250,
-        kernel_hz_source: "/proc/config.gz",
+        kernel_hz_source: "/proc/config.gz".into(),
         filters: Filters {
-            ports: &[1433, 5022],
-            netns: &netns,
-            ifaces: &ifaces,
+            ports: vec![1433, 5022],
+            netns,
+            ifaces,
         },
         bulk_mbps: Some(8.0),
         prometheus: Some("127.0.0.1:9466".parse().unwrap()),
-        stalls: Some(&thresholds),
-        families: &families,
-        probes: &probes,
+        stalls: Some(thresholds),
+        families,
+        probes: probes.clone(),
+        file: None,
     };
-    w.emit("start", &now(), &start).unwrap();
+    w.emit(&now(), &start).unwrap();
     // The plainest run (no --duration, slow_io off, every hook attached).
-    let families = [FamilyReport {
-        family: "block",
+    let families = vec![FamilyReport {
+        family: "block".into(),
         attached: true,
         mode: Some(HookMode::TpBtf),
         fallback_reason: None,
@@ -121,22 +119,24 @@ pub(super) fn start(w: &mut JsonWriter) {
         slow_io_ms: 0.0,
         bpf_stats: false,
         filters: Filters {
-            ports: &[],
-            netns: &[],
-            ifaces: &[],
+            ports: Vec::new(),
+            netns: Vec::new(),
+            ifaces: Vec::new(),
         },
         bulk_mbps: None,
         prometheus: None,
         stalls: None,
-        families: &families,
-        probes: &probes[..1],
+        families,
+        probes: probes[..1].to_vec(),
         ..start
     };
-    w.emit("start", &now(), &start).unwrap();
+    w.emit(&now(), &start).unwrap();
     // The start that opens a run's further file after rotation or SIGHUP.
-    let mut continued = serde_json::to_value(&start).unwrap();
-    continued["file"] = json!(1);
-    w.emit("start", &now(), &continued).unwrap();
+    let continued = StartRecord {
+        file: Some(1),
+        ..start
+    };
+    w.emit(&now(), &continued).unwrap();
 }
 
 /// Every kernel loss source the block family names, and a recursion miss.
@@ -149,10 +149,10 @@ pub(super) fn lost(w: &mut JsonWriter) -> BTreeMap<String, u64> {
     by_source.insert("block.recursion_miss.on_block_rq_issue".into(), 2);
     let lost = LostRecord {
         interval_ms: 1000,
-        by_source: &by_source,
+        by_source,
     };
-    w.emit("lost", &now(), &lost).unwrap();
-    by_source
+    w.emit(&now(), &lost).unwrap();
+    lost.by_source
 }
 
 /// `stop` counts every record `w` has written so far, so it comes last.
@@ -168,32 +168,37 @@ pub(super) fn stop(w: &mut JsonWriter, by_source: &BTreeMap<String, u64>) {
         };
         // as the daemon's run.rs computes it
         ProgramCost {
-            family: "block",
+            family: "block".into(),
             ns_per_run: stats.ns_per_run().map(|v| (v * 10.0).round() / 10.0),
             stats,
         }
     };
-    let records = w.emitted().clone();
     let stop = StopRecord {
-        reason: "duration",
+        reason: StopReason::Duration,
         elapsed_ms: 30_004,
-        records: &records,
-        lost: by_source,
+        records: emitted(w),
+        lost: by_source.clone(),
         programs: vec![
             cost("on_block_rq_issue", 123_456, 9_876_543),
             cost("on_block_rq_requeue", 0, 0),
         ],
     };
-    w.emit("stop", &now(), &stop).unwrap();
+    w.emit(&now(), &stop).unwrap();
     // ... and without either.
-    let records = w.emitted().clone();
-    let nothing = BTreeMap::new();
     let stop = StopRecord {
-        reason: "signal",
+        reason: StopReason::Signal,
         elapsed_ms: 12,
-        records: &records,
-        lost: &nothing,
+        records: emitted(w),
+        lost: BTreeMap::new(),
         programs: Vec::new(),
     };
-    w.emit("stop", &now(), &stop).unwrap();
+    w.emit(&now(), &stop).unwrap();
+}
+
+/// The records `w` has written so far, by type, as `stop` reports them.
+fn emitted(w: &JsonWriter) -> BTreeMap<String, u64> {
+    w.emitted()
+        .iter()
+        .map(|(kind, n)| ((*kind).to_string(), *n))
+        .collect()
 }

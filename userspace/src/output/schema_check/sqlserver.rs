@@ -2,9 +2,9 @@
 //! discovery writes them.
 
 use crate::output::JsonWriter;
-use crate::sqlserver::dmv::DmvSession;
-use crate::sqlserver::inventory::{FileSummary, Instance, Session, SessionKind};
-use crate::sqlserver::record::{SqlInstanceRecord, SqlSessionRecord};
+use crate::records::sql::{
+    DmvSession, FileSummary, Instance, Session, SessionEvent, SessionKind, SqlSessionRecord,
+};
 
 /// An instance with its watchdog, one without, and one too long for a line.
 pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
@@ -16,49 +16,34 @@ pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
         ag_ports: vec![5022],
         files: vec![FileSummary {
             path: "/var/opt/mssql/data/sales.mdf".into(),
-            role: "data",
+            role: "data".into(),
             disks: vec!["259:0".into()],
         }],
         disk_roles: [
-            ("259:0".to_string(), "data"),
-            ("259:1".to_string(), "mixed"),
+            ("259:0".to_string(), "data".to_string()),
+            ("259:1".to_string(), "mixed".to_string()),
         ]
         .into_iter()
         .collect(),
     };
-    w.emit(
-        "sql_instance",
-        ts,
-        &SqlInstanceRecord {
-            instance: &instance,
-        },
-    )
-    .unwrap();
+    w.emit(ts, &instance).unwrap();
     let orphan = Instance {
         watchdog_pid: None,
         ..instance.clone()
     };
-    w.emit("sql_instance", ts, &SqlInstanceRecord { instance: &orphan })
-        .unwrap();
+    w.emit(ts, &orphan).unwrap();
     // An instance of 150 databases: longer than a line, written in parts.
     let many_files = Instance {
         files: (0..300)
             .map(|i| FileSummary {
                 path: format!("/var/opt/mssql/data/tenant_{i:04}.mdf").into(),
-                role: "data",
+                role: "data".into(),
                 disks: vec!["259:0".into()],
             })
             .collect(),
         ..instance.clone()
     };
-    w.emit(
-        "sql_instance",
-        ts,
-        &SqlInstanceRecord {
-            instance: &many_files,
-        },
-    )
-    .unwrap();
+    w.emit(ts, &many_files).unwrap();
 }
 
 /// A client session as it opens, then identified (SPID and DMV).
@@ -77,10 +62,10 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         absent_at_ms: None,
     };
     let open = SqlSessionRecord {
-        event: "open",
-        session: &session,
+        event: SessionEvent::Open,
+        session: session.clone(),
     };
-    w.emit("sql_session", ts, &open).unwrap();
+    w.emit(ts, &open).unwrap();
     session.spid = Some(57);
     // With DMV enrichment: the connection's session and a MARS one.
     session.dmv = vec![
@@ -109,8 +94,8 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         },
     ];
     let identified = SqlSessionRecord {
-        event: "identified",
-        session: &session,
+        event: SessionEvent::Identified,
+        session,
     };
-    w.emit("sql_session", ts, &identified).unwrap();
+    w.emit(ts, &identified).unwrap();
 }

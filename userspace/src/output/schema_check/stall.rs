@@ -13,6 +13,6 @@ pub(super) fn stall(w: &mut JsonWriter) {
     let opened = detector.interval(&interval, &now(), 1000.0);
     assert_eq!(opened.len(), 4, "{opened:?}");
     for stall in opened.iter().chain(&detector.finish()) {
-        w.emit("stall", &now(), stall).unwrap();
+        w.emit(&now(), stall).unwrap();
     }
 }

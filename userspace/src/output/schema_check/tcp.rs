@@ -3,9 +3,8 @@
 use super::latency_us;
 use crate::abi;
 use crate::output::JsonWriter;
-use crate::sqlserver::inventory::SessionKind;
-use crate::sqlserver::record::SqlTag;
-use crate::tcp::record::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::sql::{SessionKind, SqlTag};
+use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 /// The SQL Server session tag the tagged tcp records carry.
 fn session_tag() -> SqlTag {
@@ -56,7 +55,6 @@ pub(super) fn tcp_retransmit(w: &mut JsonWriter, ts: &str) {
         rto.comm[i] = *b as _;
     }
     w.emit(
-        "tcp_retransmit",
         ts,
         &TcpRetransmitRecord {
             sql: Some(session_tag()),
@@ -74,19 +72,15 @@ pub(super) fn tcp_retransmit(w: &mut JsonWriter, ts: &str) {
         ..Default::default()
     };
     fast.daddr = [0xfd, 0, 0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
-    w.emit(
-        "tcp_retransmit",
-        ts,
-        &TcpRetransmitRecord::from_event(&fast, 1000),
-    )
-    .unwrap();
+    w.emit(ts, &TcpRetransmitRecord::from_event(&fast, 1000))
+        .unwrap();
 }
 
 /// One peer with samples and retransmits.
 pub(super) fn tcp_rtt(w: &mut JsonWriter, ts: &str) {
     let rtt = TcpRttRecord {
         netns: 4026531840,
-        family: "ipv4",
+        family: IpFamily::Ipv4,
         peer: "10.1.2.4".into(),
         peer_port: 50_123,
         local_port: 1433,
@@ -101,9 +95,8 @@ pub(super) fn tcp_rtt(w: &mut JsonWriter, ts: &str) {
         peer_table_full: false,
         sql: None,
     };
-    w.emit("tcp_rtt", ts, &rtt).unwrap();
+    w.emit(ts, &rtt).unwrap();
     w.emit(
-        "tcp_rtt",
         ts,
         &TcpRttRecord {
             sql: Some(session_tag()),
@@ -118,7 +111,7 @@ pub(super) fn tcp_rtt(w: &mut JsonWriter, ts: &str) {
 pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
     let flow = TcpFlowRecord {
         netns: 4026531840,
-        family: "ipv4",
+        family: IpFamily::Ipv4,
         saddr: "10.1.2.3".into(),
         sport: 5022,
         daddr: "10.1.2.4".into(),
@@ -135,17 +128,16 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
         retrans_segs: 0,
         srtt_us: 410.0,
         cwnd: 64,
-        limiter: "receiver",
+        limiter: Limiter::Receiver,
         pids: Vec::new(),
         sql: Some(session_tag()),
     };
-    w.emit("tcp_flow", ts, &flow).unwrap();
+    w.emit(ts, &flow).unwrap();
     w.emit(
-        "tcp_flow",
         ts,
         &TcpFlowRecord {
             sock_ino: None,
-            limiter: "application",
+            limiter: Limiter::Application,
             busy_ms: 120.0,
             rwnd_limited_ms: 0.0,
             pids: vec![3131, 3132],

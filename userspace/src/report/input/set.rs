@@ -21,11 +21,10 @@ use serde_json::Value;
 use super::lines::{LineCap, SkipLeadingNuls};
 use super::{MAX_LINE, READ_BUFFER, decoded, feed, gzip_note, user_error};
 use crate::error::UserError;
-use crate::report::fields::{str_of, u64_of};
 use crate::report::health::FileRead;
+use crate::report::model::envelope::field;
 use crate::report::model::{Report, ReportBuilder, ReportError};
 use crate::report::split::{Offer, Reassembly};
-use crate::report::time::parse_us;
 
 /// Lines read from the head of a file to find its first record, as many as
 /// the report reads before it calls a file "not JSON lines".
@@ -127,7 +126,7 @@ fn head_of(path: &Path, name: &str) -> Result<Head, UserError> {
         non_blank += 1;
         let record = serde_json::from_str::<Value>(text.trim())
             .ok()
-            .filter(|v| v.get("type").and_then(Value::as_str).is_some());
+            .filter(|v| field::kind(v).is_some());
         let Some(r) = record else {
             first_bad.get_or_insert(line_no);
             if head.found || non_blank >= HEAD_LINES {
@@ -137,11 +136,11 @@ fn head_of(path: &Path, name: &str) -> Result<Head, UserError> {
         };
         if !head.found {
             head.found = true;
-            head.kind = str_of(&r, "type").unwrap_or_default();
-            head.host = str_of(&r, "host");
-            head.run = str_of(&r, "run");
-            head.first_seqno = u64_of(&r, "seqno");
-            head.first_ts = str_of(&r, "ts").as_deref().and_then(parse_us);
+            head.kind = field::kind(&r).unwrap_or_default().to_string();
+            head.host = field::host(&r).map(String::from);
+            head.run = field::run(&r).map(String::from);
+            head.first_seqno = field::seqno(&r);
+            head.first_ts = field::ts_us(&r);
             if head.kind != "start" {
                 break;
             }

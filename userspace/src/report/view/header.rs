@@ -1,6 +1,8 @@
 //! The report's header: what the run was, whether anything was lost, and
 //! whether the stream is whole.
 
+use std::collections::BTreeMap;
+
 use super::{clean, count};
 use crate::report::model::Report;
 use crate::report::time::{clock, duration_ms, full, thousands};
@@ -80,18 +82,27 @@ impl Header {
         } else {
             None
         };
-        let unknown_types = (!report.stream.unknown_types.is_empty()).then(|| {
-            let kinds: Vec<String> = report
-                .stream
-                .unknown_types
+        let listed = |types: &BTreeMap<String, u64>| -> String {
+            types
                 .iter()
                 .map(|(k, n)| format!("{} ({n})", clean(k)))
-                .collect();
-            format!(
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut ignored = Vec::new();
+        if !report.stream.unknown_types.is_empty() {
+            ignored.push(format!(
                 "record types this version does not know, ignored: {}",
-                kinds.join(", ")
-            )
-        });
+                listed(&report.stream.unknown_types)
+            ));
+        }
+        if !report.stream.unreadable.is_empty() {
+            ignored.push(format!(
+                "records this version cannot read (fields missing or of another type), ignored: {}",
+                listed(&report.stream.unreadable)
+            ));
+        }
+        let unknown_types = (!ignored.is_empty()).then(|| ignored.join("; "));
         Self {
             host: clean(&run.host),
             identity: clean(&run.identity()),

@@ -73,8 +73,8 @@ fn text_and_page_show_the_same_header_and_episodes() {
     // instance, a record type this version does not know, a cut stream.
     let mut s = start();
     s["filters"] = json!({"ports": [1433], "netns": [], "ifaces": ["eth0"]});
-    s["probes"] = json!([{"family": "block", "hook": "block_rq_insert", "optional": true,
-        "attached": false, "error": "no such tracepoint"}]);
+    s["probes"] = json!([{"family": "block", "hook": "block_rq_insert", "mode": "tp_btf",
+        "optional": true, "attached": false, "error": "no such tracepoint"}]);
     let records: Vec<Value> = vec![
         s,
         json!({"ts": ts(0.5), "host": HOST, "type": "sql_instance", "pid": 4242,

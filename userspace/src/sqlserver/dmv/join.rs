@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
-use serde::Serialize;
+pub use crate::records::sql::DmvSession;
 
 use crate::sqlserver::inventory::Session;
 
@@ -88,37 +88,6 @@ impl KnownSocket {
             absent_at_ms,
         })
     }
-}
-
-/// What the DMVs say about one session on a socket.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct DmvSession {
-    pub session_id: u16,
-    /// With the id, what names the session: ids are reused.
-    pub connect_time_ms: i64,
-    /// A MARS logical session sharing the socket with the primary one.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub mars: bool,
-    pub login: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub program: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub database: Option<String>,
-    /// The session's status: `running`, `sleeping`, `dormant`, ...
-    pub status: String,
-    /// The current request's status, command and wait, when it has a request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_status: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wait_type: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wait_time_ms: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub blocking_session_id: Option<i16>,
 }
 
 /// Datetime conversion (3.33 ms ticks, whole-ms arithmetic) and the

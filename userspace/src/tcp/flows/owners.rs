@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use crate::sqlserver::procfs;
+use crate::host::procfs;
 
 /// Processes listed per socket at most (a socket shared by more is rare:
 /// a shell and the command it runs, a pre-forked server).

@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::diag::{TcpInfo, TcpSocket};
+pub use crate::records::tcp::Limiter;
 
 /// The cumulative tcp_info counters of one socket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,32 +48,6 @@ impl Counters {
             sndbuf_limited_us: self.sndbuf_limited_us.checked_sub(prev.sndbuf_limited_us)?,
             retrans_segs: self.retrans_segs.checked_sub(prev.retrans_segs)?,
         })
-    }
-}
-
-/// What held a flow's sending back most in an interval.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limiter {
-    /// The congestion window: bandwidth, loss, queueing on the path.
-    Network,
-    /// The peer's receive window: the receiver does not read fast enough.
-    Receiver,
-    /// The local send buffer: all written data was sent and the application
-    /// waited for buffer space while the window had room.
-    SenderBuffer,
-    /// Nothing in flight for most of the interval: the application had
-    /// nothing to send.
-    Application,
-}
-
-impl Limiter {
-    pub fn name(self) -> &'static str {
-        match self {
-            Limiter::Network => "network",
-            Limiter::Receiver => "receiver",
-            Limiter::SenderBuffer => "sender_buffer",
-            Limiter::Application => "application",
-        }
     }
 }
 

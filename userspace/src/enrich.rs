@@ -1,0 +1,43 @@
+//! What collection asks of enrichment (docs/ARCHITECTURE.md, "Data flow":
+//! kernel → collect → enrich → emit).
+//!
+//! A family turns kernel events and maps into records, then asks the
+//! [`Tagger`] in its `probes::Ctx` what the kernel maps do not hold: which SQL
+//! Server session or instance a record belongs to, a disk's role, a slow I/O's
+//! file. The SQL Server correlation (`sqlserver::live::SqlServer`) implements
+//! it; the families and `probes` know only this trait, so neither imports
+//! `sqlserver`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// The `sql` object a record carries (the one place its path is named).
+pub use crate::records::sql::SqlTag;
+
+/// Tags for the records of the block, tcp and netdev families.
+pub trait Tagger {
+    /// The session of a socket, by inode (0: unknown); or by its tuple.
+    fn tag_socket(
+        &self,
+        sock_ino: u64,
+        netns: u32,
+        local_port: u16,
+        remote: SocketAddr,
+    ) -> Option<SqlTag>;
+
+    /// Tag for something a process did (a slow I/O): the instance when it is a worker.
+    fn tag_process(&self, pid: u32) -> Option<SqlTag>;
+
+    /// A record of `pid` found no tag: it may belong to a session or an
+    /// instance younger than the last discovery. Look again now (rate-limited)
+    /// so the next lookup can tag it; what it finds is written by the run
+    /// loop after the family's turn, never from inside it.
+    fn missed(&mut self, pid: Option<u32>, ts: &str);
+
+    /// `data`, `log`, `tempdb`, `backup` or `mixed`, for a disk (major, minor)
+    /// holding SQL Server files.
+    fn disk_role(&self, disk: (u32, u32)) -> Option<&'static str>;
+
+    /// The database file holding `sector` of a disk (major, minor).
+    fn file_at(&self, disk: (u32, u32), sector: u64) -> Option<&Path>;
+}

@@ -1,0 +1,76 @@
+//! The stream's vocabulary: one type per record `stalltrace run` writes.
+//!
+//! The emitters build these, the stall detector and the report read them
+//! back with the same types, and docs/schema.json is generated from them
+//! (`schema.rs`): a field exists once, with its meaning in its doc comment.
+//! Readers skip fields they do not know (a newer stream adds fields; a
+//! removal or a change of meaning bumps `output::SCHEMA_VERSION`), while the
+//! schema closes every object, so a field the code writes and the schema
+//! lacks fails its test.
+//!
+//! This module is a leaf: it imports only `hist` (the histogram's wire form),
+//! `abi` (the kernel events some records decode) and `host` (link health and
+//! namespaces, which `host` reads and a record carries as they are).
+
+pub mod block;
+pub mod netdev;
+pub mod run;
+pub mod schema;
+pub mod sql;
+pub mod stall;
+pub mod tcp;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use crate::hist::HistogramRecord;
+
+/// Bumped when a field is removed or changes meaning or encoding; additions
+/// keep it. 2: histograms by bucket index (hist/record.rs), `schema` and `run`
+/// on every record.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The longest line written, newline included: 7.5 KiB leaves rsyslog room
+/// for its header with a host name of up to 255 bytes. A longer record is
+/// split into parts (output/split.rs).
+pub const MAX_LINE_BYTES: usize = 7680;
+
+/// The `lost` source of records the output queue had no room for.
+pub const OUTPUT_LOST: &str = "output.queue_full";
+
+/// A record type: its fields, and the `type` the envelope names it by.
+pub trait Record: Serialize + DeserializeOwned + JsonSchema {
+    const TYPE: &'static str;
+}
+
+/// Declares which types are records and under which `type`: the one list the
+/// schema and the tests iterate.
+macro_rules! record_types {
+    ($($ty:ty => $name:literal,)*) => {
+        $(impl Record for $ty { const TYPE: &'static str = $name; })*
+
+        /// Every record type, in the order docs/schema.json lists them.
+        pub const RECORD_TYPES: &[&str] = &[$($name,)*];
+
+        /// Calls `visit` with each record type's name and its schema.
+        pub(crate) fn each_schema(generator: &mut schemars::SchemaGenerator, mut visit: impl FnMut(&'static str, schemars::Schema)) {
+            $(visit($name, generator.subschema_for::<$ty>());)*
+        }
+    };
+}
+
+record_types! {
+    run::StartRecord => "start",
+    block::BlockRecord => "block",
+    block::SlowIoRecord => "slow_io",
+    tcp::TcpRetransmitRecord => "tcp_retransmit",
+    tcp::TcpRttRecord => "tcp_rtt",
+    tcp::TcpFlowRecord => "tcp_flow",
+    netdev::NetdevRecord => "netdev",
+    sql::SqlInstanceRecord => "sql_instance",
+    sql::SqlSessionRecord => "sql_session",
+    stall::StallRecord => "stall",
+    run::LostRecord => "lost",
+    run::StopRecord => "stop",
+}
