@@ -175,11 +175,23 @@ pub fn loss(opts: &Opts, judge: &mut Judge) {
     if !other.is_empty() {
         judge.note(format!("other families lost: {}", other.join(", ")));
     }
-    // Unseen segments are accounted above; anything else lost is a failure.
-    let lost: Vec<String> = lost
+    // Unseen segments are accounted above. RTT samples the kernel skipped
+    // are declared, and counted: where tracepoint programs run preemptible
+    // (migration, not preemption, disabled: 7.x in the matrix), a sender
+    // preempted inside the RTT hook lets another task on that CPU reach the
+    // same hook, which the kernel skips and counts (a recursion miss). Each
+    // costs one RTT sample, nothing this check compares. Anything else lost
+    // is a failure.
+    let (rtt_skips, lost): (Vec<String>, Vec<String>) = lost
         .into_iter()
         .filter(|l| !l.starts_with("tcp.retransmit_unseen_segs "))
-        .collect();
+        .partition(|l| {
+            l.starts_with("tcp.recursion_miss.")
+                && (l.contains("sock_send_length") || l.contains("sock_recv_length"))
+        });
+    if !rtt_skips.is_empty() {
+        judge.note(format!("declared: {}", rtt_skips.join(", ")));
+    }
     judge.expect(lost.is_empty(), || format!("tcp lost: {}", lost.join(", ")));
 }
 

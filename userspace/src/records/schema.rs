@@ -127,7 +127,10 @@ pub fn generate() -> Value {
         "record_type".into(),
         json!({ "description": "Every record type this version emits.", "enum": RECORD_TYPES }),
     );
-    let defs: Map<String, Value> = sorted(defs);
+    let mut defs: Map<String, Value> = sorted(defs);
+    for def in defs.values_mut() {
+        unwrap_descriptions(def);
+    }
 
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -190,6 +193,35 @@ fn with_envelope(def: &mut Value, name: &str) {
     object.insert("additionalProperties".into(), Value::Bool(false));
     object.remove("$schema");
     object.remove("title");
+}
+
+/// Doc comments wrap at the source's width; a description is one paragraph
+/// per line break pair, so a single line break is a space.
+fn unwrap_descriptions(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match v {
+                    Value::String(text) if key == "description" => {
+                        *text = text
+                            .split("\n\n")
+                            .map(|paragraph| {
+                                paragraph
+                                    .split('\n')
+                                    .map(str::trim)
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n\n");
+                    }
+                    _ => unwrap_descriptions(v),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(unwrap_descriptions),
+        _ => {}
+    }
 }
 
 /// Definitions in name order: a stable file, diffs that show the change.

@@ -164,13 +164,13 @@ pub struct TcpRetransmitRecord {
     pub netns: u32,
     /// Address family.
     pub family: IpFamily,
-    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
-    /// IPv4.
+    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
     pub saddr: String,
     /// Local port.
     pub sport: u16,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
-    /// IPv4.
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
     pub daddr: String,
     /// Remote port.
     pub dport: u16,
@@ -284,8 +284,8 @@ pub struct TcpRttRecord {
     pub netns: u32,
     /// Address family.
     pub family: IpFamily,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6 addresses are reported as
-    /// IPv4.
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
     pub peer: String,
     /// Remote port.
     pub peer_port: u16,

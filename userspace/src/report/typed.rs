@@ -11,8 +11,9 @@
 //! builds): a record is first deserialized strictly; when that fails, the
 //! fields in [`ADDED`] that it lacks are filled with their "absent" value (0
 //! for a counter, `false` for a flag, an empty histogram, object, list or
-//! string, a `start`'s filters limiting nothing) and it is deserialized again. Those are exactly the fields the report always
-//! read as "0 / nothing when missing", so the figures do not change. A record
+//! string, a `start`'s filters limiting nothing) and it is deserialized
+//! again. Those are exactly the fields the report always read as "0 /
+//! nothing when missing", so the figures do not change. A record
 //! that still does not fit its type (an identifying field missing, a value of
 //! the wrong type) is not dropped silently: the caller counts it by type in
 //! `StreamHealth::unreadable`, which the report's stream health lists next
