@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::cli::InvestigateArgs;
 use crate::error::UserError;
-use crate::report::{ReportBuilder, ReportError, render_html, render_text};
+use crate::report::{ReportBuilder, ReportError, render_text, write_html};
 use crate::run::{Progress, run_into};
 
 /// How long to record when --duration is not given.
@@ -74,12 +74,7 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
         .build()
         .map_err(|e| e.to_user_error("the recording"))?;
     if let Some(out) = &args.html {
-        std::fs::write(out, render_html(&report)).map_err(|e| {
-            UserError::new(
-                format!("cannot write {}: {e}", out.display()),
-                "give --html a path in a directory that exists and that you can write to",
-            )
-        })?;
+        write_html(&report, out)?;
     }
     let width = crate::report::terminal_width();
     let mut stdout = io::stdout().lock();

@@ -284,12 +284,7 @@ pub fn command(args: &ReportArgs) -> anyhow::Result<()> {
     let report = read_reports(&args.files)?;
     // The page first: an unwritable --html fails before anything is printed.
     if let Some(out) = &args.html {
-        std::fs::write(out, render_html(&report)).map_err(|e| {
-            UserError::new(
-                format!("cannot write {}: {e}", out.display()),
-                "give --html a path in a directory that exists and that you can write to",
-            )
-        })?;
+        write_html(&report, out)?;
     }
     let width = args.width.map(usize::from).unwrap_or_else(terminal_width);
     let text = render_text(&report, width);
@@ -306,6 +301,16 @@ pub fn command(args: &ReportArgs) -> anyhow::Result<()> {
         eprintln!("stalltrace: wrote {}", out.display());
     }
     Ok(())
+}
+
+/// Writes the report as an HTML page to `out`.
+pub fn write_html(report: &Report, out: &Path) -> Result<(), UserError> {
+    std::fs::write(out, render_html(report)).map_err(|e| {
+        UserError::new(
+            format!("cannot write {}: {e}", out.display()),
+            "give --html a path in a directory that exists and that you can write to",
+        )
+    })
 }
 
 /// The terminal's width when stdout is one, else `$COLUMNS`, else 100.

@@ -28,7 +28,7 @@ mod view;
 pub use episodes::{Episode, EpisodeState, Evidence};
 pub use health::{FileRead, LineRef, StreamFile, StreamHealth};
 pub use html::render_html;
-pub use input::{ReportArgs, command, read_report, terminal_width};
+pub use input::{ReportArgs, command, read_report, terminal_width, write_html};
 pub use merge::{MergedHist, Unit};
 pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};

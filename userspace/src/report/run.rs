@@ -144,16 +144,9 @@ pub fn run_info(r: &Value) -> Result<RunInfo, ReportError> {
             writer: field::writer_version(r).map(String::from),
         });
     }
-    let start_us = field::ts_us(r).unwrap_or(0);
     let mut run = RunInfo {
-        host: field::host(r).unwrap_or("unknown").to_string(),
-        kernel: "unknown".into(),
-        version: "unknown".into(),
-        schema: major.unwrap_or(0),
-        start_us,
-        end_us: start_us,
         run_id: field::run(r).map(String::from),
-        ..RunInfo::default()
+        ..RunInfo::from_envelope(r, major, field::ts_us(r).unwrap_or(0))
     };
     let Some(start) = typed::<StartRecord>(r) else {
         return Ok(run);
@@ -216,16 +209,26 @@ pub fn inferred_run_info(r: &Value) -> Result<Option<RunInfo>, ReportError> {
         }
     }
     Ok(Some(RunInfo {
-        host: field::host(r).unwrap_or("unknown").to_string(),
-        kernel: "unknown".into(),
-        version: "unknown".into(),
-        schema: major.unwrap_or(0),
-        start_us,
-        end_us: start_us,
         run_id: Some(run.to_string()),
         inferred: true,
-        ..RunInfo::default()
+        ..RunInfo::from_envelope(r, major, start_us)
     }))
+}
+
+impl RunInfo {
+    /// What any record's envelope says of its run; the rest unknown until a
+    /// `start` says it.
+    fn from_envelope(r: &Value, major: Option<u64>, start_us: i64) -> Self {
+        RunInfo {
+            host: field::host(r).unwrap_or("unknown").to_string(),
+            kernel: "unknown".into(),
+            version: "unknown".into(),
+            schema: major.unwrap_or(0),
+            start_us,
+            end_us: start_us,
+            ..RunInfo::default()
+        }
+    }
 }
 
 /// Distinct `interval_ms` values kept: measured lengths cluster around the
