@@ -464,7 +464,17 @@ fn investigate_reports_the_episode_it_recorded() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500)); // attached
+    // The load once it records (its `start` is written after attach): a busy
+    // host may take seconds to attach. A guard, not a time limit: a run that
+    // never starts would hang the test.
+    let attached = std::time::Instant::now();
+    while !std::fs::read_to_string(&jsonl).is_ok_and(|s| s.contains("\"type\":\"start\"")) {
+        assert!(
+            attached.elapsed() < std::time::Duration::from_secs(120),
+            "investigate wrote no start record in 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let iperf = net.iperf3(&server, Family::V4, 4, &[]);
     let out = child.wait_with_output().unwrap();
     let (text, stderr) = (

@@ -39,6 +39,15 @@ pub fn churn_namespaces(pairs: usize, alive: usize, stop: &AtomicBool) -> Vec<Li
     let retire = |(pair, inner, born): (NetPair, [String; 2], SystemTime),
                   log: &mut Vec<Lifetime>| {
         let ends = [Side::A, Side::B].map(|s| (pair.veth(s).to_string(), pair.netns_inode(s)));
+        // The links first, each deletion done when `ip` returns: a deleted
+        // namespace's devices go later, in the kernel's own cleanup work,
+        // seconds later on a busy host, so "gone" would come before they are.
+        let netns = pair.netns(Side::A).to_string();
+        sh_stdin(
+            "ip",
+            &["-n", &netns, "-batch", "-"],
+            &format!("link del {}\nlink del {}\n", pair.veth(Side::A), inner[0]),
+        );
         let inner = inner.map(|n| (n, pair.netns_inode(Side::A)));
         drop(pair);
         let gone = SystemTime::now();

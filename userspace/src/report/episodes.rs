@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::sessions::SqlTag;
 use super::time::parse_us;
+use crate::records::sql::SqlTag;
 use crate::records::stall::{Kind, Phase, StallRecord};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -190,7 +190,7 @@ fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> 
         netns: r.subject.netns,
         evidence,
         next_step: r.next_step.clone(),
-        sessions: r.sessions.iter().map(SqlTag::from).collect(),
+        sessions: r.sessions.clone(),
         sessions_omitted: r.sessions_omitted.map_or(0, u64::from),
         files: r.files.clone(),
     }

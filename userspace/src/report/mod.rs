@@ -33,7 +33,7 @@ pub use merge::{MergedHist, Unit};
 pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
 pub use sequence::{SeqRange, SeqRanges, Sequence};
-pub use sessions::{Instance, SessionImpact, SqlTag};
+pub use sessions::{Instance, SessionImpact, SessionTag};
 pub use split::SplitHealth;
 pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};
 pub use text::render_text;

@@ -21,7 +21,7 @@ use super::health::{LineRef, StreamHealth};
 use super::network::{BulkFlow, Interface, Network, Retransmits, TcpPeer};
 pub use super::run::{FamilyStatus, RunInfo};
 use super::run::{Inference, readable_schemas};
-use super::sessions::{Instance, SessionImpact, Sessions, SqlTag};
+use super::sessions::{Instance, SessionImpact, Sessions};
 use super::split::Reassembly;
 use super::storage::{Disk, Disks};
 use super::typed::typed;
@@ -360,8 +360,7 @@ impl ReportBuilder {
                 Some(t) => {
                     let waited = self.network.tcp_retransmit(&t);
                     if let Some(tag) = &t.sql {
-                        self.sessions
-                            .retransmit(&SqlTag::from(tag), u64::from(t.segs), waited);
+                        self.sessions.retransmit(tag, u64::from(t.segs), waited);
                     }
                 }
                 None => self.unreadable(kind),

@@ -332,7 +332,7 @@ fn a_session_collects_its_episodes_rto_waits_and_who_it_is() {
             json!([session_tag(51, 50000)]),
         ),
     ]);
-    let spids: Vec<Option<u64>> = r.sessions.iter().map(|s| s.tag.spid).collect();
+    let spids: Vec<Option<u16>> = r.sessions.iter().map(|s| s.tag.spid).collect();
     // 51: 2.5 s in stalls + 612 ms RTO; 53: 2 s; 52: only a retransmit.
     assert_eq!(spids, [Some(51), Some(53), Some(52)]);
     let s51 = &r.sessions[0];

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 
 use super::merge::{MergedHist, Sparse, Unit};
 use super::series::{self, Point, add_sparse};
-use super::sessions::SqlTag;
 use super::typed::named_counts;
 use crate::host::link::NOT_EXPOSED;
 use crate::records::netdev::{self, Exposed, NetdevRecord};
+use crate::records::sql::SqlTag;
 use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 // ---- interfaces -----------------------------------------------------------
@@ -419,7 +419,7 @@ impl Network {
         if let Some(tag) = &r.sql
             && !p.others
         {
-            p.sql = Some(SqlTag::from(tag));
+            p.sql = Some(tag.clone());
         }
     }
 
@@ -453,7 +453,7 @@ impl Network {
         p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));
         p.max_backoff = p.max_backoff.max(u64::from(r.backoff));
         if p.sql.is_none() && !p.others {
-            p.sql = r.sql.as_ref().map(SqlTag::from);
+            p.sql.clone_from(&r.sql);
         }
         waited
     }
@@ -495,7 +495,7 @@ impl Network {
         f.delivery_mbps = Some(r.delivery_mbps);
         f.srtt_us_max = f.srtt_us_max.max(r.srtt_us);
         if let Some(tag) = &r.sql {
-            f.sql = Some(SqlTag::from(tag));
+            f.sql = Some(tag.clone());
         }
         f.series.push(FlowPoint {
             ts_us,

@@ -9,81 +9,35 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::records;
+use crate::records::sql::{SessionKind, SqlTag};
 
-/// A `sql` tag (schema `sql_tag`), or the same facts from a `sql_session` record.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SqlTag {
-    pub pid: Option<u64>,
-    pub kind: Option<String>,
-    pub spid: Option<u64>,
-    pub client: Option<String>,
-    pub encrypted: bool,
-    pub login: Option<String>,
-    pub program: Option<String>,
-    pub database: Option<String>,
-    pub wait_type: Option<String>,
-}
-
-impl From<&records::sql::SqlTag> for SqlTag {
-    fn from(t: &records::sql::SqlTag) -> Self {
-        Self {
-            pid: Some(u64::from(t.pid)),
-            kind: t.kind.map(|k| k.name().to_string()),
-            spid: t.spid.map(u64::from),
-            client: t.client.clone(),
-            encrypted: t.encrypted,
-            login: t.login.clone(),
-            program: t.program.clone(),
-            database: t.database.clone(),
-            wait_type: t.wait_type.clone(),
-        }
-    }
-}
-
-impl SqlTag {
+/// What the report reads from a `sql` tag (schema `sql_tag`), or the same facts
+/// from a `sql_session` record.
+pub trait SessionTag {
     /// A session (it has a client or a SPID), not an instance-wide tag.
-    pub fn is_session(&self) -> bool {
+    fn is_session(&self) -> bool;
+    /// `SPID 51` / `SPID ?` (encrypted, no DMV) / the kind for a non-client session.
+    fn spid_label(&self) -> String;
+    /// Login, program and database, when DMV enrichment gave them.
+    fn who(&self) -> Option<String>;
+}
+
+impl SessionTag for SqlTag {
+    fn is_session(&self) -> bool {
         self.client.is_some() || self.spid.is_some()
     }
 
-    fn key(&self) -> SessionKey {
-        match &self.client {
-            Some(c) => SessionKey::Client(self.pid, c.clone()),
-            None => SessionKey::Spid(self.pid, self.spid),
-        }
-    }
-
-    /// Fill what this tag lacks from `other` (the same session seen elsewhere).
-    fn fill_from(&mut self, other: &SqlTag) {
-        fn fill<T: Clone>(a: &mut Option<T>, b: &Option<T>) {
-            if a.is_none() {
-                a.clone_from(b);
-            }
-        }
-        fill(&mut self.pid, &other.pid);
-        fill(&mut self.kind, &other.kind);
-        fill(&mut self.spid, &other.spid);
-        fill(&mut self.client, &other.client);
-        fill(&mut self.login, &other.login);
-        fill(&mut self.program, &other.program);
-        fill(&mut self.database, &other.database);
-        fill(&mut self.wait_type, &other.wait_type);
-        self.encrypted |= other.encrypted;
-    }
-
-    /// `SPID 51` / `SPID ?` (encrypted, no DMV) / the kind for a non-client session.
-    pub fn spid_label(&self) -> String {
-        match (self.spid, self.kind.as_deref()) {
+    fn spid_label(&self) -> String {
+        match (self.spid, self.kind) {
             (Some(s), _) => format!("SPID {s}"),
-            (None, Some("availability_group")) => "AG endpoint".into(),
-            (None, Some("backup")) => "backup".into(),
+            (None, Some(SessionKind::AvailabilityGroup)) => "AG endpoint".into(),
+            (None, Some(SessionKind::Backup)) => "backup".into(),
             (None, _) if self.encrypted => "SPID ? (encrypted)".into(),
             (None, _) => "SPID ?".into(),
         }
     }
 
-    /// Login, program and database, when DMV enrichment gave them.
-    pub fn who(&self) -> Option<String> {
+    fn who(&self) -> Option<String> {
         let parts: Vec<String> = [
             self.login.as_ref().map(|l| format!("login {l}")),
             self.program.as_ref().map(|p| format!("program {p}")),
@@ -96,10 +50,39 @@ impl SqlTag {
     }
 }
 
+fn key(tag: &SqlTag) -> SessionKey {
+    let pid = u64::from(tag.pid);
+    match &tag.client {
+        Some(c) => SessionKey::Client(pid, c.clone()),
+        None => SessionKey::Spid(pid, tag.spid),
+    }
+}
+
+/// Fill what `tag` lacks from `other` (the same session seen elsewhere: the
+/// same pid, as the key says).
+fn fill_from(tag: &mut SqlTag, other: &SqlTag) {
+    fn fill<T: Clone>(a: &mut Option<T>, b: &Option<T>) {
+        if a.is_none() {
+            a.clone_from(b);
+        }
+    }
+    fill(&mut tag.kind, &other.kind);
+    fill(&mut tag.spid, &other.spid);
+    fill(&mut tag.client, &other.client);
+    fill(&mut tag.login, &other.login);
+    fill(&mut tag.program, &other.program);
+    fill(&mut tag.database, &other.database);
+    fill(&mut tag.wait_type, &other.wait_type);
+    if tag.mars_spids.is_empty() {
+        tag.mars_spids.clone_from(&other.mars_spids);
+    }
+    tag.encrypted |= other.encrypted;
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum SessionKey {
-    Client(Option<u64>, String),
-    Spid(Option<u64>, Option<u64>),
+    Client(u64, String),
+    Spid(u64, Option<u16>),
 }
 
 /// What one session lost over the run.
@@ -172,11 +155,14 @@ impl Sessions {
     /// A `sql_session` record: what it says about who the session is.
     pub fn session(&mut self, r: &records::sql::SqlSessionRecord) {
         // The tag the tracer puts on the session's own records.
-        let tag = SqlTag::from(&records::sql::SqlTag::for_session(&r.session));
-        if let (Some(pid), Some(client)) = (tag.pid, &tag.client)
-            && tag.kind.as_deref().is_none_or(|k| k == "client")
+        let tag = SqlTag::for_session(&r.session);
+        if let Some(client) = &tag.client
+            && tag.kind.is_none_or(|k| k == SessionKind::Client)
         {
-            self.opened.entry(pid).or_default().insert(client.clone());
+            self.opened
+                .entry(u64::from(tag.pid))
+                .or_default()
+                .insert(client.clone());
         }
         self.learn(&tag);
     }
@@ -184,16 +170,22 @@ impl Sessions {
     /// Later records know more (a SPID read after the first packets, DMV fields):
     /// keep the newest value of each field.
     fn learn(&mut self, tag: &SqlTag) {
-        let known = self.known.entry(tag.key()).or_default();
+        let known = self.known.entry(key(tag)).or_default();
         let mut newer = tag.clone();
-        newer.fill_from(known);
+        fill_from(&mut newer, known);
         *known = newer;
     }
 
     fn impact(&mut self, tag: &SqlTag) -> &mut SessionImpact {
         self.learn(tag);
-        let entry = self.impact.entry(tag.key()).or_default();
-        entry.tag.fill_from(tag);
+        let entry = self
+            .impact
+            .entry(key(tag))
+            .or_insert_with(|| SessionImpact {
+                tag: SqlTag::for_instance(tag.pid),
+                ..SessionImpact::default()
+            });
+        fill_from(&mut entry.tag, tag);
         entry
     }
 
@@ -227,8 +219,8 @@ impl Sessions {
     /// who is on it): an episode's list names sessions as fully as the table.
     pub fn enriched(&self, tag: &SqlTag) -> SqlTag {
         let mut t = tag.clone();
-        if let Some(known) = self.known.get(&tag.key()) {
-            t.fill_from(known);
+        if let Some(known) = self.known.get(&key(tag)) {
+            fill_from(&mut t, known);
         }
         t
     }
@@ -258,7 +250,7 @@ impl Sessions {
             .map(|(key, mut s)| {
                 if let Some(known) = self.known.get(&key) {
                     let mut tag = known.clone();
-                    tag.fill_from(&s.tag);
+                    fill_from(&mut tag, &s.tag);
                     s.tag = tag;
                 }
                 s.episodes.sort_unstable();
@@ -278,12 +270,12 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::sql::{DmvSession, Session, SessionEvent, SessionKind, SqlSessionRecord};
+    use crate::records::sql::{DmvSession, Session, SessionEvent, SqlSessionRecord};
     use serde_json::{Value, json};
 
     /// A `sql` tag as records carry it.
     fn tag(v: Value) -> SqlTag {
-        SqlTag::from(&serde_json::from_value::<records::sql::SqlTag>(v).unwrap())
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]

@@ -87,7 +87,8 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                 // to its disks only. For a flow of no known instance whose reads
                 // were not seen (throttled or stacked I/O is submitted by kernel
                 // workers), a slow disk on the host is the only lead: named as
-                // such, not as proven.
+                // such, not as proven. Of several, the one that held back the
+                // most work (a busy host has brief slow moments elsewhere).
                 let tied = |o: &&Finding| {
                     o.kind == Kind::Storage
                         && o.subject
@@ -96,9 +97,10 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                             .is_some_and(|dev| feeds(iv, sql, f, dev))
                 };
                 let storage = |o: &&Finding| o.kind == Kind::Storage;
-                let (disk, proven) = match others.iter().find(tied) {
+                let most = |a: &&Finding, b: &&Finding| a.impact_ms.total_cmp(&b.impact_ms);
+                let (disk, proven) = match others.iter().filter(tied).max_by(most) {
                     Some(d) => (d, true),
-                    None if f.sql.is_none() => match others.iter().find(storage) {
+                    None if f.sql.is_none() => match others.iter().filter(storage).max_by(most) {
                         Some(d) => (d, false),
                         None => continue,
                     },

@@ -438,6 +438,34 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         proven(&untagged, "not shown to be the disk"),
         "{untagged:?}"
     );
+    // Of two slow disks, the lead is the one that held back the most work:
+    // a brief slow moment on another disk (a busy host) is not named.
+    let mut briefly_slow = block(
+        "loop0",
+        50,
+        &[(2.0, 50)],
+        &[(1.0, 45), (400_000.0, 5)],
+        &[(1.0, 50)],
+        128,
+    );
+    briefly_slow["major"] = json!(7);
+    briefly_slow["minor"] = json!(0);
+    let two = run(&[vec![
+        flow("application", 200.0, 0.0, 0),
+        briefly_slow,
+        slow_disk.clone(),
+    ]]);
+    let lead: Vec<_> = two
+        .iter()
+        .filter(|e| e.kind == Kind::BulkFlow)
+        .flat_map(|e| e.evidence.iter())
+        .filter(|e| e.signal == "storage_episode")
+        .map(|e| e.value.clone())
+        .collect();
+    assert!(
+        !lead.is_empty() && lead.iter().all(|d| d == "loop3"),
+        "{lead:?} in {two:?}"
+    );
     // No instance, but a process holding the socket did slow I/O on the disk.
     let mut fed = flow("application", 200.0, 0.0, 0);
     fed["pids"] = json!([77, 78]);

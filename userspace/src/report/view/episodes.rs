@@ -2,10 +2,11 @@
 //! instead.
 
 use super::{clean, count, or_dash};
+use crate::records::sql::SqlTag;
 use crate::report::episodes::{Episode, EpisodeState, cause_words};
 use crate::report::model::Report;
 use crate::report::network::Interface;
-use crate::report::sessions::SqlTag;
+use crate::report::sessions::SessionTag;
 use crate::report::storage::DiskOp;
 use crate::report::time::{clock, duration_ms, latency_us, rfc3339};
 

@@ -1,9 +1,10 @@
 //! Network interfaces and their links, TCP peers, bulk flows.
 
 use super::{Stats, clean, count, ms_or_dash, or_dash};
+use crate::records::sql::SessionKind;
 use crate::report::model::Report;
 use crate::report::network::{BulkFlow, Interface, LinkHealth, TcpPeer};
-use crate::report::sessions::SqlTag;
+use crate::report::sessions::SessionTag;
 use crate::report::time::{bytes, clock, duration_ms, latency_us, sig3, thousands};
 
 /// Said of a link with nothing wrong.
@@ -257,7 +258,11 @@ fn peer_row(p: &TcpPeer) -> PeerRow {
     let lat = |v| or_dash(v, latency_us);
     PeerRow {
         label: clean(&p.label()),
-        session: p.sql.as_ref().map(SqlTag::spid_label).unwrap_or_default(),
+        session: p
+            .sql
+            .as_ref()
+            .map(SessionTag::spid_label)
+            .unwrap_or_default(),
         srtt_p50: lat(p.srtt.percentile(0.5)),
         srtt_p99: lat(p.srtt.percentile(0.99)),
         srtt_max: lat(p.srtt.max()),
@@ -291,7 +296,7 @@ fn flow(f: &BulkFlow) -> FlowView<'_> {
     FlowView {
         flow: clean(&f.flow),
         sql: f.sql.as_ref().map(|t| {
-            let kind = t.kind.as_deref().unwrap_or("sql");
+            let kind = t.kind.map_or("sql", SessionKind::name);
             format!("SQL Server {}", clean(kind).replace('_', " "))
         }),
         summary: format!(

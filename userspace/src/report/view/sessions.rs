@@ -2,6 +2,7 @@
 
 use super::{clean, ms_or_dash};
 use crate::report::model::Report;
+use crate::report::sessions::SessionTag;
 use crate::report::time::thousands;
 
 /// What the `in stalls` column means.
