@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 /*
  * sqlserver.bpf.c - the SPID of each SQL Server session, from the TDS header
- * of what the server sends.
+ * of what the server sends, on the wire or inside TLS.
  *
  *   tcp_sendmsg_locked   a send by a SQL Server worker (their tgids are in
  *                        sql_workers, filled by the daemon's discovery): when
@@ -10,17 +10,27 @@
  *                        server TDS packet header (tabular result, pre-login),
  *                        bytes 4-5 are the session's SPID. The tracepoint is
  *                        6.16+; before, fentry or kprobe on the function.
+ *   SSL_write,           uprobes on the libssl a worker maps, attached by the
+ *   SSL_write_ex         daemon per worker (sqlserver/tls.rs) while it has
+ *                        encrypted sessions without a SPID: the first 8 bytes
+ *                        of the plaintext, the same header. The thread's next
+ *                        TLS send (inside the call with a socket BIO, right
+ *                        after it with memory BIOs) ties the call to its
+ *                        socket, when that record's length fits the call's
+ *                        (tls_record_fits_write in tds.h). No OpenSSL struct
+ *                        is read: the SSL* is only a key.
  *
  * Only those 8 header bytes are ever read, and only from the server's side:
  * never a byte of SQL text or result data, and nothing of a send shorter than
  * a header. Once a socket's SPID is known, its sends cost one map lookup. A
- * TLS record instead of a header marks the session encrypted (no SPID from
- * headers; DMV enrichment can still give it). What the 8 bytes are is decided
- * in tds.h, which the Rust tests run on the host.
+ * TLS record instead of a header marks the session encrypted. What the 8
+ * bytes are is decided in tds.h, which the Rust tests run on the host.
  *
  * Measured assumption (simulator; not verified against real SQL Server): the
- * server writes each TDS packet with its own send, starting at the buffer's
- * start, so the first bytes of a send are a header.
+ * server writes each TDS packet with its own send (or SSL_write), starting at
+ * the buffer's start, so the first bytes of a send are a header; with TLS,
+ * the thread that calls SSL_write sends the record it made before it writes
+ * to another connection (docs/sqlserver.md says how to check a real server).
  */
 #include "common.bpf.h"
 #include "sock.bpf.h"
@@ -29,23 +39,33 @@
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 64);
-	__type(key, __u32); /* tgid of a SQL Server worker */
-	__type(value, __u8);
+	__type(key, __u32);  /* tgid of a SQL Server worker */
+	__type(value, __u8); /* enum sql_worker_flags */
 } sql_workers SEC(".maps");
 
 /*
- * Non-zero once the daemon has put any worker in sql_workers. tcp_sendmsg_locked
- * fires for every TCP send on the host, and on a host (or at a moment) without
- * SQL Server the hash lookup in sql_workers was most of its cost: an array
- * lookup is inlined by the verifier into a few instructions, so the hook now
- * leaves before any helper call.
+ * enum sql_control_slot. tcp_sendmsg_locked fires for every TCP send on the
+ * host, and on a host (or at a moment) without SQL Server the hash lookup in
+ * sql_workers was most of its cost: an array lookup is inlined by the
+ * verifier into a few instructions, so the hook leaves before any helper call.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, SQL_CTL_SLOTS);
 	__type(key, __u32);
 	__type(value, __u32);
-} sql_workers_known SEC(".maps");
+} sql_control SEC(".maps");
+
+/* Per worker thread: its last SSL_write* whose record it has not sent yet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* pid_tgid of the thread */
+	__type(value, struct tls_write);
+} tls_writes SEC(".maps");
+
+/* A write waits this long at most for its send (a busy host may preempt the thread in between). */
+#define TLS_PAIR_WINDOW_NS (1000ULL * 1000 * 1000)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -114,27 +134,128 @@ static __always_inline const void *send_buffer_start(const struct msghdr *msg, _
 	return BPF_CORE_READ(iov, iov_base);
 }
 
+static __always_inline bool control_set(__u32 slot)
+{
+	__u32 *v = bpf_map_lookup_elem(&sql_control, &slot);
+
+	return v && *v;
+}
+
+static __always_inline void control_raise(__u32 slot)
+{
+	__u32 *v = bpf_map_lookup_elem(&sql_control, &slot);
+
+	if (v && !*v)
+		*v = 1;
+}
+
+/* The current process's enum sql_worker_flags; 0 when it is no SQL Server worker. */
+static __always_inline __u8 current_worker(void)
+{
+	__u32 tgid;
+	__u8 *flags;
+
+	if (!control_set(SQL_CTL_WORKERS_KNOWN))
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	flags = bpf_map_lookup_elem(&sql_workers, &tgid);
+	return flags ? *flags : 0;
+}
+
+/*
+ * A TLS send of the current thread: it carries the record of the thread's
+ * pending SSL_write*, which it consumes whether it fits or not (the next
+ * write starts afresh). A fit names the socket's SPID, or, on a socket that
+ * has one from TLS already, must name the same one.
+ */
+static __always_inline void pair_tls_write(struct tds_session *session, const __u8 *hdr, __u64 len)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct tls_write *pending = bpf_map_lookup_elem(&tls_writes, &id);
+	struct tls_write write;
+
+	if (!pending)
+		return;
+	write = *pending;
+	bpf_map_delete_elem(&tls_writes, &id);
+	if (write.ambiguous || !write.spid)
+		return; /* counted when it became ambiguous; no SPID to give */
+	if (bpf_ktime_get_ns() - write.at_ns > TLS_PAIR_WINDOW_NS ||
+	    !tls_record_fits_write(hdr, len, write.plain_len)) {
+		count_lost(LOST_TLS_UNPAIRED);
+		return;
+	}
+	if (session->flags & TDS_F_SPID) {
+		if (session->spid != write.spid && !(session->flags & TDS_F_TLS_CONFLICT)) {
+			session->flags |= TDS_F_TLS_CONFLICT;
+			count_lost(LOST_TLS_CONFLICT);
+		}
+		return;
+	}
+	session->headers++;
+	session->last_type = TDS_TYPE_TABULAR_RESULT;
+	session->spid = write.spid;
+	session->flags |= TDS_F_SPID | TDS_F_SPID_TLS;
+}
+
+/* A watched send of an encrypted session that still has no SPID: one try fewer. */
+static __always_inline void tls_try_failed(struct tds_session *session)
+{
+	if (session->flags & TDS_F_SPID)
+		return;
+	if (++session->tls_unpaired >= TLS_GIVE_UP_SENDS && !(session->flags & TDS_F_TLS_GAVE_UP)) {
+		session->flags |= TDS_F_TLS_GAVE_UP;
+		count_lost(LOST_TLS_GAVE_UP);
+	}
+}
+
+/*
+ * A send on a socket whose session is encrypted: whether the header must be
+ * read (a watched write of this thread waits), after the doorbell for a
+ * worker whose SSL_write is not watched.
+ */
+static __always_inline bool tls_send_worth_reading(struct tds_session *session, bool tls_on)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	if (session->flags & TDS_F_SPID) /* from TLS: each further pairing must agree */
+		return tls_on && bpf_map_lookup_elem(&tls_writes, &id);
+	if (session->flags & TDS_F_TLS_GAVE_UP)
+		return false;
+	if (!tls_on) {
+		/* The daemon watches the worker's SSL_write within 100 ms. */
+		control_raise(SQL_CTL_TLS_WANTED);
+		return false;
+	}
+	if (bpf_map_lookup_elem(&tls_writes, &id))
+		return true;
+	tls_try_failed(session);
+	return false;
+}
+
 static __always_inline int read_tds_header(const struct sock *sk, const struct msghdr *msg)
 {
 	struct tds_session fresh = {}, *session;
-	__u32 tgid, zero = 0, *known;
 	__u64 ino, len = 0;
 	const void *buf;
 	__u16 spid = 0;
 	__u8 hdr[TDS_HEADER_LEN];
+	__u8 worker = current_worker();
+	bool tls_on = worker & SQL_WORKER_TLS_WATCHED;
 
-	known = bpf_map_lookup_elem(&sql_workers_known, &zero);
-	if (!known || !*known)
-		return 0;
-	tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!bpf_map_lookup_elem(&sql_workers, &tgid))
+	if (!worker)
 		return 0;
 	ino = sock_inode(sk);
 	if (!ino)
 		return 0;
 	session = bpf_map_lookup_elem(&tds_sessions, &ino);
-	if (session && (session->flags & (TDS_F_SPID | TDS_F_ENCRYPTED)))
-		return 0;
+	if (session) {
+		/* Known from a header on the wire: done. */
+		if ((session->flags & TDS_F_SPID) && !(session->flags & TDS_F_SPID_TLS))
+			return 0;
+		if ((session->flags & TDS_F_ENCRYPTED) && !tls_send_worth_reading(session, tls_on))
+			return 0;
+	}
 	buf = send_buffer_start(msg, &len);
 	/* Shorter than a header: neither a header nor worth a read. */
 	if (!buf || len < TDS_HEADER_LEN || bpf_probe_read_user(hdr, sizeof(hdr), buf))
@@ -148,18 +269,81 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	switch (tds_classify_send(hdr, len, &spid)) {
 	case TDS_TLS_RECORD:
 		session->flags |= TDS_F_ENCRYPTED;
+		if (!tls_on) {
+			control_raise(SQL_CTL_TLS_WANTED);
+			return 0;
+		}
+		pair_tls_write(session, hdr, len);
+		tls_try_failed(session);
 		return 0;
 	case TDS_SERVER_HEADER:
 		break;
 	default:
 		return 0; /* not a server packet header: leave it */
 	}
+	if (session->flags & (TDS_F_SPID | TDS_F_ENCRYPTED))
+		return 0;
 	session->headers++;
 	session->last_type = hdr[0];
 	session->spid = spid;
 	if (spid)
 		session->flags |= TDS_F_SPID; /* pre-login responses carry SPID 0 */
 	return 0;
+}
+
+/*
+ * An SSL_write* of a worker thread. Its plaintext starts at `buf` (OpenSSL
+ * encrypts from the caller's buffer, so it is readable at entry). The write
+ * waits in tls_writes for the thread's next TLS send; a write to another
+ * connection before that send makes the pairing ambiguous, and then neither
+ * write names a SPID.
+ */
+static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
+{
+	struct tls_write write = {}, *pending;
+	__u64 id, now;
+	__u16 spid = 0;
+	__u8 hdr[TDS_HEADER_LEN];
+
+	if (!(current_worker() & SQL_WORKER_TLS_WATCHED))
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	now = bpf_ktime_get_ns();
+	pending = bpf_map_lookup_elem(&tls_writes, &id);
+	if (pending && now - pending->at_ns <= TLS_PAIR_WINDOW_NS) {
+		/* Its next record carries the earliest unsent write of a connection. */
+		if (pending->ssl == ssl)
+			return 0;
+		if (!pending->ambiguous) {
+			pending->ambiguous = 1;
+			count_lost(LOST_TLS_AMBIGUOUS);
+		}
+		return 0;
+	}
+	if (pending && pending->spid && !pending->ambiguous)
+		count_lost(LOST_TLS_UNPAIRED); /* never sent by this thread within the window */
+	if (num >= TDS_HEADER_LEN && !bpf_probe_read_user(hdr, sizeof(hdr), buf) &&
+	    tds_classify_send(hdr, num, &spid) == TDS_SERVER_HEADER)
+		write.spid = spid; /* 0 for a pre-login packet: a write all the same */
+	write.ssl = ssl;
+	write.at_ns = now;
+	write.plain_len = num;
+	bpf_map_update_elem(&tls_writes, &id, &write, BPF_ANY);
+	return 0;
+}
+
+/* int SSL_write(SSL *ssl, const void *buf, int num) */
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_write, void *ssl, const void *buf, int num)
+{
+	return on_tls_write((__u64)ssl, buf, num > 0 ? (__u64)num : 0);
+}
+
+/* int SSL_write_ex(SSL *ssl, const void *buf, size_t num, size_t *written) */
+SEC("uprobe")
+int BPF_KPROBE(on_ssl_write_ex, void *ssl, const void *buf, __u64 num)
+{
+	return on_tls_write((__u64)ssl, buf, num);
 }
 
 /* The tracepoint (6.16+): the cheapest way in. */

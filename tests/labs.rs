@@ -4,7 +4,7 @@
 //! sessions are hit, the right sessions), and clean, where no `stall` record
 //! may be about the scenario's subjects (others on the shared kernel are
 //! printed, not judged). Every record is checked against docs/schema.json,
-//! and the load generators' own figures (sqlclient, fio, iperf3, sockperf,
+//! and the load generators' own figures (ODBC Driver 18, fio, iperf3, sockperf,
 //! the backup's receiver) confirm that the fault was there, or was not.
 //!
 //! Run as root (`cargo xtask test`); nextest runs them one at a time with the
@@ -63,7 +63,8 @@ fn evidence<'a>(stall: &'a Value, signal: &str) -> Option<&'a Value> {
 
 /// 5% loss on the client link: the server's retransmission timeouts to the
 /// client's address are one `network` episode, and it names exactly the
-/// sessions sqlclient opened (SPID and client port, from its own LOGINACKs).
+/// sessions the ODBC client opened (SPID from its `SELECT @@SPID`, client
+/// port from the kernel), although the driver encrypts them (Encrypt=yes).
 #[test]
 fn loss_names_retransmission_timeouts_and_the_sessions_hit() {
     require_root();
@@ -71,17 +72,17 @@ fn loss_names_retransmission_timeouts_and_the_sessions_hit() {
     assert_eq!(
         o.sessions.len(),
         4,
-        "sqlclient's sessions: {:?}",
+        "the ODBC client's sessions: {:?}",
         o.sessions
     );
     assert_expected(&o);
-    // Only the simulator's sessions, each as sqlclient knows it.
+    // Only the simulator's sessions, each as its client knows it.
     let e = &o.expected[0];
     for episode in o.found(e) {
         for tag in episode["sessions"].as_array().unwrap() {
             assert!(
                 o.sessions.iter().any(|s| s.is(tag)),
-                "a session sqlclient did not open: {tag}"
+                "a session the ODBC client did not open: {tag}"
             );
         }
         // A timer RTO, or a connection stuck as long: the 200 ms the transactions felt.

@@ -276,16 +276,59 @@ struct netdev_stats {
 /* ---- sqlserver family -------------------------------------------------------- */
 
 enum tds_session_flags {
-	TDS_F_SPID = 1,      /* spid is the SPID from a server TDS packet header */
-	TDS_F_ENCRYPTED = 2, /* the server sent a TLS record: no headers readable */
+	TDS_F_SPID = 1,         /* spid is the SPID from a server TDS packet header */
+	TDS_F_ENCRYPTED = 2,    /* the server sent a TLS record: no headers readable on the wire */
+	TDS_F_SPID_TLS = 4,     /* with TDS_F_SPID: the header was read in the TLS plaintext (SSL_write) */
+	TDS_F_TLS_CONFLICT = 8, /* a later TLS pairing named another SPID: the pairing is not to be trusted */
+	TDS_F_TLS_GAVE_UP = 16, /* TLS_GIVE_UP_SENDS watched sends named no SPID: no more tries */
 };
+
+/*
+ * Sends of an encrypted session without a SPID while its worker's SSL_write
+ * is watched, after which the kernel stops trying (a server that does not
+ * send a record from the thread that wrote it): the first response after the
+ * uprobes attach names a session where the pairing works at all.
+ */
+#define TLS_GIVE_UP_SENDS 64
 
 /* What the 8-byte TDS headers the worker sent on one socket said. */
 struct tds_session {
 	__u16 spid;
-	__u8 flags;      /* enum tds_session_flags */
-	__u8 last_type;  /* TDS packet type of the last header read */
-	__u32 headers;   /* headers read (sends that started a TDS packet) */
+	__u8 flags;         /* enum tds_session_flags */
+	__u8 last_type;     /* TDS packet type of the last header read */
+	__u32 headers;      /* headers read (sends that started a TDS packet) */
+	__u32 tls_unpaired; /* encrypted, no SPID: sends while watched that named none */
+};
+
+/*
+ * The sqlserver family's control words: one array `sql_control` of u32, so
+ * the per-send hook reads each with an inlined array lookup, no helper call.
+ */
+enum sql_control_slot {
+	SQL_CTL_WORKERS_KNOWN = 0, /* the daemon has put a worker in sql_workers */
+	SQL_CTL_TLS_WANTED = 1,    /* set by the kernel: an encrypted session without a SPID sent, its worker unwatched */
+	SQL_CTL_SLOTS = 2,
+};
+
+/* The value of a worker's entry in sql_workers. */
+enum sql_worker_flags {
+	SQL_WORKER_LISTED = 1,      /* a SQL Server worker: its sends are read */
+	SQL_WORKER_TLS_WATCHED = 2, /* its SSL_write* are watched: its TLS sends are paired with them */
+};
+
+/*
+ * An SSL_write / SSL_write_ex of a worker thread whose plaintext began with a
+ * server TDS header, waiting for the send of the TLS record it became: the
+ * thread's next TLS send, inside the call (a socket BIO) or after it (memory
+ * BIOs). The SSL* is only a key: none of OpenSSL's structs is ever read.
+ */
+struct tls_write {
+	__u64 ssl;
+	__u64 at_ns;     /* bpf_ktime_get_ns() at the call */
+	__u64 plain_len; /* the call's length argument */
+	__u16 spid;
+	__u8 ambiguous;  /* the thread wrote to another connection before sending: pair nothing */
+	__u8 pad[5];
 };
 
 /* ---- loss accounting ----------------------------------------------------- */
@@ -306,7 +349,11 @@ enum lost_source {
 	LOST_TCP_RINGBUF = 7,      /* tcp_retransmit event: ring buffer full (the peer counters still have it) */
 	LOST_NETDEV_STATS_FULL = 8, /* per-interface entry could not be created */
 	LOST_TCP_RETRANS_UNSEEN = 9, /* segments: counted in RetransSegs on a socket between two records, with no record of their own */
-	LOST_SOURCE_COUNT = 10,
+	LOST_TLS_AMBIGUOUS = 10,   /* a worker thread wrote to a second TLS connection before sending the first: no SPID from either write */
+	LOST_TLS_UNPAIRED = 11,    /* a TLS write with a SPID whose thread's next TLS send did not fit it (kind, length, delay): SPID not used */
+	LOST_TLS_CONFLICT = 12,    /* a TLS pairing named another SPID than the socket had from TLS: the worker's TLS SPIDs are dropped */
+	LOST_TLS_GAVE_UP = 13,     /* an encrypted session whose SPID TLS_GIVE_UP_SENDS watched sends did not name: no more tries */
+	LOST_SOURCE_COUNT = 14,
 };
 
 #endif /* STALLTRACE_ABI_H */

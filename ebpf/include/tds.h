@@ -69,6 +69,17 @@
 /* 2^14 bytes of plaintext plus the 2,048 of expansion TLS 1.2 allows (RFC 5246 6.2.3). */
 #define TLS_MAX_RECORD_LEN (16384 + 2048)
 
+/*
+ * How many bytes TLS adds to one record's plaintext fragment: at least the
+ * 16 of an AEAD tag (ChaCha20-Poly1305 in TLS 1.2; TLS 1.3 adds its 1-byte
+ * inner content type, AES-GCM in TLS 1.2 its 8-byte explicit nonce), at most
+ * a CBC suite's 16-byte IV, 48-byte SHA-384 MAC and 256 bytes of padding.
+ * A record holds at most 2^14 bytes of plaintext (RFC 8446 5.1).
+ */
+#define TLS_MIN_EXPANSION 16
+#define TLS_MAX_EXPANSION 320
+#define TLS_MAX_FRAGMENT 16384
+
 enum tds_verdict {
 	TDS_NOT_A_HEADER = 0,  /* mid-packet bytes, a client packet, anything else */
 	TDS_SERVER_HEADER = 1, /* a tabular result or pre-login header: *spid is set */
@@ -118,6 +129,25 @@ static __always_inline enum tds_verdict tds_classify_send(const __u8 *b, __u64 s
 		return TDS_NOT_A_HEADER;
 	*spid = ((__u16)b[4] << 8) | b[5];
 	return TDS_SERVER_HEADER;
+}
+
+/*
+ * Whether a worker's send whose first bytes are `b` can be the TLS record of
+ * an SSL_write of `plain_len` plaintext bytes: an application-data record
+ * whose length is the write's first fragment plus what TLS adds to one. The
+ * only evidence besides the thread and the order that ties a plaintext to a
+ * socket, so it is exact: a send that fits no write leaves the SPID unknown.
+ */
+static __always_inline int tls_record_fits_write(const __u8 *b, __u64 send_len, __u64 plain_len)
+{
+	__u64 first = plain_len < TLS_MAX_FRAGMENT ? plain_len : TLS_MAX_FRAGMENT;
+	__u64 len;
+
+	if (send_len < TLS_RECORD_HEADER_LEN || b[0] != TLS_CONTENT_APPLICATION_DATA || b[1] != 3 ||
+	    b[2] > TLS_MAX_MINOR_VERSION)
+		return 0;
+	len = ((__u64)b[3] << 8) | b[4];
+	return len >= first + TLS_MIN_EXPANSION && len <= first + TLS_MAX_EXPANSION;
 }
 
 #endif /* STALLTRACE_TDS_H */

@@ -131,6 +131,24 @@ pub fn maps_of(pid: u32) -> Vec<Map> {
     maps().into_iter().filter(|m| ids.contains(&m.id)).collect()
 }
 
+/// How many perf-event links (kprobes, uprobes) run a program of process
+/// `pid` named one of `names` now.
+pub fn perf_event_links_of(pid: u32, names: &[&str]) -> usize {
+    let held = held(Some(pid)).progs;
+    let wanted: HashSet<u64> = programs()
+        .into_iter()
+        .filter(|p| held.contains(&p.id) && names.iter().any(|n| p.name == n[..n.len().min(15)]))
+        .map(|p| p.id)
+        .collect();
+    bpftool_json(&["link", "show"])
+        .iter()
+        .filter(|l| {
+            l["type"] == "perf_event"
+                && l["prog_id"].as_u64().is_some_and(|id| wanted.contains(&id))
+        })
+        .count()
+}
+
 /// stalltrace's programs are `on_<hook>` or `maybe_<hook>` (ebpf/*.bpf.c).
 pub fn is_stalltrace_program(name: &str) -> bool {
     name.starts_with("on_") || name.starts_with("maybe_")

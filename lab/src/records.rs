@@ -23,6 +23,38 @@ pub fn retransmits_in(records: &[Value], netns: u64) -> Vec<&Value> {
         .collect()
 }
 
+/// The SQL Server worker `worker` on `server_port`, and its clients at
+/// `client_ip`: what each session's records must say.
+pub struct SqlSide<'a> {
+    pub worker: u32,
+    pub server_port: u16,
+    pub client_ip: &'a str,
+    /// Client port -> the SPID the client got on that connection.
+    pub sessions: &'a std::collections::BTreeMap<u16, u16>,
+}
+
+impl SqlSide<'_> {
+    /// The retransmit records that do not name their session as its client
+    /// knows it: the worker, a client session, its SPID and client port.
+    pub fn misnamed<'r>(&self, retransmits: &[&'r Value]) -> Vec<&'r Value> {
+        retransmits
+            .iter()
+            .copied()
+            .filter(|r| {
+                let port = r["dport"].as_u64().unwrap_or(0) as u16;
+                let sql = &r["sql"];
+                !(r["sport"] == self.server_port
+                    && self.sessions.get(&port).is_some_and(|&spid| {
+                        sql["pid"] == self.worker
+                            && sql["kind"] == "client"
+                            && sql["spid"] == spid
+                            && sql["client"] == format!("{}:{port}", self.client_ip).as_str()
+                    }))
+            })
+            .collect()
+    }
+}
+
 /// Segments of the retransmit records `keep` selects (a record without `segs` panics).
 pub fn sum_segs(events: &[&Value], keep: impl Fn(&Value) -> bool) -> u64 {
     events

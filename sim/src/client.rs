@@ -1,23 +1,24 @@
-//! The load driver: N TDS sessions, each logging in and then sending SQL
-//! batches on a fixed schedule (its share of the total rate), one at a time,
-//! timing each from send to the end of its response.
+//! The load driver: N TDS sessions ([`connection`]), each logging in (with
+//! TLS as `--encrypt` asks), running `SELECT @@SPID` once, and then sending
+//! SQL batches on a fixed schedule (its share of the total rate), one at a
+//! time, timing each from send to the end of its response.
 //!
 //! A slow or lossy network must not hang it: connects, writes and responses
 //! have a timeout; a timed-out or broken session counts an error, is dropped
 //! and logs in again at its next turn.
 
+mod connection;
+
 use std::collections::BTreeMap;
-use std::io::{self, Read};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::tds::login7::{self, Login7};
-use crate::tds::tokens::{self, Token};
-use crate::tds::{self, DEFAULT_PACKET_SIZE, TDS_7_4, batch, packet_type, prelogin};
+pub use connection::{Connection, Encrypt, InForce};
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -35,6 +36,7 @@ pub struct ClientConfig {
     /// For connecting, each write, and each whole response.
     pub timeout: Duration,
     pub packet_size: u32,
+    pub encrypt: Encrypt,
 }
 
 /// Why a request or login failed; the JSON counts errors by these names.
@@ -84,175 +86,10 @@ impl From<io::Error> for SessionError {
     }
 }
 
-fn protocol(detail: impl Into<String>) -> SessionError {
+pub(crate) fn protocol(detail: impl Into<String>) -> SessionError {
     SessionError {
         kind: ErrorKind::Protocol,
         detail: detail.into(),
-    }
-}
-
-/// Reads from a socket until an absolute deadline, however many reads a
-/// response takes: a server that trickles bytes still times out.
-struct DeadlineReader<'a> {
-    stream: &'a TcpStream,
-    deadline: Instant,
-}
-
-impl Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no complete response in time",
-            ));
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        match (&mut &*self.stream).read(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no complete response in time",
-            )),
-            r => r,
-        }
-    }
-}
-
-/// A logged-in TDS session.
-pub struct Connection {
-    stream: TcpStream,
-    /// From the header of the LOGINACK response.
-    pub spid: u16,
-    pub client_port: u16,
-    packet_size: usize,
-    timeout: Duration,
-}
-
-impl Connection {
-    /// Connects and logs in: PRELOGIN (no encryption), LOGIN7, LOGINACK.
-    pub fn open(
-        addr: SocketAddr,
-        cfg: &ClientConfig,
-        thread_id: u32,
-    ) -> Result<Connection, SessionError> {
-        let stream = TcpStream::connect_timeout(&addr, cfg.timeout).map_err(|e| SessionError {
-            kind: ErrorKind::Connect,
-            detail: format!("{addr}: {e}"),
-        })?;
-        stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(cfg.timeout))?;
-        let client_port = stream.local_addr()?.port();
-        let mut c = Connection {
-            stream,
-            spid: 0,
-            client_port,
-            packet_size: DEFAULT_PACKET_SIZE,
-            timeout: cfg.timeout,
-        };
-
-        let reply = c.request(packet_type::PRELOGIN, &prelogin::client_request(thread_id))?;
-        let options = prelogin::decode(&reply.payload)?;
-        match prelogin::encryption(&options) {
-            Some(prelogin::ENCRYPT_NOT_SUP | prelogin::ENCRYPT_OFF) => {}
-            other => {
-                return Err(protocol(format!(
-                    "server wants encryption ({other:?}); TLS is not implemented"
-                )));
-            }
-        }
-
-        let login = Login7 {
-            tds_version: TDS_7_4,
-            packet_size: cfg.packet_size,
-            client_prog_ver: 1,
-            client_pid: std::process::id(),
-            option_flags1: login7::OPTION_FLAGS1_DEFAULT,
-            option_flags2: login7::OPTION_FLAGS2_DEFAULT,
-            client_lcid: 0x0409,
-            hostname: crate::hostname(),
-            username: cfg.user.clone(),
-            password: cfg.password.clone(),
-            app_name: cfg.app.clone(),
-            server_name: addr.ip().to_string(),
-            library_name: "stalltrace-sim".into(),
-            database: cfg.database.clone(),
-            ..Login7::default()
-        };
-        let reply = c.request(packet_type::LOGIN7, &login.encode())?;
-        let mut acked = false;
-        for t in tokens::decode(&reply.payload)? {
-            match t {
-                Token::LoginAck { .. } => acked = true,
-                Token::EnvChange {
-                    kind: tokens::ENV_PACKET_SIZE,
-                    new,
-                    ..
-                } => {
-                    let text = Token::env_text(&new)?;
-                    c.packet_size = text
-                        .parse()
-                        .map_err(|_| protocol(format!("packet size {text:?}")))?;
-                }
-                Token::Error(m) => {
-                    return Err(SessionError {
-                        kind: ErrorKind::Server,
-                        detail: format!("login: {}", m.text),
-                    });
-                }
-                _ => {}
-            }
-        }
-        if !acked {
-            return Err(protocol("login response without LOGINACK"));
-        }
-        if reply.spid == 0 {
-            return Err(protocol("login response with SPID 0"));
-        }
-        c.spid = reply.spid;
-        Ok(c)
-    }
-
-    /// Sends one message and reads the whole response (a tabular result).
-    fn request(&mut self, ptype: u8, payload: &[u8]) -> Result<tds::Message, SessionError> {
-        tds::write_message(&mut &self.stream, ptype, 0, payload, self.packet_size)?;
-        let mut r = DeadlineReader {
-            stream: &self.stream,
-            deadline: Instant::now() + self.timeout,
-        };
-        let reply = tds::read_message(&mut r)?.ok_or_else(|| SessionError {
-            kind: ErrorKind::Disconnected,
-            detail: "server closed the connection".into(),
-        })?;
-        if reply.packet_type != packet_type::TABULAR_RESULT {
-            return Err(protocol(format!(
-                "response of packet type {:#04x}",
-                reply.packet_type
-            )));
-        }
-        if self.spid != 0 && reply.spid != self.spid {
-            return Err(protocol(format!(
-                "response with SPID {} on session {}",
-                reply.spid, self.spid
-            )));
-        }
-        Ok(reply)
-    }
-
-    /// Runs one SQL batch; an ERROR token or a response that does not end in a
-    /// final DONE is an error.
-    pub fn execute(&mut self, sql: &str) -> Result<(), SessionError> {
-        let reply = self.request(packet_type::SQL_BATCH, &batch::encode(sql))?;
-        let toks = tokens::decode(&reply.payload)?;
-        if let Some(Token::Error(m)) = toks.iter().find(|t| matches!(t, Token::Error(_))) {
-            return Err(SessionError {
-                kind: ErrorKind::Server,
-                detail: format!("{}: {}", m.number, m.text),
-            });
-        }
-        match toks.last() {
-            Some(Token::Done { status, .. }) if status & tokens::DONE_MORE == 0 => Ok(()),
-            _ => Err(protocol("response does not end with a final DONE")),
-        }
     }
 }
 
@@ -260,8 +97,13 @@ impl Connection {
 #[derive(Clone, Debug, Serialize)]
 pub struct SessionReport {
     pub session: usize,
+    /// From the LOGINACK response's packet header.
     pub spid: u16,
+    /// What `SELECT @@SPID` answered on the session.
+    pub spid_selected: u16,
     pub client_port: u16,
+    /// `none`, `login_only`, `full` or `strict`.
+    pub encryption: &'static str,
     pub transactions: u64,
     pub errors: u64,
 }
@@ -315,7 +157,9 @@ impl SlotResult {
                 self.logins.push(SessionReport {
                     session: slot,
                     spid: c.spid,
+                    spid_selected: c.spid_selected,
                     client_port: c.client_port,
+                    encryption: c.encryption.name(),
                     transactions: 0,
                     errors: 0,
                 });
@@ -402,7 +246,7 @@ fn run_slot(addr: SocketAddr, cfg: &ClientConfig, slot: usize, barrier: &Barrier
         };
         let t0 = Instant::now();
         match c.execute(&cfg.sql) {
-            Ok(()) => {
+            Ok(_) => {
                 res.latencies_us.push(t0.elapsed().as_micros() as u64);
                 if let Some(l) = res.logins.last_mut() {
                     l.transactions += 1;
@@ -513,6 +357,7 @@ mod tests {
             database: String::new(),
             timeout: Duration::from_millis(300),
             packet_size: 4096,
+            encrypt: Encrypt::NotSupported,
         };
         let t0 = Instant::now();
         let e = Connection::open(addr, &cfg, 0).err().expect("must fail");

@@ -11,6 +11,7 @@ pub mod client;
 pub mod server;
 pub mod storage;
 pub mod tds;
+pub mod tls;
 pub mod watchdog;
 
 /// This host's name, for LOGIN7 and server messages.

@@ -1,27 +1,29 @@
 //! The worker `sqlservr`: opens the database files, listens for TDS, and runs
-//! one thread per client session. Each session gets the lowest free SPID from
-//! 51 up (as SQL Server hands out user SPIDs) and every packet the server sends
-//! on it carries that SPID.
+//! one thread per client session ([`session`], [`requests`]). Each session
+//! gets the lowest free SPID from 51 up (as SQL Server hands out user SPIDs),
+//! and every packet the server sends on it from the login response on carries
+//! that SPID. With TLS (the default) the worker makes itself a certificate at
+//! start and negotiates encryption as SQL Server does ([`crate::tls`]).
+
+mod requests;
+mod session;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{self, BufReader};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 
-use crate::storage::{Rng, Storage, TxnBuffers};
-use crate::tds::login7::Login7;
+use crate::storage::{Rng, Storage};
 use crate::tds::tokens::{self, ServerMessage};
-use crate::tds::{
-    self, DEFAULT_PACKET_SIZE, MAX_PACKET_SIZE, MIN_PACKET_SIZE, TDS_7_2, TDS_7_4, batch,
-    packet_type, prelogin,
-};
+use crate::tds::{DEFAULT_PACKET_SIZE, MAX_PACKET_SIZE, MIN_PACKET_SIZE};
+use crate::tls::{BioStyle, ServerTls};
 
 /// The first user SPID; SQL Server keeps 1–50 for its own tasks.
 pub const FIRST_SPID: u16 = 51;
@@ -43,6 +45,20 @@ pub struct ServerConfig {
     /// Seconds between checkpoint bursts; 0 turns the checkpoint thread off.
     pub checkpoint_secs: u64,
     pub checkpoint_pages: usize,
+    /// None: no TLS, every PRELOGIN answered ENCRYPT_NOT_SUP (`--no-tls`).
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    pub bio: BioStyle,
+    /// SQL Server's "Force Encryption": the whole session encrypted whatever
+    /// the client asks, and a client that cannot encrypt is refused.
+    pub force_encryption: bool,
+    /// SSLKEYLOGFILE: where session secrets are appended (tests only).
+    pub keylog: Option<PathBuf>,
+    /// Where to write the self-signed certificate (PEM) at start.
+    pub certificate_out: Option<PathBuf>,
 }
 
 /// SPIDs in use; the lowest free one is handed out, so they are reused.
@@ -71,16 +87,55 @@ struct Shared {
     open: Mutex<HashMap<u16, TcpStream>>,
     database: String,
     server_name: String,
+    tls: Option<ServerTls>,
+    /// The last transaction descriptor handed out (server-wide, as SQL
+    /// Server's are unique across sessions).
+    last_descriptor: AtomicU64,
 }
 
-/// Runs the worker until SIGTERM or SIGINT: files first (as SQL Server recovers
-/// its databases before it accepts logins), then the listener. Prints
+impl Shared {
+    fn new_transaction_descriptor(&self) -> u64 {
+        self.last_descriptor.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// Runs the worker until SIGTERM or SIGINT: its certificate, then the files
+/// (as SQL Server recovers its databases before it accepts logins), then the
+/// listener. Prints
 /// `sqlservr: worker PID listening on ADDR` on stdout once it accepts.
 pub fn run_worker(cfg: &ServerConfig) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
+    let server_name = crate::hostname();
+    let tls = match &cfg.tls {
+        Some(t) => {
+            let tls = ServerTls::new(&server_name, t.bio, t.force_encryption, t.keylog.as_deref())
+                .context("setting up TLS")?;
+            if let Some(p) = &t.certificate_out {
+                std::fs::write(p, &tls.certificate_pem)
+                    .with_context(|| format!("writing the certificate to {}", p.display()))?;
+            }
+            eprintln!(
+                "sqlservr: TLS: self-signed certificate CN={}, bio={}, force_encryption={}{}",
+                tls.common_name,
+                t.bio.name(),
+                if t.force_encryption { "yes" } else { "no" },
+                t.keylog
+                    .as_ref()
+                    .map(|p| format!(", keylog={}", p.display()))
+                    .unwrap_or_default()
+            );
+            Some(tls)
+        }
+        None => {
+            eprintln!("sqlservr: TLS: off (--no-tls): every PRELOGIN is answered ENCRYPT_NOT_SUP");
+            None
+        }
+    };
+    // After the certificate (its RSA key takes a while to make): the files'
+    // I/O and the listener come close together, as the tests expect.
     let storage = Storage::create(&cfg.data, cfg.data_bytes, &cfg.log, cfg.log_bytes)?;
     let listener =
         TcpListener::bind(cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
@@ -90,7 +145,10 @@ pub fn run_worker(cfg: &ServerConfig) -> anyhow::Result<()> {
         spids: SpidPool::default(),
         open: Mutex::new(HashMap::new()),
         database: cfg.database.clone(),
-        server_name: crate::hostname(),
+        server_name,
+        tls,
+        // Starts high so that a descriptor never looks like a small count.
+        last_descriptor: AtomicU64::new(0x0000_0100_0000_0000),
     });
     println!(
         "sqlservr: worker {} listening on {}",
@@ -232,7 +290,7 @@ fn session(shared: &Shared, stream: TcpStream, spid: u16) {
     // SQL Server disables Nagle: each response goes out at once.
     let result = stream
         .set_nodelay(true)
-        .and_then(|()| serve(shared, &stream, spid));
+        .and_then(|()| session::serve(shared, &stream, spid));
     if let Err(e) = result {
         let quiet = matches!(
             e.kind(),
@@ -241,10 +299,7 @@ fn session(shared: &Shared, stream: TcpStream, spid: u16) {
                 | io::ErrorKind::BrokenPipe
         );
         if !quiet {
-            let peer = stream
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
+            let peer = session::peer(&stream);
             eprintln!("sqlservr: session {spid} ({peer}): {e}");
         }
     }
@@ -254,99 +309,6 @@ fn session(shared: &Shared, stream: TcpStream, spid: u16) {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&spid);
     shared.spids.release(spid);
-}
-
-/// The session's state machine: PRELOGIN, LOGIN7, then SQL batches.
-fn serve(shared: &Shared, stream: &TcpStream, spid: u16) -> io::Result<()> {
-    let mut reader = BufReader::with_capacity(64 << 10, stream);
-    let mut writer = stream;
-    let mut packet_size = DEFAULT_PACKET_SIZE;
-    // TDS version agreed at login; None until then.
-    let mut tds_version: Option<u32> = None;
-    let mut bufs = TxnBuffers::default();
-    let mut rng = Rng::new(seed(spid));
-
-    while let Some(msg) = tds::read_message(&mut reader)? {
-        let mut reply = Vec::with_capacity(256);
-        let mut close = false;
-        match (msg.packet_type, tds_version) {
-            (packet_type::PRELOGIN, None) => {
-                // Whatever the client asks for, the answer is ENCRYPT_NOT_SUP.
-                prelogin::decode(&msg.payload)?;
-                reply = prelogin::server_response();
-            }
-            (packet_type::LOGIN7, None) => {
-                let login = Login7::decode(&msg.payload)?;
-                let version = login.tds_version.min(TDS_7_4);
-                login_response(&mut reply, shared, version, login.packet_size);
-                tds::write_message(
-                    &mut writer,
-                    packet_type::TABULAR_RESULT,
-                    spid,
-                    &reply,
-                    packet_size,
-                )?;
-                packet_size = negotiated_packet_size(login.packet_size);
-                tds_version = Some(version);
-                continue;
-            }
-            (packet_type::SQL_BATCH, Some(v)) => {
-                // The text is read and discarded: every batch is "a transaction".
-                batch::decode(&msg.payload, v >= TDS_7_2)?;
-                match shared.storage.transaction(&mut bufs, &mut rng, spid) {
-                    Ok(_) => {
-                        tokens::col_metadata_int(&mut reply, &[""]);
-                        tokens::row_int(&mut reply, &[1]);
-                        tokens::done(&mut reply, tokens::DONE_COUNT, tokens::CMD_SELECT, 1);
-                    }
-                    Err(e) => {
-                        eprintln!("sqlservr: session {spid}: I/O error: {e}");
-                        error(
-                            &mut reply,
-                            shared,
-                            823,
-                            &format!("The operating system returned an error: {e}"),
-                        );
-                    }
-                }
-            }
-            (packet_type::ATTENTION, _) => {
-                // Requests run to completion before the next is read, so there
-                // is nothing to cancel: just acknowledge.
-                tokens::done(&mut reply, tokens::DONE_ATTN, 0, 0);
-            }
-            (t, Some(_)) => {
-                error(
-                    &mut reply,
-                    shared,
-                    4002,
-                    &format!("Request type {t:#04x} is not supported by this simulator."),
-                );
-            }
-            (t, None) => {
-                // Before login SQL Server drops a client that does anything
-                // else; say why first.
-                error(
-                    &mut reply,
-                    shared,
-                    4002,
-                    &format!("Unexpected request type {t:#04x} before login."),
-                );
-                close = true;
-            }
-        }
-        tds::write_message(
-            &mut writer,
-            packet_type::TABULAR_RESULT,
-            spid,
-            &reply,
-            packet_size,
-        )?;
-        if close {
-            return Ok(());
-        }
-    }
-    Ok(())
 }
 
 /// The packet size the server agrees to: what the client asked for, within
@@ -394,21 +356,6 @@ fn login_response(reply: &mut Vec<u8>, shared: &Shared, version: u32, asked_pack
         &DEFAULT_PACKET_SIZE.to_string(),
     );
     tokens::done(reply, tokens::DONE_FINAL, 0, 0);
-}
-
-/// An ERROR token (severity 16) and the DONE that ends the failed request.
-fn error(reply: &mut Vec<u8>, shared: &Shared, number: i32, text: &str) {
-    let m = ServerMessage {
-        number,
-        state: 1,
-        class: 16,
-        text: text.into(),
-        server: shared.server_name.clone(),
-        procedure: String::new(),
-        line: 1,
-    };
-    tokens::message(reply, &m);
-    tokens::done(reply, tokens::DONE_ERROR, 0, 0);
 }
 
 #[cfg(test)]

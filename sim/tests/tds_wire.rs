@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::Server;
+use common::pcap::{Transcript, build_pcap, tshark_available};
 use stalltrace_sim::tds::login7::{self, Login7};
 use stalltrace_sim::tds::tokens::{self, Token};
 use stalltrace_sim::tds::{self, HEADER_LEN, Header, TDS_7_4, batch, packet_type, prelogin};
@@ -28,9 +29,6 @@ impl Read for Tee<'_> {
         Ok(n)
     }
 }
-
-/// One direction's bytes, in order: (from the client?, bytes).
-type Transcript = Vec<(bool, Vec<u8>)>;
 
 struct Conversation {
     stream: TcpStream,
@@ -67,7 +65,7 @@ fn header_spids(mut b: &[u8]) -> Vec<u16> {
 }
 
 #[test]
-fn conversation_decodes_and_every_server_packet_carries_the_spid() {
+fn conversation_decodes_and_server_packets_carry_the_spid_from_the_login_response_on() {
     let srv = Server::start("wire");
     let stream = TcpStream::connect(srv.addr()).unwrap();
     stream
@@ -80,10 +78,15 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
         packet_size: tds::DEFAULT_PACKET_SIZE,
     };
 
-    let r = c.exchange(packet_type::PRELOGIN, &prelogin::client_request(1));
+    let r = c.exchange(
+        packet_type::PRELOGIN,
+        &prelogin::client_request(prelogin::ENCRYPT_NOT_SUP, 1),
+    );
     assert_eq!(r.packet_type, packet_type::TABULAR_RESULT);
-    let spid = r.spid;
-    assert!(spid >= 51, "SPID {spid}");
+    assert_eq!(
+        r.spid, 0,
+        "the PRELOGIN response carries SPID 0, as SQL Server's"
+    );
     let opts = prelogin::decode(&r.payload).unwrap();
     assert_eq!(prelogin::encryption(&opts), Some(prelogin::ENCRYPT_NOT_SUP));
 
@@ -103,7 +106,8 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
         ..Login7::default()
     };
     let r = c.exchange(packet_type::LOGIN7, &login.encode());
-    assert_eq!(r.spid, spid);
+    let spid = r.spid;
+    assert!(spid >= 51, "SPID {spid}");
     let toks = tokens::decode(&r.payload).unwrap();
     assert!(
         toks.iter().any(|t| matches!(
@@ -128,7 +132,7 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
 
     let long_sql = format!("SELECT 1 /* {} */", "x".repeat(1500));
     for sql in ["SELECT 1", long_sql.as_str()] {
-        let r = c.exchange(packet_type::SQL_BATCH, &batch::encode(sql));
+        let r = c.exchange(packet_type::SQL_BATCH, &batch::encode(sql, 0));
         let toks = tokens::decode(&r.payload).unwrap();
         assert_eq!(toks[1], Token::Row(vec![Some(1)]), "{toks:?}");
         assert!(matches!(
@@ -144,6 +148,9 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
         c.transcript[6].1.len() > 3 * 512,
         "the long batch went as several packets"
     );
+    let r = c.exchange(packet_type::SQL_BATCH, &batch::encode("select @@spid", 0));
+    let toks = tokens::decode(&r.payload).unwrap();
+    assert_eq!(toks[1], Token::Row(vec![Some(spid as i64)]), "{toks:?}");
 
     let r = c.exchange(packet_type::ATTENTION, &[]);
     assert!(matches!(
@@ -154,29 +161,37 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
         }]
     ));
 
-    for (from_client, bytes) in &c.transcript {
+    for (i, (from_client, bytes)) in c.transcript.iter().enumerate() {
         if !from_client {
+            // The PRELOGIN response (the 2nd message) carries 0, the rest the SPID.
+            let want = if i == 1 { 0 } else { spid };
             assert!(
-                header_spids(bytes).iter().all(|s| *s == spid),
-                "every server packet carries SPID {spid}"
+                header_spids(bytes).iter().all(|s| *s == want),
+                "server message {i} carries SPID {want}"
             );
         }
     }
 
-    // An unsupported request is answered with an ERROR, and the session goes on.
+    // A request that cannot be read (an RPC without ALL_HEADERS) or is not
+    // supported (bulk load) is answered with an ERROR, and the session goes on.
     let mut off_record = Conversation {
         stream: c.stream.try_clone().unwrap(),
         transcript: Vec::new(),
         packet_size: 512,
     };
-    let r = off_record.exchange(packet_type::RPC, &[0xFF, 0xFF, 10, 0, 0, 0]);
-    assert!(
-        tokens::decode(&r.payload)
-            .unwrap()
-            .iter()
-            .any(|t| matches!(t, Token::Error(_)))
-    );
-    let r = off_record.exchange(packet_type::SQL_BATCH, &batch::encode("SELECT 1"));
+    for (ptype, payload) in [
+        (packet_type::RPC, &[0xFF, 0xFF, 10, 0, 0, 0][..]),
+        (packet_type::BULK_LOAD, &[1, 2, 3][..]),
+    ] {
+        let r = off_record.exchange(ptype, payload);
+        assert!(
+            tokens::decode(&r.payload)
+                .unwrap()
+                .iter()
+                .any(|t| matches!(t, Token::Error(_)))
+        );
+    }
+    let r = off_record.exchange(packet_type::SQL_BATCH, &batch::encode("SELECT 1", 0));
     assert!(matches!(
         tokens::decode(&r.payload).unwrap().last(),
         Some(Token::Done { row_count: 1, .. })
@@ -188,13 +203,7 @@ fn conversation_decodes_and_every_server_packet_carries_the_spid() {
 /// Writes the transcript as a pcap (raw IPv4, a TCP handshake, then one
 /// segment per ≤ 1448 bytes) and has tshark decode it.
 fn check_with_tshark(transcript: &Transcript, client_port: u16, server_port: u16, spid: u16) {
-    if Command::new("tshark").arg("-v").output().is_err() {
-        // CI installs tshark (`cargo xtask setup`): there the check must run.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is not installed: run `cargo xtask setup`"
-        );
-        eprintln!("tshark not installed: skipping the Wireshark dissector check");
+    if !tshark_available() {
         return;
     }
     let dir = common::test_dir("pcap");
@@ -247,6 +256,8 @@ fn check_with_tshark(transcript: &Transcript, client_port: u16, server_port: u16
         "Token - Row",
         "Token - Done",
         "Query: SELECT 1",
+        "Query: select @@spid",
+        "Type: 52 (INT2TYPE",
     ] {
         assert!(
             verbose.contains(expect),
@@ -260,76 +271,13 @@ fn check_with_tshark(transcript: &Transcript, client_port: u16, server_port: u16
         .collect();
     assert_eq!(
         server_rows.len(),
-        5,
-        "one response each to PRELOGIN, LOGIN7, 2 batches, attention: {fields}"
+        6,
+        "one response each to PRELOGIN, LOGIN7, 3 batches, attention: {fields}"
     );
-    for row in server_rows {
+    for (i, row) in server_rows.iter().enumerate() {
         let cols: Vec<&str> = row.split('\t').collect();
         assert_eq!(cols[1].split(',').next(), Some("4"), "{row}");
-        assert!(cols[2].split(',').all(|c| c == spid.to_string()), "{row}");
+        let want = if i == 0 { 0 } else { spid };
+        assert!(cols[2].split(',').all(|c| c == want.to_string()), "{row}");
     }
-}
-
-fn build_pcap(transcript: &Transcript, client_port: u16, server_port: u16) -> Vec<u8> {
-    const SYN: u8 = 0x02;
-    const ACK: u8 = 0x10;
-    const PSH_ACK: u8 = 0x18;
-    let (mut cseq, mut sseq) = (1000u32, 5000u32);
-    let mut out = Vec::new();
-    // Global header: magic, v2.4, UTC, snaplen, LINKTYPE_RAW (101).
-    out.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    out.extend_from_slice(&2u16.to_le_bytes());
-    out.extend_from_slice(&4u16.to_le_bytes());
-    out.extend_from_slice(&[0; 8]);
-    out.extend_from_slice(&65535u32.to_le_bytes());
-    out.extend_from_slice(&101u32.to_le_bytes());
-    let mut usec = 0u32;
-    let mut packet =
-        |out: &mut Vec<u8>, from_client: bool, flags: u8, seq: u32, ack: u32, data: &[u8]| {
-            let (sport, dport) = if from_client {
-                (client_port, server_port)
-            } else {
-                (server_port, client_port)
-            };
-            let total = 20 + 20 + data.len();
-            let mut ip = vec![
-                0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1,
-            ];
-            ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-            let sum = ip
-                .chunks(2)
-                .map(|c| u16::from_be_bytes([c[0], c[1]]) as u32)
-                .sum::<u32>();
-            let sum = !(((sum & 0xFFFF) + (sum >> 16)) as u16);
-            ip[10..12].copy_from_slice(&sum.to_be_bytes());
-            let mut tcp = Vec::with_capacity(20);
-            tcp.extend_from_slice(&sport.to_be_bytes());
-            tcp.extend_from_slice(&dport.to_be_bytes());
-            tcp.extend_from_slice(&seq.to_be_bytes());
-            tcp.extend_from_slice(&ack.to_be_bytes());
-            tcp.extend_from_slice(&[0x50, flags, 0xFF, 0xFF, 0, 0, 0, 0]);
-            usec += 100;
-            out.extend_from_slice(&0u32.to_le_bytes());
-            out.extend_from_slice(&usec.to_le_bytes());
-            out.extend_from_slice(&(total as u32).to_le_bytes());
-            out.extend_from_slice(&(total as u32).to_le_bytes());
-            out.extend_from_slice(&ip);
-            out.extend_from_slice(&tcp);
-            out.extend_from_slice(data);
-        };
-    packet(&mut out, true, SYN, cseq - 1, 0, &[]);
-    packet(&mut out, false, SYN | ACK, sseq - 1, cseq, &[]);
-    packet(&mut out, true, ACK, cseq, sseq, &[]);
-    for (from_client, bytes) in transcript {
-        for seg in bytes.chunks(1448) {
-            if *from_client {
-                packet(&mut out, true, PSH_ACK, cseq, sseq, seg);
-                cseq += seg.len() as u32;
-            } else {
-                packet(&mut out, false, PSH_ACK, sseq, cseq, seg);
-                sseq += seg.len() as u32;
-            }
-        }
-    }
-    out
 }

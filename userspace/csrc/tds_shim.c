@@ -7,3 +7,8 @@ unsigned int stalltrace_c_tds_classify_send(const __u8 *bytes, __u64 send_len, _
 {
 	return tds_classify_send(bytes, send_len, spid);
 }
+
+int stalltrace_c_tls_record_fits_write(const __u8 *bytes, __u64 send_len, __u64 plain_len)
+{
+	return tls_record_fits_write(bytes, send_len, plain_len);
+}

@@ -6,6 +6,9 @@
 use crate::cli::CheckArgs;
 use crate::host;
 use crate::probes::{self, HookStatus, ModeChoice};
+use crate::sqlserver::inventory::Discovery;
+use crate::sqlserver::live::SqlServer;
+use crate::sqlserver::tls::TlsPolicy;
 
 /// Prints the report; returns whether everything needed for `run` attached.
 pub fn check(args: &CheckArgs) -> bool {
@@ -56,6 +59,7 @@ pub fn check(args: &CheckArgs) -> bool {
     };
 
     let mut ok = true;
+    tls_lines(args, &btf);
     for family in probes::FAMILIES {
         let mut modes = vec![args.probes.probe_mode];
         if args.probes.probe_mode != ModeChoice::RawTp {
@@ -93,6 +97,29 @@ pub fn check(args: &CheckArgs) -> bool {
         }
     }
     ok
+}
+
+/// SPIDs of encrypted SQL Server sessions: whether the SSL_write uprobes can
+/// be attached here, and to each worker running now. Never fails `check`: a
+/// host without them still runs everything else.
+fn tls_lines(args: &CheckArgs, btf: &aya::Btf) {
+    let mode = args.probes.probe_mode;
+    match SqlServer::attach(mode, Discovery::default(), TlsPolicy::OnDemand, btf) {
+        Ok(mut sql) => {
+            for (i, line) in sql
+                .check_tls(&crate::host::clock::Clock::now_rfc3339())
+                .iter()
+                .enumerate()
+            {
+                let label = if i == 0 { "sql tls" } else { "" };
+                println!("{label:<11} {line}");
+            }
+        }
+        Err(failure) => println!(
+            "sql tls     not tried: the sqlserver family did not attach: {}",
+            failure.error
+        ),
+    }
 }
 
 /// One hook's line: what served it and what it cannot tell, or why nothing could.

@@ -191,6 +191,10 @@ pub struct SqlArgs {
     /// STALLTRACE_SQL_* (docs/sqlserver.md). Never credentials on the command line.
     #[arg(long = "sql-dmv", value_name = "FILE|env")]
     pub sql_dmv: Option<String>,
+    /// When encrypted sessions' SPIDs are read in the TLS plaintext: uprobes on
+    /// SSL_write and SSL_write_ex of the libssl the worker maps (docs/sqlserver.md).
+    #[arg(long = "sql-tls", value_name = "WHEN", value_enum, default_value_t)]
+    pub sql_tls: crate::records::sql::TlsPolicy,
 }
 
 /// What to watch; each flag may be repeated, and an absent flag means everything.

@@ -29,6 +29,7 @@ use crate::records::stall::Phase;
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::Discovery;
 use crate::sqlserver::live::SqlServer;
+use crate::sqlserver::tls::TlsPolicy;
 use crate::stall::Detector;
 use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
@@ -65,6 +66,8 @@ pub struct Plan {
     pub ifaces: Vec<String>,
     pub hz: u32,
     pub sql: Discovery,
+    /// `--sql-tls`: when the SSL_write uprobes are attached.
+    pub sql_tls: TlsPolicy,
     /// `--bulk-mbps`: the `tcp_flow` threshold; 0: no `tcp_flow` records.
     pub bulk_mbps: f64,
 }
@@ -126,7 +129,7 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         netdev.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    match SqlServer::attach(args.probe_mode, plan.sql.clone(), &btf) {
+    match SqlServer::attach(args.probe_mode, plan.sql.clone(), plan.sql_tls, &btf) {
         Ok(sql) => {
             report_attached(&mut out, "sqlserver", sql.attached());
             out.sql = Some(sql);
@@ -314,6 +317,7 @@ pub fn run_into(
             tds_ports: args.sql.sql_ports.clone(),
             ag_ports: args.sql.sql_ag_ports.clone(),
         },
+        sql_tls: args.sql.sql_tls,
         bulk_mbps: args.bulk_mbps,
     };
     let Attached {
@@ -322,6 +326,14 @@ pub fn run_into(
         reports,
         hooks,
     } = attach_all(&args.probes, &plan)?;
+    if let Some(tls) = sql.as_ref().map(SqlServer::tls_start)
+        && let Some(why) = tls.reason.filter(|_| tls.policy != TlsPolicy::Off)
+    {
+        eprintln!(
+            "stalltrace: no SPIDs of encrypted SQL Server sessions from TLS: {why}; they get \
+             theirs only from --sql-dmv"
+        );
+    }
     match (&mut sql, dmv) {
         (Some(sql), Some(config)) => sql.enable_dmv(Dmv::start(config)),
         (None, Some(_)) => eprintln!(
@@ -365,6 +377,7 @@ pub fn run_into(
         stalls: thresholds,
         families: reports,
         probes: hooks,
+        sql_tls: sql.as_ref().map(SqlServer::tls_start),
         file: None, // the writer numbers the files after the first
     };
     let mut lost_total = BTreeMap::new();
@@ -492,6 +505,9 @@ fn stream(
             if let Some(sql) = sql.as_mut() {
                 sql.emit_news(out)?;
             }
+        }
+        if let Some(sql) = sql.as_mut() {
+            sql.poll(&Clock::now_rfc3339());
         }
         let now = Instant::now();
         if now >= next_collect || finished.is_some() {

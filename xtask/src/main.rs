@@ -94,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             ])?;
             // tests/package.rs installs the package a user would get.
             let deb = package::deb()?;
+            let static_sqlservr = util::build_static_sqlservr()?;
             // SAFETY: set before any thread or child starts; nextest inherits them.
             unsafe {
                 std::env::set_var("STALLTRACE_DEB", &deb);
@@ -101,6 +102,8 @@ fn main() -> anyhow::Result<()> {
                     "STALLTRACE_KUBERNETES_VALIDATE",
                     setup::kubernetes_validate(),
                 );
+                std::env::set_var("STALLTRACE_ODBC_PYTHON", setup::odbc_python());
+                std::env::set_var("STALLTRACE_SQLSERVR_STATIC", &static_sqlservr);
             }
             // e2e: the root-only end-to-end tests (userspace/Cargo.toml says why they are a feature).
             let mut nextest = vec![

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
+use stalltrace_lab::sql::{MSSQL_PYTHON, Odbc};
+
 use crate::util;
 
 /// Debian packages: build (clang, llvm, libbpf headers, libclang for bindgen),
@@ -55,9 +57,17 @@ const APT_PACKAGES: &[&str] = &[
     "podman",
     // podman's runtime in tests/package.rs: crun refuses hybrid cgroup hierarchies.
     "runc",
-    // The virtual environment kubernetes-validate is installed in (Debian's
-    // own Python refuses pip installs outside one).
+    // The virtual environments kubernetes-validate and mssql-python are
+    // installed in (Debian's own Python refuses pip installs outside one).
     "python3-venv",
+    // sim/: the openssl crate links the system's libssl (sqlservr's TLS must
+    // be in a mapped libssl.so.3, where the tracer's uprobes attach).
+    "libssl-dev",
+    // sim/README.md: FreeTDS's tsql logs in to the simulator with TLS.
+    "freetds-bin",
+    // The Microsoft ODBC Driver 18 that mssql-python bundles links Kerberos'
+    // GSSAPI (and dlopens libssl, above) from the system.
+    "libgssapi-krb5-2",
 ];
 
 fn installed(package: &str) -> bool {
@@ -105,6 +115,20 @@ pub fn setup() -> anyhow::Result<()> {
         let spec = format!("kubernetes-validate=={KUBERNETES_VALIDATE}");
         util::run(venv.join("bin/pip"), &["install", "--quiet", &spec])?;
     }
+    // The lab and sim/tests/odbc.rs drive the simulator with Microsoft ODBC
+    // Driver 18, which this PyPI package bundles (sim/odbc/odbcload.py).
+    let python = odbc_python();
+    let check = "import importlib.metadata as m; print(m.version('mssql-python'))";
+    if util::output(&python.to_string_lossy(), &["-c", check])
+        .is_none_or(|v| v.trim() != MSSQL_PYTHON)
+    {
+        eprintln!("xtask: installing mssql-python {MSSQL_PYTHON}");
+        let venv = python.parent().and_then(Path::parent).unwrap();
+        let venv_arg = venv.to_string_lossy().into_owned();
+        util::run("python3", &["-m", "venv", &venv_arg])?;
+        let spec = format!("mssql-python=={MSSQL_PYTHON}");
+        util::run(venv.join("bin/pip"), &["install", "--quiet", &spec])?;
+    }
     // Pinned: the package layout (debhelper fragments, asset rules) is what
     // tests/package.rs checks.
     if util::output("cargo", &["deb", "--version"]).is_none_or(|v| !v.contains(CARGO_DEB)) {
@@ -125,4 +149,10 @@ pub fn kubernetes_validate() -> PathBuf {
         .join(".cache/stalltrace")
         .join(format!("kubernetes-validate-{KUBERNETES_VALIDATE}"))
         .join("bin/kubernetes-validate")
+}
+
+/// The python of mssql-python's virtual environment (the lab's `Odbc` says
+/// where; `cargo xtask test` names it to the tests).
+pub fn odbc_python() -> PathBuf {
+    Odbc::venv().join("bin/python")
 }

@@ -35,6 +35,32 @@ pub fn build_release(packages: &[&str]) -> anyhow::Result<()> {
     cargo(&args)
 }
 
+/// The simulator's `sqlservr` linked statically against Debian's libssl.a
+/// (in target/sim-static, beside the usual build): a worker that maps no
+/// libssl, for tests/sqltls.rs. openssl-sys asks pkg-config otherwise, which
+/// never links a library from /usr statically, hence the explicit paths.
+pub fn build_static_sqlservr() -> anyhow::Result<PathBuf> {
+    let target = workspace_root().join("target/sim-static");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "stalltrace-sim",
+            "--bin",
+            "sqlservr",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
+        .env("OPENSSL_STATIC", "1")
+        .env("OPENSSL_LIB_DIR", "/usr/lib/x86_64-linux-gnu")
+        .env("OPENSSL_INCLUDE_DIR", "/usr/include")
+        .status()
+        .context("cannot run cargo")?;
+    anyhow::ensure!(status.success(), "the static build of sqlservr failed");
+    Ok(target.join("release/sqlservr"))
+}
+
 pub fn cargo(args: &[&str]) -> anyhow::Result<()> {
     run(
         std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),

@@ -1,28 +1,31 @@
 //! `loss`: the duplex-mismatch story. The SQL Server simulator's OLTP load
-//! (`sqlservr` in one namespace, `sqlclient` with several sessions in the
-//! other) while the client's link drops packets at random (nftables
+//! (`sqlservr` in one namespace; in the other, an application on Microsoft's
+//! ODBC Driver 18 with several sessions, encrypted as the driver does by
+//! default) while the client's link drops packets at random (nftables
 //! `numgen random` on the client's input: what the server sends is lost on
 //! the wire). Each lost response is a retransmission timeout the transaction
-//! waits out: the 200 ms tails.
+//! waits out: the 200 ms tails. The sessions' SPIDs come from the TLS
+//! plaintext: no credentials are given to stalltrace.
 
 use std::time::Duration;
 
 use super::{Expected, Fault, Outcome, ScratchDir, Session, tracer_args};
 use crate::Bins;
 use crate::net::{NetPair, Side, delta};
-use crate::sql::{Placement, SqlClientRun, SqlServerSim};
+use crate::sql::{Odbc, Placement, SqlClientRun, SqlServerSim};
 use crate::tracer::Tracer;
 
-pub const ABOUT: &str = "SQL Server simulator OLTP load, 4 sessions; fault: 5% random loss on the client's link (received side)";
+pub const ABOUT: &str = "SQL Server simulator OLTP load from ODBC Driver 18 (Encrypt=yes, TLS), 4 sessions; fault: 5% random loss on the client's link (received side)";
 
 const SESSIONS: u32 = 4;
-const RATE: u32 = 400;
+const RATE: u32 = 200;
 const SECS: u32 = 8;
 const LOSS_PERCENT: u8 = 5;
 
 pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     crate::require_root();
     bins.check();
+    let odbc = Odbc::installed();
     let pair = NetPair::new();
     let files = ScratchDir::new("/var/tmp");
     let args = tracer_args(&[pair.netns(Side::A), pair.netns(Side::B)]);
@@ -34,16 +37,18 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         &[],
     );
     // Sessions opened once stalltrace knows the worker: the kernel reads each
-    // one's SPID from its first response.
+    // one's SPID from its first response (in the TLS plaintext).
     tracer.wait_for(Duration::from_secs(10), |r| {
         r["type"] == "sql_instance" && r["pid"] == sim.worker
     });
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let before = pair.counters(Side::B);
-    let mut client = SqlClientRun::start(
-        bins,
+    let mut client = SqlClientRun::odbc(
+        &odbc,
         Placement::in_netns(pair.netns(Side::A)),
+        &sim,
         &server,
+        "yes",
         SESSIONS,
         RATE,
         SECS,
@@ -77,7 +82,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
     o.netns = vec![pair.netns_inode(Side::A), pair.netns_inode(Side::B)];
     o.figures = vec![
         format!(
-            "sqlclient: {} transactions in {SECS} s over {SESSIONS} sessions, {} errors; latency p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
+            "ODBC Driver 18 (Encrypt=yes): {} transactions in {SECS} s over {SESSIONS} sessions, {} errors; latency p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
             report.transactions(),
             report.errors(),
             report.p50_us(),

@@ -1,9 +1,11 @@
-//! The SQL Server lab: the workload simulator as child processes (sim.rs),
-//! ext4 on loop devices for its files and a cgroup that slows a device down
-//! (storage.rs).
+//! The SQL Server lab: the workload simulator's server as child processes
+//! (sim.rs), its clients and real drivers' (clients.rs), ext4 on loop devices
+//! for its files and a cgroup that slows a device down (storage.rs).
 
+mod clients;
 mod sim;
 mod storage;
 
-pub use sim::{ClientReport, Placement, SMALL_FILES, SqlClientRun, SqlServerSim};
+pub use clients::{ClientReport, FreeTds, MSSQL_PYTHON, Odbc, SqlClientRun};
+pub use sim::{Placement, SMALL_FILES, SqlServerSim};
 pub use storage::{Cgroup, Mounted, SlowDisk};

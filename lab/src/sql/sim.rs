@@ -11,8 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::Value;
-
 use super::Cgroup;
 use crate::Bins;
 
@@ -33,7 +31,7 @@ impl<'a> Placement<'a> {
         }
     }
 
-    fn command(&self, program: &Path) -> Command {
+    pub(super) fn command(&self, program: &Path) -> Command {
         let mut cmd = match self.netns {
             // `ip netns exec` execs the program: the pid stays the same.
             Some(ns) => {
@@ -68,6 +66,9 @@ pub struct SqlServerSim {
     pub port: u16,
     pub data: PathBuf,
     pub log: PathBuf,
+    /// Its self-signed certificate (PEM), which a client verifying it needs
+    /// (ODBC Driver 18 with Encrypt=strict).
+    pub certificate: PathBuf,
 }
 
 /// Data and log files small enough to create in a moment (16 and 4 MiB).
@@ -100,7 +101,11 @@ impl SqlServerSim {
         log: &Path,
         extra: &[&str],
     ) -> Self {
+        let certificate = data.with_extension("pem");
         let mut cmd = place.command(&bins.sqlservr);
+        if !extra.contains(&"--no-tls") {
+            cmd.arg("--certificate-out").arg(&certificate);
+        }
         cmd.arg("--listen")
             .arg(listen)
             .arg("--data")
@@ -128,6 +133,7 @@ impl SqlServerSim {
             port: 0,
             data: data.to_path_buf(),
             log: log.to_path_buf(),
+            certificate,
         };
         sim.await_listener(Duration::from_secs(60));
         sim
@@ -188,120 +194,6 @@ impl Drop for SqlServerSim {
         }
         let _ = std::fs::remove_file(&self.data);
         let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-// ---- the client ---------------------------------------------------------------
-
-/// `sqlclient` running in the background; `finish` returns its JSON report.
-pub struct SqlClientRun {
-    child: Option<Child>,
-}
-
-impl SqlClientRun {
-    /// Wait until the server side of `pair` has `n` established connections on
-    /// `port`; panics when this client ends first or after `within`.
-    pub fn wait_for_sessions(
-        &mut self,
-        pair: &crate::net::NetPair,
-        port: u16,
-        n: usize,
-        within: Duration,
-    ) {
-        let filter = format!("( sport = :{port} )");
-        let deadline = Instant::now() + within;
-        loop {
-            let out = pair.exec(
-                crate::net::Side::B,
-                &["ss", "-Htn", "state", "established", &filter],
-            );
-            if out.lines().count() >= n {
-                return;
-            }
-            assert!(self.is_running(), "sqlclient ended early");
-            assert!(
-                Instant::now() < deadline,
-                "{n} sessions did not connect within {within:?}:\n{out}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn start(
-        bins: &Bins,
-        place: Placement,
-        server: &str,
-        sessions: u32,
-        rate: u32,
-        secs: u32,
-    ) -> Self {
-        let mut cmd = place.command(&bins.sqlclient);
-        cmd.args(["--server", server])
-            .args(["--sessions", &sessions.to_string()])
-            .args(["--rate", &rate.to_string()])
-            .args(["--duration", &secs.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        Self {
-            child: Some(cmd.spawn().expect("spawn sqlclient")),
-        }
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
-    }
-
-    /// Wait for it to end; panic unless it succeeded.
-    pub fn finish(mut self) -> ClientReport {
-        let out = self.child.take().unwrap().wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "sqlclient failed ({}): {text}",
-            out.status
-        );
-        ClientReport(serde_json::from_str(text.trim()).expect("sqlclient's JSON report"))
-    }
-}
-
-impl Drop for SqlClientRun {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// sqlclient's report: totals, latency percentiles, and per session its SPID
-/// and client port.
-pub struct ClientReport(pub Value);
-
-impl ClientReport {
-    pub fn transactions(&self) -> u64 {
-        self.0["transactions"].as_u64().unwrap()
-    }
-    pub fn errors(&self) -> u64 {
-        self.0["errors"].as_u64().unwrap()
-    }
-    pub fn p50_us(&self) -> u64 {
-        self.0["p50_us"].as_u64().unwrap()
-    }
-    /// (client port, SPID) of each session.
-    pub fn sessions(&self) -> Vec<(u16, u16)> {
-        self.0["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| {
-                (
-                    s["client_port"].as_u64().unwrap() as u16,
-                    s["spid"].as_u64().unwrap() as u16,
-                )
-            })
-            .collect()
+        let _ = std::fs::remove_file(&self.certificate);
     }
 }

@@ -1,11 +1,12 @@
 //! `sqlclient`: N TDS sessions sending SQL batches at a set total rate; prints
-//! one JSON line with latency percentiles and each session's SPID and port.
+//! one JSON line with latency percentiles and each session's SPID (from the
+//! LOGINACK header and from `SELECT @@SPID`), port and encryption.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use stalltrace_sim::client::{ClientConfig, run};
+use stalltrace_sim::client::{ClientConfig, Encrypt, run};
 
 /// Drives a TDS server (the simulator's sqlservr) with SQL batches and reports
 /// per-transaction latency as one JSON line on stdout.
@@ -42,6 +43,11 @@ struct Args {
     /// TDS packet size asked for in LOGIN7
     #[arg(long, default_value_t = 4096)]
     packet_size: u32,
+    /// Encryption asked for, as ODBC's Encrypt= (no certificate check, as
+    /// TrustServerCertificate=yes): not-supported (no TLS), off (TLS for the
+    /// login only), on (the whole session), strict (TDS 8.0: TLS first)
+    #[arg(long, value_enum, default_value_t = Encrypt::NotSupported)]
+    encrypt: Encrypt,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +70,7 @@ fn main() -> ExitCode {
         database: a.database,
         timeout: Duration::from_secs_f64(a.timeout),
         packet_size: a.packet_size,
+        encrypt: a.encrypt,
     };
     match run(&cfg) {
         Ok(report) => {

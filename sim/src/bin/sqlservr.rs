@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use stalltrace_sim::server::{ServerConfig, run_worker};
+use stalltrace_sim::server::{ServerConfig, TlsConfig, run_worker};
+use stalltrace_sim::tls::{BioStyle, keylog_from_env};
 use stalltrace_sim::watchdog::{is_worker, run_watchdog};
 
 /// SQL Server on Linux's kernel-visible footprint: a watchdog parent and a
-/// worker child, both `sqlservr`; the worker listens for TDS and does O_DIRECT
-/// I/O on a .mdf and an .ldf file for every SQL batch.
+/// worker child, both `sqlservr`; the worker listens for TDS (with TLS as SQL
+/// Server does it) and does O_DIRECT I/O on a .mdf and an .ldf file for every
+/// statement.
 #[derive(Parser, Debug)]
 #[command(name = "sqlservr", version)]
 struct Args {
@@ -43,6 +45,24 @@ struct Args {
     /// not pass on (a crash, SIGKILL); with port 0 the new worker gets a new port
     #[arg(long)]
     restart_worker: bool,
+    /// No TLS: answer every PRELOGIN with ENCRYPT_NOT_SUP (the whole session,
+    /// login included, in cleartext)
+    #[arg(long, conflicts_with_all = ["force_encryption", "tls_bio"])]
+    no_tls: bool,
+    /// SQL Server's Force Encryption: encrypt every session whatever the
+    /// client asks, and refuse a client that cannot encrypt
+    #[arg(long)]
+    force_encryption: bool,
+    /// How a TDS message is handed to libssl after the handshake: memory
+    /// (SSL_write_ex into a memory BIO, then write() by this thread) or
+    /// socket (SSL_write on an OpenSSL socket BIO, which sends)
+    #[arg(long, value_enum)]
+    tls_bio: Option<BioStyle>,
+    /// Write the self-signed certificate (PEM) to this file at start, for
+    /// clients that must trust it by name (ODBC's ServerCertificate=, which
+    /// Encrypt=strict needs)
+    #[arg(long, conflicts_with = "no_tls")]
+    certificate_out: Option<PathBuf>,
 }
 
 fn has_ext(p: &Path, exts: &[&str]) -> bool {
@@ -91,6 +111,13 @@ fn main() -> ExitCode {
         database: args.database,
         checkpoint_secs: args.checkpoint_secs,
         checkpoint_pages: args.checkpoint_pages,
+        tls: (!args.no_tls).then(|| TlsConfig {
+            bio: args.tls_bio.unwrap_or(BioStyle::Memory),
+            force_encryption: args.force_encryption,
+            // For tests only: every session's secrets, so tshark can decrypt.
+            keylog: keylog_from_env(),
+            certificate_out: args.certificate_out,
+        }),
     };
     match run_worker(&cfg) {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,7 +39,17 @@ pub struct Login7 {
     pub database: String,
     /// The client's MAC address, or anything.
     pub client_id: [u8; 6],
+    /// FeatureExt entries (id, data) of a TDS 7.4 client (session recovery,
+    /// UTF-8 support, ...). Read so that a login carrying them is understood;
+    /// this server acknowledges none, which tells the client it supports
+    /// none of them. Never encoded: the simulator's own client sends none.
+    pub features: Vec<(u8, Vec<u8>)>,
 }
+
+/// OptionFlags3 bit: ibExtension points at the FeatureExt offset.
+pub const F_EXTENSION: u8 = 0x10;
+/// FeatureExt terminator.
+const FEATURE_TERMINATOR: u8 = 0xFF;
 
 /// The fixed part's string slots, in wire order (ibExtension sits between
 /// ServerName and CltIntName and is always empty here).
@@ -144,12 +154,39 @@ impl Login7 {
         l.password = string(&mut c, true)?;
         l.app_name = string(&mut c, false)?;
         l.server_name = string(&mut c, false)?;
-        c.bytes(4)?; // ibExtension / cbExtension: feature extensions are not supported
+        let ib_extension = c.u16_le()? as usize;
+        let cb_extension = c.u16_le()? as usize;
+        if l.option_flags3 & F_EXTENSION != 0 && cb_extension >= 4 {
+            l.features = features(body, ib_extension)?;
+        }
         l.library_name = string(&mut c, false)?;
         l.language = string(&mut c, false)?;
         l.database = string(&mut c, false)?;
         l.client_id = c.bytes(6)?.try_into().expect("6 bytes");
         Ok(l)
+    }
+}
+
+/// The FeatureExt block: ibExtension points at a DWORD offset (from the
+/// start of LOGIN7) to a list of (FeatureId, DWORD length, data) ended by
+/// 0xFF.
+fn features(body: &[u8], ib_extension: usize) -> io::Result<Vec<(u8, Vec<u8>)>> {
+    let at = body
+        .get(ib_extension..ib_extension + 4)
+        .ok_or_else(|| invalid("LOGIN7 ibExtension points past the end"))?;
+    let offset = u32::from_le_bytes(at.try_into().expect("4 bytes")) as usize;
+    let mut c =
+        Cursor::new(body.get(offset..).ok_or_else(|| {
+            invalid(format!("LOGIN7 FeatureExt offset {offset} is past the end"))
+        })?);
+    let mut out = Vec::new();
+    loop {
+        let id = c.u8()?;
+        if id == FEATURE_TERMINATOR {
+            return Ok(out);
+        }
+        let len = c.u32_le()? as usize;
+        out.push((id, c.bytes(len)?.to_vec()));
     }
 }
 
@@ -226,6 +263,34 @@ mod tests {
     fn round_trip() {
         let l = sample();
         assert_eq!(Login7::decode(&l.encode()).unwrap(), l);
+    }
+
+    #[test]
+    fn feature_extensions_are_read() {
+        // As ODBC Driver 18 lays it out: the DWORD offset in the ibExtension
+        // slot, the FeatureExt block at the end.
+        let mut l = sample();
+        l.option_flags3 = F_EXTENSION;
+        let mut b = l.encode();
+        let slot = b.len();
+        let feature_at = slot + 4;
+        b.extend_from_slice(&(feature_at as u32).to_le_bytes());
+        b.extend_from_slice(&[0x01, 0, 0, 0, 0]); // SESSIONRECOVERY, no data
+        b.extend_from_slice(&[0x0A, 1, 0, 0, 0, 1]); // UTF8_SUPPORT, 1 byte
+        b.push(FEATURE_TERMINATOR);
+        b[56..58].copy_from_slice(&(slot as u16).to_le_bytes()); // ibExtension
+        b[58..60].copy_from_slice(&4u16.to_le_bytes()); // cbExtension
+        let len = b.len() as u32;
+        b[..4].copy_from_slice(&len.to_le_bytes());
+        let d = Login7::decode(&b).unwrap();
+        assert_eq!(d.features, vec![(0x01, vec![]), (0x0A, vec![1])]);
+        assert_eq!(d.username, "stalltrace");
+        // A block without its terminator is an error, not a panic.
+        let cut = &b[..b.len() - 1];
+        let mut cut = cut.to_vec();
+        let len = cut.len() as u32;
+        cut[..4].copy_from_slice(&len.to_le_bytes());
+        assert!(Login7::decode(&cut).is_err());
     }
 
     #[test]

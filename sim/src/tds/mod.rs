@@ -22,7 +22,11 @@
 pub mod batch;
 pub mod login7;
 pub mod prelogin;
+pub mod rpc;
+pub mod sql;
+pub mod tm;
 pub mod tokens;
+pub mod types;
 
 use std::io::{self, Read, Write};
 
@@ -262,6 +266,13 @@ impl<'a> Cursor<'a> {
     }
     pub fn u8(&mut self) -> io::Result<u8> {
         Ok(self.bytes(1)?[0])
+    }
+    /// The next byte, left in place.
+    pub fn peek(&self) -> io::Result<u8> {
+        self.buf
+            .get(self.pos)
+            .copied()
+            .ok_or_else(|| invalid(format!("TDS data truncated at offset {}", self.pos)))
     }
     pub fn u16_le(&mut self) -> io::Result<u16> {
         let b = self.bytes(2)?;

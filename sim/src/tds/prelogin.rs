@@ -76,24 +76,62 @@ pub fn encryption(options: &[PreloginOption]) -> Option<u8> {
     option(options, ENCRYPTION).and_then(|v| v.first().copied())
 }
 
-/// A client's PRELOGIN: driver version, no encryption, default instance, its
-/// thread id, no MARS.
-pub fn client_request(thread_id: u32) -> Vec<u8> {
+/// What the session does after PRELOGIN, from the two ENCRYPTION values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encryption {
+    /// No TLS at all: everything, login included, in cleartext.
+    None,
+    /// TLS for the LOGIN7 packet only; the login response and everything
+    /// after it in cleartext (both sides said ENCRYPT_OFF).
+    LoginOnly,
+    /// TLS for the whole session.
+    Full,
+    /// The server answers and then closes: it requires encryption and the
+    /// client cannot do it.
+    Refuse,
+}
+
+/// The server's side of MS-TDS 2.2.6.5's encryption table: the ENCRYPTION
+/// value it answers and what follows. `tls` is whether the server has a
+/// certificate (false: it is ENCRYPT_NOT_SUP); `forced` is SQL Server's
+/// "Force Encryption" (the server's own setting is ENCRYPT_ON rather than
+/// ENCRYPT_OFF). A client value with the client-certificate bit (0x80) is
+/// taken as its low bits; a missing ENCRYPTION option as ENCRYPT_NOT_SUP.
+pub fn negotiate(client: Option<u8>, tls: bool, forced: bool) -> (u8, Encryption) {
+    let client = client.map_or(ENCRYPT_NOT_SUP, |v| v & 0x7F);
+    if !tls {
+        // A client that insists on encryption hangs up on this answer.
+        return (ENCRYPT_NOT_SUP, Encryption::None);
+    }
+    match (client, forced) {
+        (ENCRYPT_OFF, false) => (ENCRYPT_OFF, Encryption::LoginOnly),
+        (ENCRYPT_OFF, true) => (ENCRYPT_REQ, Encryption::Full),
+        (ENCRYPT_NOT_SUP, false) => (ENCRYPT_NOT_SUP, Encryption::None),
+        (ENCRYPT_NOT_SUP, true) => (ENCRYPT_REQ, Encryption::Refuse),
+        // ENCRYPT_ON, ENCRYPT_REQ, and values MS-TDS does not define (taken
+        // as a wish for encryption).
+        _ => (ENCRYPT_ON, Encryption::Full),
+    }
+}
+
+/// A client's PRELOGIN: driver version, the given ENCRYPTION value, default
+/// instance, its thread id, no MARS.
+pub fn client_request(encryption: u8, thread_id: u32) -> Vec<u8> {
     encode(&[
         (VERSION, vec![0x01, 0x00, 0x00, 0x00, 0x00, 0x00]),
-        (ENCRYPTION, vec![ENCRYPT_NOT_SUP]),
+        (ENCRYPTION, vec![encryption]),
         (INSTOPT, vec![0x00]),
         (THREADID, thread_id.to_be_bytes().to_vec()),
         (MARS, vec![0x00]),
     ])
 }
 
-/// The server's answer: its version, ENCRYPT_NOT_SUP (no TLS, so the whole
-/// session, login included, is readable on the wire), instance ok, no MARS.
-pub fn server_response() -> Vec<u8> {
+/// The server's answer: its version, the negotiated ENCRYPTION value,
+/// instance ok, no MARS.
+pub fn server_response(encryption: u8) -> Vec<u8> {
     encode(&[
         (VERSION, SERVER_VERSION.to_vec()),
-        (ENCRYPTION, vec![ENCRYPT_NOT_SUP]),
+        (ENCRYPTION, vec![encryption]),
         (INSTOPT, vec![0x00]),
         (THREADID, Vec::new()),
         (MARS, vec![0x00]),
@@ -106,7 +144,7 @@ mod tests {
 
     #[test]
     fn server_response_layout() {
-        let b = server_response();
+        let b = server_response(ENCRYPT_NOT_SUP);
         // 5 entries of 5 bytes + terminator = 26; VERSION's 6 bytes start there.
         assert_eq!(&b[..5], &[VERSION, 0, 26, 0, 6]);
         assert_eq!(&b[5..10], &[ENCRYPTION, 0, 32, 0, 1]);
@@ -119,13 +157,39 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let opts = decode(&client_request(0x0102_0304)).unwrap();
+        let opts = decode(&client_request(ENCRYPT_NOT_SUP, 0x0102_0304)).unwrap();
         assert_eq!(encryption(&opts), Some(ENCRYPT_NOT_SUP));
         assert_eq!(option(&opts, THREADID), Some(&[1u8, 2, 3, 4][..]));
         assert_eq!(opts.len(), 5);
-        let opts = decode(&server_response()).unwrap();
+        let opts = decode(&server_response(ENCRYPT_NOT_SUP)).unwrap();
         assert_eq!(option(&opts, VERSION), Some(&SERVER_VERSION[..]));
         assert_eq!(option(&opts, THREADID), Some(&[][..]));
+    }
+
+    #[test]
+    fn encryption_table_of_ms_tds() {
+        use Encryption::*;
+        let n = |c, tls, forced| negotiate(Some(c), tls, forced);
+        // Server set to ENCRYPT_OFF (a certificate, not forced).
+        assert_eq!(n(ENCRYPT_OFF, true, false), (ENCRYPT_OFF, LoginOnly));
+        assert_eq!(n(ENCRYPT_ON, true, false), (ENCRYPT_ON, Full));
+        assert_eq!(n(ENCRYPT_NOT_SUP, true, false), (ENCRYPT_NOT_SUP, None));
+        assert_eq!(n(ENCRYPT_REQ, true, false), (ENCRYPT_ON, Full));
+        // Server set to ENCRYPT_ON (Force Encryption).
+        assert_eq!(n(ENCRYPT_OFF, true, true), (ENCRYPT_REQ, Full));
+        assert_eq!(n(ENCRYPT_ON, true, true), (ENCRYPT_ON, Full));
+        assert_eq!(n(ENCRYPT_REQ, true, true), (ENCRYPT_ON, Full));
+        assert_eq!(n(ENCRYPT_NOT_SUP, true, true), (ENCRYPT_REQ, Refuse));
+        // Server set to ENCRYPT_NOT_SUP (--no-tls): the client decides.
+        for c in [ENCRYPT_OFF, ENCRYPT_ON, ENCRYPT_NOT_SUP, ENCRYPT_REQ] {
+            assert_eq!(n(c, false, false), (ENCRYPT_NOT_SUP, None));
+        }
+        // The client-certificate bit is ignored; no option means no TLS.
+        assert_eq!(n(0x81, true, false), (ENCRYPT_ON, Full));
+        assert_eq!(
+            negotiate(Option::None, true, false),
+            (ENCRYPT_NOT_SUP, None)
+        );
     }
 
     #[test]

@@ -7,12 +7,14 @@ use std::io;
 
 use super::{Cursor, invalid, put_ucs2};
 
+pub const RETURNSTATUS: u8 = 0x79;
 pub const COLMETADATA: u8 = 0x81;
 pub const TABNAME: u8 = 0xA4;
 pub const COLINFO: u8 = 0xA5;
 pub const ORDER: u8 = 0xA9;
 pub const ERROR: u8 = 0xAA;
 pub const INFO: u8 = 0xAB;
+pub const RETURNVALUE: u8 = 0xAC;
 pub const LOGINACK: u8 = 0xAD;
 pub const ROW: u8 = 0xD1;
 pub const ENVCHANGE: u8 = 0xE3;
@@ -28,23 +30,30 @@ pub const DONE_ERROR: u16 = 0x0002;
 pub const DONE_COUNT: u16 = 0x0010;
 pub const DONE_ATTN: u16 = 0x0020;
 
-/// DONE CurCmd of a SELECT statement.
-pub const CMD_SELECT: u16 = 0x00C1;
+/// DONEPROC CurCmd: the end of an RPC (as SQL Server sends it).
+pub const CMD_EXECUTE: u16 = 0x00E0;
 
 /// ENVCHANGE types used here.
 pub const ENV_DATABASE: u8 = 1;
 pub const ENV_LANGUAGE: u8 = 2;
 pub const ENV_PACKET_SIZE: u8 = 4;
 pub const ENV_SQL_COLLATION: u8 = 7;
+pub const ENV_BEGIN_TRAN: u8 = 8;
+pub const ENV_COMMIT_TRAN: u8 = 9;
+pub const ENV_ROLLBACK_TRAN: u8 = 10;
+
+/// ENVCHANGE types whose values are B_VARBYTE rather than B_VARCHAR:
+/// collation, the transaction ones (begin, commit, rollback, enlist, defect,
+/// manager address, ended) and reset-connection ack.
+fn env_is_bytes(kind: u8) -> bool {
+    matches!(kind, 7..=12 | 16..=18)
+}
 
 /// Column types the decoder understands (fixed-length integers and INTN/BITN).
-pub const TYPE_INTN: u8 = 0x26;
-pub const TYPE_INT1: u8 = 0x30;
-pub const TYPE_BIT: u8 = 0x32;
-pub const TYPE_INT2: u8 = 0x34;
-pub const TYPE_INT4: u8 = 0x38;
-pub const TYPE_BITN: u8 = 0x68;
-pub const TYPE_INT8: u8 = 0x7F;
+pub use super::types::{
+    BIT as TYPE_BIT, BITN as TYPE_BITN, INT1 as TYPE_INT1, INT2 as TYPE_INT2, INT4 as TYPE_INT4,
+    INT8 as TYPE_INT8, INTN as TYPE_INTN,
+};
 
 /// The interface a LOGINACK announces: T-SQL.
 const INTERFACE_TSQL: u8 = 1;
@@ -89,14 +98,21 @@ pub fn env_change(buf: &mut Vec<u8>, kind: u8, new: &str, old: &str) {
     });
 }
 
-/// ENVCHANGE of the SQL collation (B_VARBYTE values: 5-byte collations).
-pub fn env_change_collation(buf: &mut Vec<u8>, new: [u8; 5]) {
+/// ENVCHANGE with B_VARBYTE values: the collation (5 bytes), transaction
+/// begin (new: the descriptor), commit and rollback (old: the descriptor).
+pub fn env_change_bytes(buf: &mut Vec<u8>, kind: u8, new: &[u8], old: &[u8]) {
     with_len(buf, ENVCHANGE, |b| {
-        b.push(ENV_SQL_COLLATION);
-        b.push(5);
-        b.extend_from_slice(&new);
-        b.push(0);
+        b.push(kind);
+        b.push(new.len() as u8);
+        b.extend_from_slice(new);
+        b.push(old.len() as u8);
+        b.extend_from_slice(old);
     });
+}
+
+/// ENVCHANGE of the SQL collation.
+pub fn env_change_collation(buf: &mut Vec<u8>, new: [u8; 5]) {
+    env_change_bytes(buf, ENV_SQL_COLLATION, &new, &[]);
 }
 
 /// SQL_Latin1_General_CP1_CI_AS, the default collation of an English install.
@@ -129,30 +145,65 @@ pub fn message(buf: &mut Vec<u8>, m: &ServerMessage) {
 
 /// DONE: the end of a statement (DONE_MORE) or of the whole response.
 pub fn done(buf: &mut Vec<u8>, status: u16, cur_cmd: u16, row_count: u64) {
-    buf.push(DONE);
+    done_token(buf, DONE, status, cur_cmd, row_count);
+}
+
+/// DONE, DONEINPROC (a statement inside an RPC) or DONEPROC (the RPC's end).
+pub fn done_token(buf: &mut Vec<u8>, token: u8, status: u16, cur_cmd: u16, row_count: u64) {
+    buf.push(token);
     buf.extend_from_slice(&status.to_le_bytes());
     buf.extend_from_slice(&cur_cmd.to_le_bytes());
     buf.extend_from_slice(&row_count.to_le_bytes());
 }
 
-/// COLMETADATA for NOT NULL INT columns (type INT4), named as given.
-pub fn col_metadata_int(buf: &mut Vec<u8>, names: &[&str]) {
+/// Bytes of a fixed-length integer type (INT1, INT2, INT4, INT8).
+fn int_size(type_id: u8) -> usize {
+    match type_id {
+        TYPE_INT1 => 1,
+        TYPE_INT2 => 2,
+        TYPE_INT8 => 8,
+        _ => 4,
+    }
+}
+
+/// COLMETADATA for NOT NULL fixed-length integer columns (name, type).
+pub fn col_metadata_int(buf: &mut Vec<u8>, columns: &[(&str, u8)]) {
     buf.push(COLMETADATA);
-    buf.extend_from_slice(&(names.len() as u16).to_le_bytes());
-    for name in names {
+    buf.extend_from_slice(&(columns.len() as u16).to_le_bytes());
+    for (name, type_id) in columns {
         buf.extend_from_slice(&0u32.to_le_bytes()); // UserType
         buf.extend_from_slice(&0u16.to_le_bytes()); // Flags: not nullable, read-only
-        buf.push(TYPE_INT4);
+        buf.push(*type_id);
         put_b_varchar(buf, name);
     }
 }
 
-/// A ROW of INT4 values, matching `col_metadata_int`.
-pub fn row_int(buf: &mut Vec<u8>, values: &[i32]) {
+/// A ROW matching `col_metadata_int`: each value in its column's type.
+pub fn row_int(buf: &mut Vec<u8>, values: &[(u8, i64)]) {
     buf.push(ROW);
-    for v in values {
-        buf.extend_from_slice(&v.to_le_bytes());
+    for (type_id, v) in values {
+        buf.extend_from_slice(&v.to_le_bytes()[..int_size(*type_id)]);
     }
+}
+
+/// RETURNSTATUS: the RPC's return code.
+pub fn return_status(buf: &mut Vec<u8>, status: i32) {
+    buf.push(RETURNSTATUS);
+    buf.extend_from_slice(&status.to_le_bytes());
+}
+
+/// RETURNVALUE of an INT OUTPUT parameter (a prepared statement's handle).
+/// Unlike its neighbours this token has no length: the TYPE_INFO and value
+/// say where it ends.
+pub fn return_value_int(buf: &mut Vec<u8>, ordinal: u16, name: &str, value: i32) {
+    buf.push(RETURNVALUE);
+    buf.extend_from_slice(&ordinal.to_le_bytes());
+    put_b_varchar(buf, name);
+    buf.push(0x01); // Status: an output parameter
+    buf.extend_from_slice(&0u32.to_le_bytes()); // UserType
+    buf.extend_from_slice(&0x0001u16.to_le_bytes()); // Flags: nullable
+    buf.extend_from_slice(&[TYPE_INTN, 4, 4]); // TYPE_INFO, then the value
+    buf.extend_from_slice(&value.to_le_bytes());
 }
 
 /// A column as COLMETADATA described it.
@@ -181,6 +232,13 @@ pub enum Token {
     Info(ServerMessage),
     Error(ServerMessage),
     ColMetadata(Vec<Column>),
+    ReturnStatus(i32),
+    /// An OUTPUT parameter's value (integers only).
+    ReturnValue {
+        ordinal: u16,
+        name: String,
+        value: Option<i64>,
+    },
     /// Integer values; `None` for NULL.
     Row(Vec<Option<i64>>),
     Done {
@@ -219,6 +277,19 @@ pub fn decode(payload: &[u8]) -> io::Result<Vec<Token>> {
                 Token::ColMetadata(columns.clone())
             }
             ROW => Token::Row(decode_row(&mut c, &columns)?),
+            RETURNSTATUS => Token::ReturnStatus(c.u32_le()? as i32),
+            RETURNVALUE => {
+                let ordinal = c.u16_le()?;
+                let name = c.b_varchar()?;
+                c.bytes(1 + 4 + 2)?; // Status, UserType, Flags
+                let info = super::types::read_type_info(&mut c)?;
+                let value = super::types::read_value(&mut c, info)?.int()?;
+                Token::ReturnValue {
+                    ordinal,
+                    name,
+                    value,
+                }
+            }
             LOGINACK | ENVCHANGE | INFO | ERROR | ORDER | COLINFO | TABNAME | SSPI => {
                 let len = c.u16_le()? as usize;
                 let mut b = Cursor::new(c.bytes(len)?);
@@ -231,14 +302,11 @@ pub fn decode(payload: &[u8]) -> io::Result<Vec<Token>> {
                     },
                     ENVCHANGE => {
                         let kind = b.u8()?;
+                        let unit = if env_is_bytes(kind) { 1 } else { 2 };
                         let n = b.u8()? as usize;
-                        let new = b
-                            .bytes(if kind == ENV_SQL_COLLATION { n } else { n * 2 })?
-                            .to_vec();
+                        let new = b.bytes(n * unit)?.to_vec();
                         let n = b.u8()? as usize;
-                        let old = b
-                            .bytes(if kind == ENV_SQL_COLLATION { n } else { n * 2 })?
-                            .to_vec();
+                        let old = b.bytes(n * unit)?.to_vec();
                         Token::EnvChange { kind, new, old }
                     }
                     INFO | ERROR => {
@@ -334,12 +402,16 @@ fn decode_row(c: &mut Cursor, columns: &[Column]) -> io::Result<Vec<Option<i64>>
 mod tests {
     use super::*;
     use crate::tds::TDS_7_4;
+    use crate::tds::sql::CMD_SELECT;
 
     #[test]
     fn done_layout() {
         let mut b = Vec::new();
         done(&mut b, DONE_COUNT, CMD_SELECT, 1);
         assert_eq!(b, [0xFD, 0x10, 0x00, 0xC1, 0x00, 1, 0, 0, 0, 0, 0, 0, 0]);
+        let mut b = Vec::new();
+        done_token(&mut b, DONEPROC, DONE_FINAL, CMD_EXECUTE, 0);
+        assert_eq!(&b[..5], &[0xFE, 0, 0, 0xE0, 0]);
     }
 
     #[test]
@@ -382,12 +454,15 @@ mod tests {
         message(&mut b, &msg);
         env_change_collation(&mut b, COLLATION_LATIN1_CI_AS);
         login_ack(&mut b, TDS_7_4, "Microsoft SQL Server", [16, 0, 3, 0xE8]);
-        col_metadata_int(&mut b, &["", "b"]);
-        row_int(&mut b, &[1, -7]);
+        col_metadata_int(&mut b, &[("", TYPE_INT4), ("b", TYPE_INT2)]);
+        row_int(&mut b, &[(TYPE_INT4, 1), (TYPE_INT2, -7)]);
         message(&mut b, &err);
         done(&mut b, DONE_COUNT | DONE_ERROR, CMD_SELECT, 1);
+        env_change_bytes(&mut b, ENV_BEGIN_TRAN, &[1, 2, 3, 4, 5, 6, 7, 8], &[]);
+        return_status(&mut b, 0);
+        return_value_int(&mut b, 0, "@handle", 3);
         let t = decode(&b).unwrap();
-        assert_eq!(t.len(), 8);
+        assert_eq!(t.len(), 11);
         match &t[0] {
             Token::EnvChange { kind, new, .. } => {
                 assert_eq!(*kind, ENV_DATABASE);
@@ -412,6 +487,23 @@ mod tests {
                 status: DONE_COUNT | DONE_ERROR,
                 cur_cmd: CMD_SELECT,
                 row_count: 1
+            }
+        );
+        assert_eq!(
+            t[8],
+            Token::EnvChange {
+                kind: ENV_BEGIN_TRAN,
+                new: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                old: vec![]
+            }
+        );
+        assert_eq!(t[9], Token::ReturnStatus(0));
+        assert_eq!(
+            t[10],
+            Token::ReturnValue {
+                ordinal: 0,
+                name: "@handle".into(),
+                value: Some(3)
             }
         );
     }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod pcap;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -45,9 +47,16 @@ pub fn test_dir(name: &str) -> PathBuf {
 
 impl Server {
     pub fn start(name: &str) -> Server {
+        Server::start_with(name, &[], &[])
+    }
+
+    /// With more arguments and environment variables (TLS options, SSLKEYLOGFILE).
+    pub fn start_with(name: &str, args: &[&str], envs: &[(&str, &Path)]) -> Server {
         let dir = test_dir(name);
         let (data, log) = (dir.join("stalltrace.mdf"), dir.join("stalltrace_log.ldf"));
         let child = Command::new(env!("CARGO_BIN_EXE_sqlservr"))
+            .args(args)
+            .envs(envs.iter().copied())
             .args([
                 "--listen",
                 "127.0.0.1:0",

@@ -23,6 +23,10 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_TCP_RINGBUF => "retransmit_ringbuf_full",
         abi::LOST_NETDEV_STATS_FULL => "netdev_stats_entry_unavailable",
         abi::LOST_TCP_RETRANS_UNSEEN => "retransmit_unseen_segs",
+        abi::LOST_TLS_AMBIGUOUS => "tls_write_ambiguous",
+        abi::LOST_TLS_UNPAIRED => "tls_write_unpaired",
+        abi::LOST_TLS_CONFLICT => "tls_spid_conflict",
+        abi::LOST_TLS_GAVE_UP => "tls_session_given_up",
         _ => "unknown",
     }
 }

@@ -220,6 +220,10 @@ pub struct StartRecord {
     /// Every kernel hook tried, in each mode tried (an auto fallback lists the failed tp_btf
     /// hooks and then the raw_tp ones), with why any failed.
     pub probes: Vec<HookStatus>,
+    /// SPIDs of encrypted SQL Server sessions (the `SSL_write` uprobes); present when the
+    /// sqlserver family attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sql_tls: Option<crate::records::sql::SqlTlsStart>,
     /// Present on the `start` record that begins each further file of a run (after
     /// `--out-max-mb` rotation or a SIGHUP reopen): the file's number in the run, 1 for the
     /// second file. Its body repeats the run's first `start`, so that every file reports on its

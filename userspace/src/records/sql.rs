@@ -30,6 +30,120 @@ pub struct Instance {
     /// Role of each disk (`major:minor`) it keeps files on; `mixed` when a disk holds files of
     /// several roles. `block` records of those disks carry it as `role`.
     pub disk_roles: BTreeMap<String, String>,
+    /// Whether its encrypted sessions can get their SPID from the plaintext of its `SSL_write`
+    /// calls (uprobes on the libssl it maps), and if not, why. Absent when the sqlserver family
+    /// was not asked (a record of an older stalltrace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpids>,
+}
+
+/// `--sql-tls`: when the `SSL_write` uprobes that give encrypted sessions their SPIDs are
+/// attached to a worker.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+#[schemars(rename = "tls_policy")]
+pub enum TlsPolicy {
+    /// While the worker has encrypted sessions without a SPID, and for a minute after.
+    #[default]
+    OnDemand,
+    /// As long as the worker runs: every `SSL_write` of it traps.
+    Always,
+    /// Never: encrypted sessions get a SPID only from DMV enrichment.
+    Off,
+}
+
+/// What the `start` record says of SPIDs of encrypted sessions on this host.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "sql_tls_start")]
+pub struct SqlTlsStart {
+    /// `--sql-tls`.
+    pub policy: TlsPolicy,
+    /// Whether uprobes can be attached here; each worker's `sql_instance` says whether its own
+    /// libssl can be watched.
+    pub available: bool,
+    /// Why not, with the fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Whether a worker's encrypted sessions get their SPID from its TLS plaintext.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "tls_spids_state")]
+pub enum TlsSpidsState {
+    /// Its libssl exports `SSL_write` or `SSL_write_ex`: they are watched as `--sql-tls` says.
+    Available,
+    /// It cannot be watched (no uprobes, no libssl mapped, no such functions, the file
+    /// replaced on disk): encrypted sessions have no SPID without `--sql-dmv`.
+    Unavailable,
+    /// A pairing of plaintext and socket contradicted an earlier one: SPIDs from TLS are not
+    /// used for this worker for the rest of the run.
+    Disabled,
+    /// `--sql-tls off`.
+    Off,
+}
+
+/// A worker's TLS plaintext as a source of SPIDs.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "tls_spids")]
+pub struct TlsSpids {
+    /// `available`, `unavailable`, `disabled` or `off`.
+    pub state: TlsSpidsState,
+    /// The libssl it maps (its path in the worker's own mount namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<PathBuf>,
+    /// Of `SSL_write` and `SSL_write_ex`, those the library exports (each gets a uprobe).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub symbols: Vec<String>,
+    /// Why it is not available, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl TlsSpids {
+    pub fn available(library: &std::path::Path, symbols: &[&str]) -> Self {
+        Self {
+            state: TlsSpidsState::Available,
+            library: Some(library.to_path_buf()),
+            symbols: symbols.iter().map(|s| s.to_string()).collect(),
+            reason: None,
+        }
+    }
+
+    pub fn unavailable(library: Option<PathBuf>, why: String) -> Self {
+        Self {
+            state: TlsSpidsState::Unavailable,
+            library,
+            symbols: Vec::new(),
+            reason: Some(why),
+        }
+    }
+
+    pub fn off() -> Self {
+        Self {
+            state: TlsSpidsState::Off,
+            library: None,
+            symbols: Vec::new(),
+            reason: None,
+        }
+    }
+}
+
+/// Where a session's SPID came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "spid_source")]
+pub enum SpidSource {
+    /// A server TDS packet header the worker sent on the wire (an unencrypted session, or one
+    /// encrypted for its login only).
+    TdsHeader,
+    /// A server TDS packet header in the plaintext of the worker's `SSL_write` (an encrypted
+    /// session), tied to the socket by the TLS record the same thread sent next.
+    TlsPlaintext,
+    /// SQL Server's DMVs (`--sql-dmv`).
+    Dmv,
 }
 
 /// One open file of a SQL Server instance.
@@ -94,7 +208,11 @@ pub struct Session {
     /// Its SPID, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spid: Option<u16>,
-    /// Its TDS stream is TLS: no SPID from its headers.
+    /// Where `spid` came from; present with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spid_source: Option<SpidSource>,
+    /// Its TDS stream is TLS on the wire: its SPID, if any, came from the TLS plaintext or the
+    /// DMVs.
     pub encrypted: bool,
     /// DMV enrichment (`--sql-dmv`): the sessions on this connection, its own first, then MARS
     /// sessions. An `identified` record follows when they change. What SQL Server's DMVs say
@@ -189,14 +307,17 @@ pub struct SqlTag {
     /// worker).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<SessionKind>,
-    /// The session's SPID, when known: from the TDS headers the server sends (unencrypted
-    /// sessions), else from DMV enrichment.
+    /// The session's SPID, when known: from the TDS headers the server sends, on the wire or in
+    /// its TLS plaintext, else from DMV enrichment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spid: Option<u16>,
+    /// Where `spid` came from; present with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spid_source: Option<SpidSource>,
     /// The remote end (`addr:port`): the client of a client session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<String>,
-    /// Present for a session whose TDS stream is TLS (no SPID from its headers).
+    /// Present for a session whose TDS stream is TLS on the wire.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
     /// DMV enrichment (`--sql-dmv`): the connection's own session's login.
@@ -220,11 +341,17 @@ pub struct SqlTag {
 impl SqlTag {
     pub fn for_session(s: &Session) -> Self {
         let own = s.dmv.first();
+        // The session's settled SPID, else the DMVs' (joined since it was settled).
+        let (spid, spid_source) = match (s.spid, own) {
+            (Some(spid), _) => (Some(spid), s.spid_source),
+            (None, Some(d)) => (Some(d.session_id), Some(SpidSource::Dmv)),
+            (None, None) => (None, None),
+        };
         Self {
             pid: s.pid,
             kind: Some(s.kind),
-            // The TDS header's SPID, else the DMVs' (an encrypted session's only source).
-            spid: s.spid.or(own.map(|d| d.session_id)),
+            spid,
+            spid_source,
             client: Some(s.remote.to_string()),
             encrypted: s.encrypted,
             login: own.map(|d| d.login.clone()),

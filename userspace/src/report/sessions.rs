@@ -292,6 +292,7 @@ mod tests {
                 sock_ino: 77,
                 first_seen: "2026-11-22T10:00:00.100000Z".into(),
                 spid: Some(51),
+                spid_source: None,
                 encrypted: false,
                 dmv: vec![DmvSession {
                     session_id: 51,

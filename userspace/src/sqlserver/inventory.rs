@@ -206,6 +206,7 @@ impl Inventory {
                         sock_ino: s.inode,
                         first_seen: now.to_string(),
                         spid: None,
+                        spid_source: None,
                         encrypted: false,
                         dmv: Vec::new(),
                         absent_at_ms: self.last_refresh_ms,
@@ -233,6 +234,7 @@ impl Inventory {
                     })
                     .collect(),
                 disk_roles: BTreeMap::new(),
+                tls: None, // the live side fills it in (sqlserver/tls.rs)
             };
             instances.push(instance);
             files.extend(instance_files);
@@ -354,6 +356,7 @@ mod tests {
             sock_ino: ino,
             first_seen: String::new(),
             spid: Some(51),
+            spid_source: None,
             encrypted: false,
             dmv: Vec::new(),
             absent_at_ms: None,

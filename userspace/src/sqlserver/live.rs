@@ -1,9 +1,9 @@
 //! SQL Server correlation while running: discovery (inventory.rs) every
 //! interval, the kernel side's TDS header reader for SPIDs
-//! (`ebpf/sqlserver.bpf.c`), and the lookups other families use to tag their
-//! records.
+//! (`ebpf/sqlserver.bpf.c`) with its uprobes on the TLS plaintext (tls.rs),
+//! and the lookups other families use to tag their records.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,6 +14,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::dmv::{Dmv, DmvRow, DmvSession, KnownSocket, join};
 use super::inventory::{Discovery, Inventory, Session};
+use super::tls::{self, TlsHooks, TlsPolicy, TlsSpids, TlsSpidsState};
 use crate::abi::{self, tds_session};
 use crate::enrich::Tagger;
 use crate::error::UserError;
@@ -21,7 +22,9 @@ use crate::host::procfs;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, FamilyFailure, ModeChoice};
-use crate::records::sql::{Instance, SessionEvent, SqlSessionRecord, SqlTag};
+use crate::records::sql::{
+    Instance, SessionEvent, SpidSource, SqlSessionRecord, SqlTag, SqlTlsStart,
+};
 
 /// The least time between two refreshes made for records of unknown sockets.
 const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -29,13 +32,20 @@ const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
 pub struct SqlServer {
     family: AttachedFamily,
     workers: BpfHashMap<MapData, u32, u8>,
-    /// Set to 1 with the first worker: until then the kernel side leaves at once.
-    workers_known: Array<MapData, u32>,
+    /// `enum sql_control_slot`: the first worker known, the TLS doorbell.
+    control: Array<MapData, u32>,
     tds: BpfHashMap<MapData, u64, tds_session>,
     lost: LostCounters,
     inventory: Inventory,
     /// Worker pids already in the kernel's sql_workers map.
     pushed: HashSet<u32>,
+    /// The SSL_write uprobes of each worker.
+    tls: TlsHooks,
+    /// Each worker's word on its TLS SPIDs, for its `sql_instance` records.
+    tls_summaries: HashMap<u32, TlsSpids>,
+    /// Encrypted sessions still without a SPID: the kernel's count of their
+    /// watched sends that named none, at the last refresh.
+    tls_tries: HashMap<u64, u32>,
     last_miss_refresh: Option<Instant>,
     /// DMV enrichment, when asked for (`--sql-dmv`).
     dmv: Option<Dmv>,
@@ -54,6 +64,7 @@ impl SqlServer {
     pub fn attach(
         mode: ModeChoice,
         discovery: Discovery,
+        tls: TlsPolicy,
         btf: &Btf,
     ) -> Result<Self, FamilyFailure> {
         let mut family = probes::attach_family(
@@ -66,20 +77,24 @@ impl SqlServer {
         let maps = (|| -> anyhow::Result<_> {
             Ok((
                 probes::take_map(ebpf, "sql_workers")?,
-                probes::take_map(ebpf, "sql_workers_known")?,
+                probes::take_map(ebpf, "sql_control")?,
                 probes::take_map(ebpf, "tds_sessions")?,
                 LostCounters::take("sqlserver", ebpf)?,
             ))
         })();
+        let tls = TlsHooks::load(&mut family.ebpf, tls);
         match maps {
-            Ok((workers, workers_known, tds, lost)) => Ok(Self {
+            Ok((workers, control, tds, lost)) => Ok(Self {
                 family,
                 workers,
-                workers_known,
+                control,
                 tds,
                 lost,
                 inventory: Inventory::new(discovery),
                 pushed: HashSet::new(),
+                tls,
+                tls_summaries: HashMap::new(),
+                tls_tries: HashMap::new(),
                 last_miss_refresh: None,
                 dmv: None,
                 news: Vec::new(),
@@ -103,6 +118,85 @@ impl SqlServer {
     /// The loaded object and its hooks (the start record, program costs).
     pub fn attached(&self) -> &AttachedFamily {
         &self.family
+    }
+
+    /// What the `start` record says of SPIDs of encrypted sessions.
+    pub fn tls_start(&self) -> SqlTlsStart {
+        self.tls.start()
+    }
+
+    /// `stalltrace check`: whether this host can read encrypted sessions'
+    /// SPIDs, and for each SQL Server worker running now, whether its libssl
+    /// takes the uprobes (attached, then detached again). One line each.
+    pub fn check_tls(&mut self, ts: &str) -> Vec<String> {
+        let start = self.tls.start();
+        let mut lines = vec![match &start.reason {
+            None => "uprobes available: SSL_write and SSL_write_ex of each worker's libssl, \
+                     attached while it has encrypted sessions without a SPID (--sql-tls)"
+                .to_string(),
+            Some(why) => {
+                format!("UNAVAILABLE: {why}; encrypted sessions get SPIDs only from --sql-dmv")
+            }
+        }];
+        self.inventory.refresh(ts);
+        for pid in self.inventory.worker_pids() {
+            let mut kernel = tls::Kernel {
+                ebpf: &mut self.family.ebpf,
+                workers: &mut self.workers,
+            };
+            let summary = self.tls.worker_found(&mut kernel, pid);
+            let watching = self.tls.watching(pid);
+            self.tls.worker_gone(&mut self.family.ebpf, pid);
+            let _ = self.workers.remove(&pid);
+            lines.push(match (&summary.reason, &summary.library) {
+                (None, Some(lib)) if watching => format!(
+                    "sqlservr {pid}: {} of {} attached (and detached again)",
+                    summary.symbols.join(" and "),
+                    lib.display()
+                ),
+                (Some(why), _) => format!(
+                    "sqlservr {pid}: FAILED: {why}; its encrypted sessions get SPIDs only from \
+                     --sql-dmv"
+                ),
+                _ => format!("sqlservr {pid}: not tried ({:?})", summary.state),
+            });
+        }
+        if self.inventory.worker_pids().is_empty() {
+            lines.push("no SQL Server worker runs now: nothing else to try".into());
+        }
+        lines
+    }
+
+    /// Between intervals (every 100 ms): when the kernel rang (a socket of
+    /// an unwatched worker turned to TLS), attach the idle workers' uprobes
+    /// at once rather than at the next refresh, so that the session's next
+    /// response names it.
+    pub fn poll(&mut self, ts: &str) {
+        let wanted = abi::SQL_CTL_TLS_WANTED;
+        if !self.control.get(&wanted, 0).is_ok_and(|v| v != 0) {
+            return;
+        }
+        let _ = self.control.set(wanted, 0, 0);
+        let mut kernel = tls::Kernel {
+            ebpf: &mut self.family.ebpf,
+            workers: &mut self.workers,
+        };
+        for (pid, summary) in self.tls.rang(&mut kernel) {
+            self.tls_changed(pid, summary, ts);
+        }
+    }
+
+    /// A worker's TLS summary changed: say so, and write its `sql_instance` again.
+    fn tls_changed(&mut self, pid: u32, summary: TlsSpids, ts: &str) {
+        say_tls(pid, &summary);
+        self.tls_summaries.insert(pid, summary.clone());
+        if let Some(instance) = self.inventory.instances().iter().find(|i| i.pid == pid) {
+            let instance = Instance {
+                tls: Some(summary),
+                ..instance.clone()
+            };
+            self.news.push((ts.to_string(), News::Instance(instance)));
+        }
     }
 
     /// New losses of the kernel side since the last call, by source.
@@ -129,9 +223,19 @@ impl SqlServer {
         let live = self.inventory.worker_pids();
         for pid in &live {
             if self.pushed.insert(*pid) {
-                let _ = self.workers.insert(pid, 1, 0);
+                let _ = self.workers.insert(pid, abi::SQL_WORKER_LISTED as u8, 0);
                 // After the worker is in the map, so the kernel side never sees the flag without it.
-                let _ = self.workers_known.set(0, 1, 0);
+                let _ = self.control.set(abi::SQL_CTL_WORKERS_KNOWN, 1, 0);
+                let mut kernel = tls::Kernel {
+                    ebpf: &mut self.family.ebpf,
+                    workers: &mut self.workers,
+                };
+                let summary = self.tls.worker_found(&mut kernel, *pid);
+                // A host without uprobes was said once, at start.
+                if summary.reason != self.tls.start().reason {
+                    say_tls(*pid, &summary);
+                }
+                self.tls_summaries.insert(*pid, summary);
             }
         }
         // A worker that exited (a restart, a crash) leaves the kernel's table:
@@ -143,11 +247,22 @@ impl SqlServer {
             .filter(|pid| !live.contains(pid))
             .collect();
         for pid in exited {
+            self.tls.worker_gone(&mut self.family.ebpf, pid);
+            self.tls_summaries.remove(&pid);
             let _ = self.workers.remove(&pid);
             self.pushed.remove(&pid);
         }
         let session = |event, session| News::Session(SqlSessionRecord { event, session });
-        let mut news: Vec<News> = changes.instances.into_iter().map(News::Instance).collect();
+        let mut news: Vec<News> = changes
+            .instances
+            .into_iter()
+            .map(|i| {
+                News::Instance(Instance {
+                    tls: self.tls_summaries.get(&i.pid).cloned(),
+                    ..i
+                })
+            })
+            .collect();
         news.extend(
             changes
                 .opened
@@ -158,20 +273,38 @@ impl SqlServer {
             let _ = self.tds.remove(&closed.sock_ino);
             news.push(session(SessionEvent::Closed, closed));
         }
+        self.distrust_conflicts(ts);
         let mut identified = self.join_dmv();
+        let mut need_tls = HashSet::new();
+        let mut tries = HashMap::new();
         for session in self.inventory.sessions_mut() {
-            let Ok(t) = self.tds.get(&session.sock_ino, 0) else {
-                continue;
-            };
-            let spid = (t.flags & abi::TDS_F_SPID as u8 != 0).then_some(t.spid);
-            let encrypted = t.flags & abi::TDS_F_ENCRYPTED as u8 != 0;
-            if spid != session.spid || encrypted != session.encrypted {
+            let kernel = self.tds.get(&session.sock_ino, 0).ok();
+            let encrypted = kernel.is_some_and(|t| t.flags & abi::TDS_F_ENCRYPTED as u8 != 0);
+            let from_kernel = kernel.and_then(|t| kernel_spid(&t, self.tls.trusted(session.pid)));
+            let own = session.dmv.first().map(|d| (d.session_id, SpidSource::Dmv));
+            let (spid, source) = from_kernel.or(own).unzip();
+            // Still trying, and sending since the last refresh: the uprobes stay.
+            if let Some(t) = kernel.filter(|t| t.flags & abi::TDS_F_TLS_GAVE_UP as u8 == 0)
+                && encrypted
+                && from_kernel.is_none()
+            {
+                if self.tls_tries.get(&session.sock_ino) != Some(&t.tls_unpaired) {
+                    need_tls.insert(session.pid);
+                }
+                tries.insert(session.sock_ino, t.tls_unpaired);
+            }
+            if spid != session.spid
+                || source != session.spid_source
+                || encrypted != session.encrypted
+            {
                 session.spid = spid;
+                session.spid_source = source;
                 session.encrypted = encrypted;
                 identified.retain(|s| s.sock_ino != session.sock_ino);
                 identified.push(session.clone());
             }
         }
+        self.tls_tries = tries;
         news.extend(
             identified
                 .into_iter()
@@ -179,6 +312,42 @@ impl SqlServer {
         );
         self.news
             .extend(news.into_iter().map(|n| (ts.to_string(), n)));
+        let mut kernel = tls::Kernel {
+            ebpf: &mut self.family.ebpf,
+            workers: &mut self.workers,
+        };
+        let mut failed = Vec::new();
+        for &pid in &need_tls {
+            failed.extend(self.tls.needed(&mut kernel, pid).map(|s| (pid, s)));
+        }
+        self.tls.expire(&mut kernel, &need_tls);
+        for (pid, summary) in failed {
+            self.tls_changed(pid, summary, ts);
+        }
+    }
+
+    /// A worker on whose sockets a TLS pairing contradicted an earlier one:
+    /// its TLS SPIDs stop, and the kernel forgets those it gave.
+    fn distrust_conflicts(&mut self, ts: &str) {
+        let conflicted: HashSet<u32> = self
+            .inventory
+            .sessions_mut()
+            .filter(|s| {
+                self.tds
+                    .get(&s.sock_ino, 0)
+                    .is_ok_and(|t| t.flags & abi::TDS_F_TLS_CONFLICT as u8 != 0)
+            })
+            .map(|s| s.pid)
+            .collect();
+        for pid in conflicted {
+            let mut kernel = tls::Kernel {
+                ebpf: &mut self.family.ebpf,
+                workers: &mut self.workers,
+            };
+            if let Some(summary) = self.tls.distrust(&mut kernel, pid) {
+                self.tls_changed(pid, summary, ts);
+            }
+        }
     }
 
     /// Put the latest DMV rows on the sessions; report the poller's news on
@@ -201,6 +370,32 @@ impl SqlServer {
         }
         apply_dmv_rows(&snapshot.rows, self.inventory.sessions_mut().collect())
     }
+}
+
+/// One line on stderr when a worker's encrypted sessions get no SPIDs from
+/// TLS (not for `--sql-tls off`: the user chose it).
+fn say_tls(pid: u32, summary: &TlsSpids) {
+    if let Some(why) = &summary.reason
+        && summary.state != TlsSpidsState::Off
+    {
+        eprintln!(
+            "stalltrace: sqlservr {pid}: no SPIDs from TLS: {why}; its encrypted sessions get \
+             theirs only from --sql-dmv"
+        );
+    }
+}
+
+/// The SPID the kernel side learned for a socket, and from where; one from
+/// TLS only while the worker's TLS SPIDs are trusted.
+fn kernel_spid(t: &tds_session, tls_trusted: bool) -> Option<(u16, SpidSource)> {
+    if t.flags & abi::TDS_F_SPID as u8 == 0 {
+        return None;
+    }
+    if t.flags & abi::TDS_F_SPID_TLS as u8 == 0 {
+        return Some((t.spid, SpidSource::TdsHeader));
+    }
+    (tls_trusted && t.flags & abi::TDS_F_TLS_CONFLICT as u8 == 0)
+        .then_some((t.spid, SpidSource::TlsPlaintext))
 }
 
 /// Put DMV rows on the sessions they join to (and clear those they no longer
@@ -252,15 +447,19 @@ impl Tagger for SqlServer {
             .session_by_inode(sock_ino)
             .or_else(|| inv.session_by_tuple(netns, local_port, remote))?;
         let mut tag = SqlTag::for_session(session);
-        if tag.spid.is_none() && !tag.encrypted {
+        if tag.spid.is_none() {
             // Learned by the kernel since the last refresh (the session's
             // `identified` record follows at the next one).
-            tag.spid = self
+            let trusted = self.tls.trusted(session.pid);
+            if let Some((spid, source)) = self
                 .tds
                 .get(&session.sock_ino, 0)
                 .ok()
-                .filter(|t| t.flags & abi::TDS_F_SPID as u8 != 0)
-                .map(|t| t.spid);
+                .and_then(|t| kernel_spid(&t, trusted))
+            {
+                tag.spid = Some(spid);
+                tag.spid_source = Some(source);
+            }
         }
         Some(tag)
     }
@@ -315,6 +514,7 @@ mod tests {
             sock_ino: ino,
             first_seen: "2025-10-09T08:53:20.000000Z".into(),
             spid: None,
+            spid_source: None,
             encrypted: true,
             dmv: Vec::new(),
             absent_at_ms: None,

@@ -125,6 +125,7 @@ impl SqlState {
                 pid: s.pid,
                 kind: Some(s.kind),
                 spid: s.spid,
+                spid_source: s.spid_source,
                 client: Some(s.remote.to_string()),
                 encrypted: s.encrypted,
                 ..Default::default()

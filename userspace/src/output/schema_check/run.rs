@@ -103,6 +103,11 @@ pub(super) fn start(w: &mut JsonWriter) {
         stalls: Some(thresholds),
         families,
         probes: probes.clone(),
+        sql_tls: Some(crate::records::sql::SqlTlsStart {
+            policy: crate::records::sql::TlsPolicy::OnDemand,
+            available: true,
+            reason: None,
+        }),
         file: None,
     };
     w.emit(&now(), &start).unwrap();
@@ -128,12 +133,18 @@ pub(super) fn start(w: &mut JsonWriter) {
         stalls: None,
         families,
         probes: probes[..1].to_vec(),
+        sql_tls: Some(crate::records::sql::SqlTlsStart {
+            policy: crate::records::sql::TlsPolicy::Always,
+            available: false,
+            reason: Some("this kernel has no uprobes".into()),
+        }),
         ..start
     };
     w.emit(&now(), &start).unwrap();
-    // The start that opens a run's further file after rotation or SIGHUP.
+    // The start that opens a run's further file; its sqlserver family did not attach.
     let continued = StartRecord {
         file: Some(1),
+        sql_tls: None,
         ..start
     };
     w.emit(&now(), &continued).unwrap();

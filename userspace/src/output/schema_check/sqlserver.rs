@@ -3,7 +3,8 @@
 
 use crate::output::JsonWriter;
 use crate::records::sql::{
-    DmvSession, FileSummary, Instance, Session, SessionEvent, SessionKind, SqlSessionRecord,
+    DmvSession, FileSummary, Instance, Session, SessionEvent, SessionKind, SpidSource,
+    SqlSessionRecord, TlsSpids, TlsSpidsState,
 };
 
 /// An instance with its watchdog, one without, and one too long for a line.
@@ -25,15 +26,34 @@ pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
         ]
         .into_iter()
         .collect(),
+        tls: Some(TlsSpids::available(
+            std::path::Path::new("/usr/lib/x86_64-linux-gnu/libssl.so.3"),
+            &["SSL_write", "SSL_write_ex"],
+        )),
     };
     w.emit(ts, &instance).unwrap();
+    // No watchdog; a statically linked TLS.
     let orphan = Instance {
         watchdog_pid: None,
+        tls: Some(TlsSpids::unavailable(None, "it maps no libssl.so".into())),
         ..instance.clone()
     };
     w.emit(ts, &orphan).unwrap();
-    // An instance of 150 databases: longer than a line, written in parts.
+    for state in [TlsSpidsState::Disabled, TlsSpidsState::Off] {
+        let tls = TlsSpids {
+            state,
+            ..TlsSpids::off()
+        };
+        let instance = Instance {
+            tls: Some(tls),
+            ..instance.clone()
+        };
+        w.emit(ts, &instance).unwrap();
+    }
+    // An instance of 150 databases: longer than a line, written in parts;
+    // from a stalltrace that did not say its TLS.
     let many_files = Instance {
+        tls: None,
         files: (0..300)
             .map(|i| FileSummary {
                 path: format!("/var/opt/mssql/data/tenant_{i:04}.mdf").into(),
@@ -57,6 +77,7 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         sock_ino: 912_345,
         first_seen: ts.to_string(),
         spid: None,
+        spid_source: None,
         encrypted: false,
         dmv: Vec::new(),
         absent_at_ms: None,
@@ -66,7 +87,19 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         session: session.clone(),
     };
     w.emit(ts, &open).unwrap();
+    // Encrypted, its SPID read in the TLS plaintext.
+    let tls = SqlSessionRecord {
+        event: SessionEvent::Identified,
+        session: Session {
+            spid: Some(58),
+            spid_source: Some(SpidSource::TlsPlaintext),
+            encrypted: true,
+            ..session.clone()
+        },
+    };
+    w.emit(ts, &tls).unwrap();
     session.spid = Some(57);
+    session.spid_source = Some(SpidSource::TdsHeader);
     // With DMV enrichment: the connection's session and a MARS one.
     session.dmv = vec![
         DmvSession {

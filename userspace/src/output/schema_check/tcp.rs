@@ -3,7 +3,7 @@
 use super::latency_us;
 use crate::abi;
 use crate::output::JsonWriter;
-use crate::records::sql::{SessionKind, SqlTag};
+use crate::records::sql::{SessionKind, SpidSource, SqlTag};
 use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 /// The SQL Server session tag the tagged tcp records carry.
@@ -12,13 +12,14 @@ fn session_tag() -> SqlTag {
         pid: 4242,
         kind: Some(SessionKind::Client),
         spid: Some(57),
+        spid_source: Some(SpidSource::TlsPlaintext),
         client: Some("10.1.2.4:50123".into()),
+        encrypted: true,
         login: Some("app_user".into()),
         program: Some("OrderService".into()),
         database: Some("sales".into()),
         wait_type: Some("ASYNC_NETWORK_IO".into()),
         mars_spids: vec![61],
-        ..Default::default()
     }
 }
 

@@ -249,6 +249,7 @@ fn a_socket_from_the_inventory() {
         sock_ino: 777,
         first_seen: "2025-10-09T08:53:20.250000Z".into(),
         spid: None,
+        spid_source: None,
         encrypted: false,
         dmv: Vec::new(),
         absent_at_ms: None,
