@@ -35,6 +35,8 @@ const SECS: u32 = 10;
 struct Clients {
     sessions: BTreeMap<u16, u16>,
     source: BTreeMap<u16, &'static str>,
+    /// Client port -> which client (driver and its encryption) made it.
+    client: BTreeMap<u16, String>,
 }
 
 impl Clients {
@@ -45,7 +47,20 @@ impl Clients {
                 "{what}: client port {port} twice"
             );
             self.source.insert(port, source);
+            self.client.insert(port, what.to_string());
         }
+    }
+
+    /// Per client, how many of `retransmits` hit its sessions.
+    fn hits(&self, retransmits: &[&Value]) -> BTreeMap<&str, usize> {
+        let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in retransmits {
+            let port = r["dport"].as_u64().unwrap_or(0) as u16;
+            if let Some(client) = self.client.get(&port) {
+                *hits.entry(client).or_default() += 1;
+            }
+        }
+        hits
     }
 }
 
@@ -98,6 +113,7 @@ fn encrypted_retransmits_name_their_session(bio: &str) {
     let mut clients = Clients {
         sessions: BTreeMap::new(),
         source: BTreeMap::new(),
+        client: BTreeMap::new(),
     };
     for (mode, report) in &reports {
         eprintln!(
@@ -113,11 +129,11 @@ fn encrypted_retransmits_name_their_session(bio: &str) {
         } else {
             "tls_plaintext"
         };
-        clients.add(mode, report.sessions(), source);
+        clients.add(&format!("ODBC Encrypt={mode}"), report.sessions(), source);
     }
     assert!(freetds_answers > 0, "FreeTDS ran no query");
     clients.add(
-        "FreeTDS",
+        "FreeTDS encryption=require",
         vec![(freetds.client_port, freetds.spid)],
         "tls_plaintext",
     );
@@ -172,9 +188,10 @@ fn encrypted_retransmits_name_their_session(bio: &str) {
         })
         .collect();
     eprintln!(
-        "--tls-bio {bio}: {} retransmit records, {counted} counted segments, kernel \
+        "--tls-bio {bio}: {} retransmit records ({:?}), {counted} counted segments, kernel \
          RetransSegs {kernel}; sessions (client port: SPID) {:?}; sqlserver losses {lost:?}",
         retransmits.len(),
+        clients.hits(&retransmits),
         clients.sessions
     );
     assert!(kernel >= 20, "too little loss to judge: {kernel} segments");

@@ -29,6 +29,74 @@ pub fn randread_4k(dev: &str, engine: &[&str], runtime_s: u32) -> Fio {
     fio(dev, &job)
 }
 
+/// One read as fio saw it complete: when (Unix time, ms) and how long it took
+/// from its submission (fio's `clat`).
+#[derive(Debug, Clone, Copy)]
+pub struct Completion {
+    pub at_ms: i64,
+    pub clat_us: f64,
+}
+
+/// [`randread_4k`] that also keeps every read fio completed (its per-I/O
+/// `clat` log, stamped with the wall clock), so that any window of the run can
+/// be judged by fio's own figures.
+pub fn randread_4k_logged(dev: &str, engine: &[&str], runtime_s: u32) -> (Fio, Vec<Completion>) {
+    let dir = crate::scenario::ScratchDir::new("/tmp");
+    let prefix = dir.0.join("fio");
+    let log = format!("--write_lat_log={}", prefix.display());
+    let mut job = engine.to_vec();
+    job.extend([log.as_str(), "--log_avg_msec=0", "--log_unix_epoch=1"]);
+    let figures = randread_4k(dev, &job, runtime_s);
+    let mut completions = Vec::with_capacity(figures.ios as usize);
+    for entry in std::fs::read_dir(&dir.0)
+        .expect("fio's log directory")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("fio_clat.") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).expect("fio's clat log");
+        // "time_ms, clat_ns, direction, block size, offset[, priority]"
+        completions.extend(text.lines().filter_map(|line| {
+            let mut fields = line.split(',').map(str::trim);
+            let at_ms = fields.next()?.parse().ok()?;
+            let clat_ns: f64 = fields.next()?.parse().ok()?;
+            Some(Completion {
+                at_ms,
+                clat_us: clat_ns / 1000.0,
+            })
+        }));
+    }
+    assert!(
+        !completions.is_empty(),
+        "fio wrote no clat log in {}",
+        dir.0.display()
+    );
+    (figures, completions)
+}
+
+/// fio's `p`th percentile of the completion latency (µs) of the reads that
+/// completed in `[from_ms, to_ms]`; `None` if none did.
+pub fn clat_percentile_us(
+    completions: &[Completion],
+    from_ms: i64,
+    to_ms: i64,
+    p: f64,
+) -> Option<f64> {
+    let mut clat: Vec<f64> = completions
+        .iter()
+        .filter(|c| (from_ms..=to_ms).contains(&c.at_ms))
+        .map(|c| c.clat_us)
+        .collect();
+    if clat.is_empty() {
+        return None;
+    }
+    clat.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * clat.len() as f64).ceil() as usize;
+    Some(clat[rank.clamp(1, clat.len()) - 1])
+}
+
 /// Run fio against `dev` with `--output-format=json` and the given job options.
 pub fn fio(dev: &str, job: &[&str]) -> Fio {
     let mut args = vec![

@@ -23,6 +23,7 @@ mod settings;
 mod soak;
 mod stats;
 mod table;
+mod tls;
 mod tracer;
 mod unitcost;
 
@@ -94,6 +95,10 @@ const SUITES: &[Suite] = &[
     Suite {
         name: "daemon",
         run: daemon::run,
+    },
+    Suite {
+        name: "tls",
+        run: tls::run,
     },
 ];
 

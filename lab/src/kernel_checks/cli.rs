@@ -49,34 +49,83 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
 }
 
 /// `stalltrace check`'s per-family lines (`block selected RawTp: 6 hooks
-/// attached in raw_tp`, ...) and the hooks it lists that are not `ok`.
+/// attached in raw_tp`, ...), the hooks it lists under them that are not
+/// `ok`, and its `sql tls` lines. The lines before the first family
+/// (capabilities, stamps) are neither hooks nor families.
 fn summarize_check(text: &str) -> String {
     let mut families = Vec::new();
     let mut not_ok = Vec::new();
+    let mut tls = Vec::new();
     let mut hooks = 0;
-    let mut family = "";
+    // The heading the indented lines belong to: a family, `sql tls`, or another.
+    let mut family: Option<&str> = None;
+    let mut in_tls = false;
     for line in text.lines() {
         let indented = line.starts_with(' ');
         let words: Vec<&str> = line.split_whitespace().collect();
-        if !indented && words.len() > 2 && matches!(words[1], "selected" | "fallback") {
-            family = words[0];
-            families.push(words.join(" "));
-        } else if indented && words.len() >= 2 && !line.trim_start().starts_with("tp_btf not") {
-            hooks += 1;
-            if !words[1].starts_with("ok") {
-                not_ok.push(format!("{family}/{} {}", words[0], words[1..].join(" ")));
+        if !indented {
+            in_tls = words.starts_with(&["sql", "tls"]);
+            family = None;
+            if in_tls {
+                tls.push(words[2..].join(" "));
+            } else if words.len() > 2 && matches!(words[1], "selected" | "fallback") {
+                family = Some(words[0]);
+                families.push(words.join(" "));
             }
-        } else if indented && !words.is_empty() {
-            families.push(line.trim().to_string());
+        } else if in_tls {
+            tls.push(words.join(" "));
+        } else if let Some(family) = family {
+            if words.len() >= 2 && !line.trim_start().starts_with("tp_btf not") {
+                hooks += 1;
+                if !words[1].starts_with("ok") {
+                    not_ok.push(format!("{family}/{} {}", words[0], words[1..].join(" ")));
+                }
+            } else if !words.is_empty() {
+                families.push(line.trim().to_string());
+            }
         }
     }
     let mut s = format!("check: {} ({hooks} hook lines)", families.join(", "));
     if !not_ok.is_empty() {
         s.push_str(&format!("; hooks not ok: {}", not_ok.join(", ")));
     }
+    if !tls.is_empty() {
+        s.push_str(&format!("; sql tls: {}", tls.join(" / ")));
+    }
     s
 }
 
 fn last_line(text: &str) -> &str {
     text.lines().last().unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize_check;
+
+    #[test]
+    fn summary_takes_hooks_under_families_only_and_the_tls_lines() {
+        let text = "\
+stalltrace 0.1.0
+capabilities (the effective set of this process)
+  CAP_BPF              yes      every family: loading the eBPF programs
+stamps      the kernel's own on each block I/O
+              request allocated  rq->start_time_ns: yes
+sql tls     uprobes available: SSL_write and SSL_write_ex
+            no SQL Server worker runs now: nothing else to try
+netdev      selected Auto: 2 hooks attached in tp_btf
+              dql_stall_detected       not available (optional): unknown BTF type
+              net_dev_xmit             ok: tp_btf net_dev_xmit
+sqlserver   selected Auto: 1 hooks attached in tp_btf
+              tcp_sendmsg_locked       ok: fentry tcp_sendmsg_locked
+";
+        let s = summarize_check(text);
+        assert_eq!(
+            s,
+            "check: netdev selected Auto: 2 hooks attached in tp_btf, sqlserver selected Auto: \
+             1 hooks attached in tp_btf (3 hook lines); hooks not ok: netdev/dql_stall_detected \
+             not available (optional): unknown BTF type; sql tls: uprobes available: SSL_write \
+             and SSL_write_ex / no SQL Server worker runs now: nothing else to try"
+        );
+    }
 }

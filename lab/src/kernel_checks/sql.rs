@@ -6,6 +6,9 @@
 //! `tcp_retransmit` naming its session's SPID (as `SELECT @@SPID` answered
 //! sqlclient on that connection) and client port, whether the SPID came from
 //! a header on the wire or from the TLS plaintext (uprobes on SSL_write).
+//! The loss begins once every session has logged in (the kernel's count of
+//! data segments from each client says so): before its login response, a
+//! session has no SPID on the wire to name.
 //! Bounds of tests/sqlserver.rs and tests/sqltls.rs (there: more sessions,
 //! FreeTDS and Microsoft's ODBC driver; here: one sqlclient session of each
 //! kind at 50 tps for 12 s, for the slow guest).
@@ -13,11 +16,12 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::net::stop;
+use super::run::lost_by_family;
 use super::{Judge, Opts, Run};
 use crate::net::{NetPair, Side, delta};
 use crate::sql::{ClientReport, Placement, SqlClientRun, SqlServerSim};
@@ -33,6 +37,13 @@ const SESSIONS: [(&str, &str); 4] = [
 ];
 const RATE_PER_SESSION: u32 = 50;
 const SECS: u32 = 12;
+/// Data segments the server has received on a connection once its client is
+/// past its login and querying: sqlclient logs in with 4 at most (PRELOGIN
+/// and LOGIN7; with TLS, its ClientHello and Finished flights between them:
+/// tshark on the host, each mode), then sends `SELECT @@SPID` and its load.
+const LOGGED_IN_SEGS: u64 = 12;
+/// How long the sessions may take to connect and log in (TLS under TCG).
+const LOGIN_WITHIN: Duration = Duration::from_secs(60);
 
 /// A directory for the simulator's files, removed on drop.
 struct Scratch(PathBuf);
@@ -131,13 +142,53 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             (bio, encrypt, client)
         })
         .collect();
-    // Loss once the sessions exist: a lost SYN-ACK belongs to no session yet.
-    for bio in ["memory", "socket"] {
-        clients[0]
-            .2
-            .wait_for_sessions(&pair, port_of(bio), 2, Duration::from_secs(60));
-    }
+    // Loss once every session has logged in. What the server sends before
+    // its login response (the SYN-ACK, the pre-login answer, the TLS
+    // handshake, TLS 1.3's session tickets) carries no SPID, in the clear or
+    // in TLS, so its retransmission cannot name one. In a guest the TLS
+    // handshakes take long enough that loss begun once TCP connected hit
+    // them: once in 31 runs, a strict session's fast retransmission of 510
+    // bytes (its two TLS 1.3 session tickets, 255 bytes each, which the
+    // server sends before the pre-login answer and the login response).
+    let at_loss = {
+        let deadline = Instant::now() + LOGIN_WITHIN;
+        loop {
+            let per_port: Vec<(usize, BTreeMap<u16, u64>)> = ["memory", "socket"]
+                .iter()
+                .map(|bio| {
+                    let expected = SESSIONS.iter().filter(|(b, _)| b == bio).count();
+                    (expected, segments_in(&pair, port_of(bio)))
+                })
+                .collect();
+            let logged_in = per_port.iter().all(|(expected, segments)| {
+                segments.len() >= *expected && segments.values().all(|&n| n >= LOGGED_IN_SEGS)
+            });
+            let segments: BTreeMap<u16, u64> = per_port.into_iter().flat_map(|(_, s)| s).collect();
+            if logged_in {
+                break segments;
+            }
+            if let Some(ended) = clients.iter_mut().position(|c| !c.2.is_running()) {
+                let (bio, encrypt, _) = &clients[ended];
+                return judge.fail(format!(
+                    "sqlclient --encrypt {encrypt} ({bio}) ended before every session logged in \
+                     (the server's data segments in by client port: {segments:?})"
+                ));
+            }
+            if Instant::now() > deadline {
+                return judge.fail(format!(
+                    "the sessions did not all log in within {LOGIN_WITHIN:?} (the server's data \
+                     segments in by client port: {segments:?})"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let loss_from = chrono::Utc::now();
     pair.drop_random(Side::A, 8, None);
+    judge.note(format!(
+        "loss from {} on, with the server's data segments in by client port {at_loss:?}",
+        loss_from.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    ));
     let reports: Vec<(&str, &str, ClientReport)> = clients
         .into_iter()
         .map(|(bio, encrypt, client)| (bio, encrypt, client.finish()))
@@ -206,6 +257,47 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
         figures.join(", "),
         retransmits.len()
     ));
+    // Each worker's TLS as its last `sql_instance` says: watchable (as
+    // tests/sqltls.rs requires: no "no SPIDs from TLS"), not given up on
+    // after a contradicting pairing.
+    let instances = of_type(&records, "sql_instance");
+    for (bio, sim) in &servers {
+        let tls = instances
+            .iter()
+            .rev()
+            .find(|r| r["pid"] == sim.worker)
+            .map(|r| &r["tls"]);
+        let Some(tls) = tls else {
+            judge.fail(format!(
+                "no sql_instance for the {bio}-BIO worker {}",
+                sim.worker
+            ));
+            continue;
+        };
+        let state = tls["state"].as_str().unwrap_or("absent");
+        let symbols: Vec<&str> = tls["symbols"]
+            .as_array()
+            .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_str).collect());
+        judge.note(format!(
+            "{bio}-BIO worker TLS {state}: {} of {}",
+            symbols.join(" and "),
+            tls["library"].as_str().unwrap_or("no library")
+        ));
+        judge.expect(state == "available", || {
+            format!("the {bio}-BIO worker's TLS is {state}: {tls}")
+        });
+    }
+    // What the sqlserver family declared (TLS writes it could not pair):
+    // figures, the sessions' SPIDs above are the bound.
+    let (lost, _) = lost_by_family(&records, "sqlserver");
+    judge.note(format!(
+        "sqlserver lost: {}",
+        if lost.is_empty() {
+            "nothing".to_string()
+        } else {
+            lost.join(", ")
+        }
+    ));
     if !judge.expect(kernel >= 20, || {
         format!("too little loss to judge: {kernel} segments (need 20)")
     }) {
@@ -245,11 +337,57 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
         retransmits.len()
     ));
     judge.expect(wrong.is_empty() && strays == 0, || {
+        // When it left against the loss and its session: the data segments
+        // the server had received on it when the loss began, and its
+        // `sql_session` records.
+        let when = wrong.first().map_or(String::new(), |r| {
+            let port = r["dport"].as_u64().unwrap_or(0) as u16;
+            let remote = format!("{client_ip}:{port}");
+            let events: Vec<String> = session_records
+                .iter()
+                .filter(|s| s["remote"] == remote.as_str())
+                .map(|s| format!("{} {} spid {}", s["ts"], s["event"], s["spid"]))
+                .collect();
+            format!(
+                "; the loss began {}, when the server had received {:?} data segments on it; \
+                 its sql_session records: {}",
+                loss_from.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                at_loss.get(&port),
+                events.join(", ")
+            )
+        });
         format!(
             "{} retransmits do not name their session (SPID, client port), {strays} from no \
-             server, e.g. {}",
+             server, e.g. {}{when}",
             wrong.len(),
             wrong.first().map_or(String::new(), |r| r.to_string())
         )
     });
+}
+
+/// Client port -> data segments the server side has received on each
+/// established connection to `port` (`ss -ti`'s data_segs_in).
+fn segments_in(pair: &NetPair, port: u16) -> BTreeMap<u16, u64> {
+    let filter = format!("( sport = :{port} )");
+    let out = pair.exec(Side::B, &["ss", "-Htin", "state", "established", &filter]);
+    let mut segments = BTreeMap::new();
+    let mut peer = None;
+    for line in out.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            // "Recv-Q Send-Q local:port peer:port"
+            peer = line
+                .split_whitespace()
+                .nth(3)
+                .and_then(|p| p.rsplit(':').next()?.parse::<u16>().ok());
+            continue;
+        }
+        let n = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("data_segs_in:")?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if let Some(peer) = peer.take() {
+            segments.insert(peer, n);
+        }
+    }
+    segments
 }

@@ -162,6 +162,11 @@ pub struct Outcome {
     pub values: BTreeMap<&'static str, f64>,
     /// The command-line arguments stalltrace ran with (for the report).
     pub args: Vec<String>,
+    /// Episodes about the scenario's subjects that the load generator's own
+    /// figures confirm happened without the fault (the disk under a loop
+    /// device really was that slow): `(the episode's end, why)`. They are
+    /// true findings, so a clean run is not judged by them.
+    pub confirmed: Vec<(String, String)>,
 }
 
 impl Outcome {
@@ -181,6 +186,7 @@ impl Outcome {
             figures: Vec::new(),
             values: BTreeMap::new(),
             args: Vec::new(),
+            confirmed: Vec::new(),
         }
     }
 
@@ -277,7 +283,9 @@ impl Outcome {
             }
             Fault::Clean => {
                 for s in self.ours() {
-                    missing.push(format!("unexpected {}", summary(s)));
+                    if self.confirmation(s).is_none() {
+                        missing.push(format!("unexpected {}", summary(s)));
+                    }
                 }
             }
         }
@@ -289,6 +297,15 @@ impl Outcome {
     }
 
     /// The one-paragraph conclusion: what stalltrace found, what was expected.
+    /// Why the load generator's own figures confirm episode `stall`, if they do.
+    pub fn confirmation(&self, stall: &Value) -> Option<&str> {
+        let end = stall["end"].as_str()?;
+        self.confirmed
+            .iter()
+            .find(|(e, _)| e == end)
+            .map(|(_, why)| why.as_str())
+    }
+
     pub fn conclusion(&self) -> String {
         let ours = self.ours();
         let found = if ours.is_empty() {
@@ -316,6 +333,9 @@ impl Outcome {
             Err(why) => format!("NOT as expected: {why}."),
         };
         let mut text = format!("stalltrace found: {found}. Expected: {expected}. {verdict}");
+        for why in ours.iter().filter_map(|s| self.confirmation(s)) {
+            let _ = write!(text, " Confirmed without the fault: {why}.");
+        }
         let others = self.others();
         if !others.is_empty() {
             let _ = write!(

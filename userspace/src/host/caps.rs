@@ -67,9 +67,12 @@ pub const USES: &[Use] = &[
     },
     Use {
         cap: CAP_SYS_ADMIN,
-        serves: "setns into other network namespaces (tcp_flow, netdev link health), --bpf-stats",
+        serves: "setns into other network namespaces (tcp_flow, netdev link health), \
+                 --bpf-stats, uprobes on SQL Server's SSL_write (encrypted sessions' SPIDs)",
         without: "no tcp_flow records and no netdev link health from other network namespaces \
-                  (a SQL Server container's); --bpf-stats refused",
+                  (a SQL Server container's); --bpf-stats refused; encrypted SQL Server sessions \
+                  get no SPID without --sql-dmv (perf's uprobes need CAP_SYS_ADMIN again since \
+                  Linux 6.16 and its 2025 stable updates)",
     },
     Use {
         cap: CAP_SYS_PTRACE,

@@ -28,6 +28,7 @@ use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
 use object::{Object, ObjectSymbol};
 
 use crate::abi;
+use crate::host::caps;
 use crate::probes::describe;
 pub use crate::records::sql::{SqlTlsStart, TlsPolicy, TlsSpids, TlsSpidsState};
 
@@ -298,8 +299,9 @@ impl TlsHooks {
                     detach_links(kernel.ebpf, links);
                     let _ = kernel.mark(pid, false);
                     return Err(format!(
-                        "cannot attach a uprobe to {symbol} of {}: {why}",
-                        lib.mapped.display()
+                        "cannot attach a uprobe to {symbol} of {}: {why}{}",
+                        lib.mapped.display(),
+                        missing_capability(&why)
                     ));
                 }
             }
@@ -329,6 +331,17 @@ impl TlsHooks {
         worker.state = State::Unavailable;
         worker.summary = TlsSpids::unavailable(worker.summary.library.clone(), why);
         worker.summary.clone()
+    }
+}
+
+/// The fix for a refused uprobe: perf's uprobes need CAP_SYS_ADMIN (again
+/// since Linux 6.16 and its 2025 stable updates; CAP_PERFMON before).
+fn missing_capability(why: &str) -> &'static str {
+    let refused = why.contains("os error 13") || why.contains("os error 1)");
+    if refused && !caps::has(caps::CAP_SYS_ADMIN) {
+        " (uprobes need CAP_SYS_ADMIN on this kernel, which this process lacks: grant it)"
+    } else {
+        ""
     }
 }
 

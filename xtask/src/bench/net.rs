@@ -16,7 +16,6 @@
 //! docs/BENCHMARKS.md.
 
 mod drive;
-mod quiet_host;
 mod render;
 mod results;
 mod segments;
@@ -32,10 +31,9 @@ use super::netpair;
 use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
-use super::quiet;
+use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
 use super::settings::Settings;
 use super::tracer::{self, ProgramCost, StopRecord};
-use quiet_host::{QUIET_BEFORE_SUITE, Quiet};
 use workload::{Run, Workload};
 
 /// The acceptance target: round-trip p50 and throughput within 2% of no tracer.
@@ -106,7 +104,7 @@ pub fn run() -> anyhow::Result<()> {
     let host = Host::this();
     let bin = super::stalltrace_bin();
     let mut warnings = Vec::new();
-    let mut quiet_host = Quiet::new();
+    let mut quiet_host = Quiet::new(disturbance);
     if let Some(why) = quiet_host.wait(QUIET_BEFORE_SUITE, &[])? {
         let w = format!("the host never went quiet before the suite began: {why}");
         eprintln!("bench: warning: {w}");

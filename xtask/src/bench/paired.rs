@@ -54,6 +54,14 @@ pub fn blocks(round: usize) -> [Block; 3] {
     PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()]
 }
 
+/// Any three configurations of a suite (`items`, in the order of
+/// [`Block`]'s: untraced, traced, peer) in round `round`'s order: the same
+/// six permutations as [`blocks`], for suites whose three configurations
+/// are not these (the tls suite: no stalltrace, `--sql-tls off`, `always`).
+pub fn permuted<T: Copy>(round: usize, items: [T; 3]) -> [T; 3] {
+    blocks(round).map(|b| items[b as usize])
+}
+
 /// Whether, under a daemon, each part's run with the kernel's accounting on
 /// comes before the run as deployed in round `round`. It alternates from
 /// round to round, and the pattern flips every six rounds, so that each
@@ -103,6 +111,7 @@ impl ProcessUse {
 /// workload's figures (`R`: fio's, a net workload's), its programs' costs
 /// over the run (`P`; zero unless the accounting was on), and the tracer
 /// process's use.
+#[derive(Clone)]
 pub struct TracedRun<R, P> {
     pub run: R,
     pub programs: Vec<P>,
@@ -307,6 +316,12 @@ mod tests {
         }
         assert_eq!(seen, [[2; 3]; 3]);
         assert_eq!(blocks(1), [Untraced, Traced, Peer]);
+        assert_eq!(
+            permuted(1, ["none", "off", "always"]),
+            ["none", "off", "always"]
+        );
+        assert_eq!(permuted(2, ['a', 'b', 'c']), ['b', 'c', 'a']);
+        assert_eq!(permuted(5, ['a', 'b', 'c']), ['c', 'b', 'a']);
         assert_eq!(blocks(7), blocks(1));
         // Every round holds each block once.
         for round in 1..=6 {

@@ -111,6 +111,36 @@ pub fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// "commit abc1234" and, when userspace/ or ebpf/ differ from it, says so:
+/// the tree is shared, and a bench builds whatever is in it. Read right after the build.
+pub fn source() -> String {
+    let git = |args: &[&str]| crate::util::output("git", args).unwrap_or_default();
+    let root = crate::util::workspace_root();
+    let root = root.to_string_lossy();
+    let head = git(&["-C", &root, "rev-parse", "--short", "HEAD"]);
+    let dirty = git(&[
+        "-C",
+        &root,
+        "status",
+        "--porcelain",
+        "--",
+        "userspace",
+        "ebpf",
+    ]);
+    format!(
+        "commit {}{}",
+        head.trim(),
+        if dirty.trim().is_empty() {
+            String::new()
+        } else {
+            format!(
+                " with uncommitted changes to {} file(s) under userspace/ or ebpf/",
+                dirty.lines().count()
+            )
+        }
+    )
+}
+
 const INTRO: &str = "# Benchmarks
 
 What stalltrace costs the host it runs on, measured by `cargo xtask bench <suite>`

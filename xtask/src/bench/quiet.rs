@@ -3,12 +3,15 @@
 //! a time and run their own fio, iperf3 and sockperf, and a hook on every I/O
 //! or packet in an "untraced" round would make the baseline a lie. bpftool's
 //! list of BPF links tells us about the hooks, /proc about the processes; a
-//! disturbed run is run again ([`retry`]).
+//! disturbed run is run again ([`retry`]), and [`Quiet`] waits for a quiet
+//! host before each run, within a budget.
 
 use std::fs;
+use std::time::{Duration, Instant};
 
 use crate::util;
 
+use super::hostcpu::HostCpu;
 use super::interrupt;
 
 /// A BPF link attached right now: "raw_tracepoint block_rq_issue", and its program.
@@ -112,7 +115,9 @@ pub fn foreign_processes(names: &[&str]) -> Option<String> {
         .filter_map(|pid| {
             let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
             let comm = comm.trim();
-            (names.contains(&comm) && !descends_from(pid, me)).then(|| format!("{comm} ({pid})"))
+            // A zombie left unreaped by its parent uses no CPU and holds nothing.
+            (names.contains(&comm) && !descends_from(pid, me) && !zombie(pid))
+                .then(|| format!("{comm} ({pid})"))
         })
         .collect();
     (!theirs.is_empty()).then(|| format!("other load was running: {}", theirs.join(", ")))
@@ -141,6 +146,15 @@ fn pids() -> impl Iterator<Item = u32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
 }
 
+/// Whether `pid` has exited and waits to be reaped (state Z in /proc/PID/stat).
+fn zombie(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z")
+    })
+}
+
 fn parent(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
@@ -163,6 +177,83 @@ fn descends_from(mut pid: u32, ancestor: u32) -> bool {
         }
     }
     false
+}
+
+/// Waiting for a quiet host, within a budget: up to [`QUIET_BEFORE_SUITE`]
+/// before the suite, then up to [`QUIET_PER_RUN`] before each run but no more
+/// than [`QUIET_BUDGET`] over all runs, so a neighbour's long build cannot
+/// stretch the suite without end (each run is also checked after, and run
+/// again when someone else's hooks or load generators were there). What
+/// disturbs is the suite's own `disturbance` (given the program ids that
+/// are the bench's own), plus user-space CPU of others.
+pub struct Quiet {
+    spent: Duration,
+    disturbance: fn(&[u64]) -> Option<String>,
+}
+
+pub const QUIET_BEFORE_SUITE: Duration = Duration::from_secs(10);
+pub const QUIET_PER_RUN: Duration = Duration::from_secs(10);
+pub const QUIET_BUDGET: Duration = Duration::from_secs(20);
+/// More user-space CPU than this from other processes, in % of one CPU, is a busy host.
+pub const BUSY_USER_CPU_PCT: f64 = 25.0;
+/// How long the host's CPU is watched before each run.
+const CPU_SAMPLE: Duration = Duration::from_millis(200);
+
+impl Quiet {
+    pub fn new(disturbance: fn(&[u64]) -> Option<String>) -> Self {
+        Quiet {
+            spent: Duration::ZERO,
+            disturbance,
+        }
+    }
+
+    /// Wait until the host is quiet: no `disturbance` (the programs `ours`
+    /// are the bench's own daemon's or peer's) and little user-space CPU
+    /// (sampled for [`CPU_SAMPLE`] while no client of ours runs; a daemon or
+    /// bpftrace of ours may, using a fraction of a percent). None when it
+    /// is; else why not, once the time allowed has passed: then the caller
+    /// measures anyway.
+    pub fn wait(&mut self, limit: Duration, ours: &[u64]) -> anyhow::Result<Option<String>> {
+        let began = Instant::now();
+        let mut said = began;
+        loop {
+            interrupt::check()?;
+            let cpu = HostCpu::now();
+            std::thread::sleep(CPU_SAMPLE);
+            let busy = 100.0 * HostCpu::now().since(&cpu).user_s / CPU_SAMPLE.as_secs_f64();
+            let why = (self.disturbance)(ours).or_else(|| {
+                (busy > BUSY_USER_CPU_PCT)
+                    .then(|| format!("other processes used {busy:.0}% of a CPU in user space"))
+            });
+            let waited = began.elapsed();
+            let Some(why) = why else {
+                return Ok(None);
+            };
+            if waited > limit {
+                return Ok(Some(why));
+            }
+            if said.elapsed() >= Duration::from_secs(15) {
+                eprintln!("bench: waiting for a quiet host: {why}");
+                said = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Before a run: what is left of the budget, at most [`QUIET_PER_RUN`].
+    pub fn before_run(&mut self, ours: &[u64]) -> anyhow::Result<Option<String>> {
+        let began = Instant::now();
+        let limit = QUIET_PER_RUN.min(QUIET_BUDGET.saturating_sub(self.spent));
+        let why = self.wait(limit, ours)?;
+        // The first sample always takes CPU_SAMPLE; only the waiting beyond it counts.
+        self.spent += began.elapsed().saturating_sub(CPU_SAMPLE);
+        Ok(why)
+    }
+
+    /// How long the runs have waited for a quiet host so far (beyond the samples).
+    pub fn spent(&self) -> Duration {
+        self.spent
+    }
 }
 
 /// How often a disturbed run is tried again; the last attempt is kept, with
@@ -277,5 +368,6 @@ mod tests {
         let me = std::process::id();
         assert!(descends_from(me, me));
         assert!(!descends_from(1, me));
+        assert!(!zombie(me), "a running process is no zombie");
     }
 }

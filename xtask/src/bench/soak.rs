@@ -162,7 +162,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     interrupt::install();
     util::build_release(&["stalltrace", "stalltrace-sim"])?;
     // What the binary was built from: the tree is shared and may change during the soak.
-    let source = report::source();
+    let source = super::publish::source();
     interrupt::check()?;
     // Private copies: the short clients start sqlclient every 10 s for the
     // whole soak, and someone may rebuild target/release meanwhile.

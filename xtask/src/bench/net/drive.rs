@@ -7,7 +7,6 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::quiet_host::Quiet;
 use super::workload::{self, Run, Servers, WORKLOADS, Workload};
 use super::{
     DaemonLife, Measured, PeerRun, Settings, WorkloadRuns, disturbance, on_net_path, transmits,
@@ -15,7 +14,7 @@ use super::{
 use crate::bench::netpair::{self, CLIENT, NetPair, SERVER};
 use crate::bench::paired::{self, Block, Window};
 use crate::bench::peers::{self, Bpftrace};
-use crate::bench::quiet;
+use crate::bench::quiet::{self, Quiet};
 use crate::bench::tracer::programs::total_runs;
 use crate::bench::tracer::{self, Tracer};
 

@@ -4,10 +4,10 @@ use std::fmt::Write;
 
 use std::collections::BTreeMap;
 
-use super::quiet_host::{BUSY_USER_CPU_PCT, QUIET_BUDGET, QUIET_PER_RUN};
 use super::results::{NetResults, Side, WorkloadResult};
 use super::workload::{Bound, WORKLOADS, Workload};
 use crate::bench::publish::{self, Verdict};
+use crate::bench::quiet::{BUSY_USER_CPU_PCT, QUIET_BUDGET, QUIET_PER_RUN};
 use crate::bench::stats::{Estimate, Summary, range};
 use crate::bench::tracer::programs;
 use crate::bench::{table, unitcost};

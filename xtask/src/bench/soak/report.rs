@@ -241,36 +241,6 @@ pub fn summary(r: &Results) -> Value {
     })
 }
 
-/// "commit abc1234" and, when userspace/ or ebpf/ differ from it, says so:
-/// the tree is shared, and a soak builds whatever is in it. Read right after the build.
-pub fn source() -> String {
-    let git = |args: &[&str]| crate::util::output("git", args).unwrap_or_default();
-    let root = crate::util::workspace_root();
-    let root = root.to_string_lossy();
-    let head = git(&["-C", &root, "rev-parse", "--short", "HEAD"]);
-    let dirty = git(&[
-        "-C",
-        &root,
-        "status",
-        "--porcelain",
-        "--",
-        "userspace",
-        "ebpf",
-    ]);
-    format!(
-        "commit {}{}",
-        head.trim(),
-        if dirty.trim().is_empty() {
-            String::new()
-        } else {
-            format!(
-                " with uncommitted changes to {} file(s) under userspace/ or ebpf/",
-                dirty.lines().count()
-            )
-        }
-    )
-}
-
 pub fn lost_text(lost: &BTreeMap<String, u64>) -> String {
     if lost.is_empty() {
         return "–".into();
