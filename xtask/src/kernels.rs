@@ -339,16 +339,15 @@ pub fn after_tests() -> anyhow::Result<()> {
         eprintln!("{}\n", "!".repeat(72));
         return Ok(());
     }
-    // Two guests at a time: each is one single-threaded TCG process, so two
-    // use this 2-CPU host's two cores where one left a core idle, and the
-    // matrix takes about half as long (four kernels in two modes is most of
-    // CI's time). The limit per guest is for a guest that hangs, not a slow
+    // One guest at a time: in a trial with two at a time on this 2-CPU host
+    // (and tests running beside them for part of it), each check ran about
+    // 2.5 times slower, longer in all than one after the other. The limit per guest is for a guest that hangs, not a slow
     // one: under TCG the same checks take up to 1.7 times as long from one
-    // day's host to another's (a 6.1 guest needed 530–620 s), so 600 s was a
-    // coin toss.
+    // day's host to another's (a 6.1 guest needed about 620 s), so 600 s
+    // was a coin toss.
     let defaults = || Opts {
         timeout: 1200,
-        jobs: 2,
+        jobs: 1,
         memory: 2048,
         cpu: "max".into(),
         ..Opts::default()
