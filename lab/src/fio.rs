@@ -41,7 +41,7 @@ pub struct Completion {
 /// `clat` log, stamped with the wall clock), so that any window of the run can
 /// be judged by fio's own figures.
 pub fn randread_4k_logged(dev: &str, engine: &[&str], runtime_s: u32) -> (Fio, Vec<Completion>) {
-    let dir = crate::scenario::ScratchDir::new("/tmp");
+    let dir = crate::util::ScratchDir::new("/tmp");
     let prefix = dir.0.join("fio");
     let log = format!("--write_lat_log={}", prefix.display());
     let mut job = engine.to_vec();

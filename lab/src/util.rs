@@ -1,6 +1,7 @@
 //! Small process helpers every part of the lab uses.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -130,5 +131,22 @@ pub(crate) fn kill_and_remove(child: Option<std::process::Child>, files: &[&std:
     }
     for file in files {
         let _ = std::fs::remove_file(file);
+    }
+}
+
+/// A directory removed (with what is in it) on drop.
+pub struct ScratchDir(pub PathBuf);
+
+impl ScratchDir {
+    pub fn new(parent: &str) -> Self {
+        let dir = std::path::Path::new(parent).join(unique("stalltrace-lab"));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        Self(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

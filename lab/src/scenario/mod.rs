@@ -17,7 +17,6 @@ pub mod throttle;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -389,22 +388,7 @@ pub fn now_ts() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
-/// A directory removed (with what is in it) on drop.
-pub struct ScratchDir(pub PathBuf);
-
-impl ScratchDir {
-    pub fn new(parent: &str) -> Self {
-        let dir = std::path::Path::new(parent).join(crate::unique("stalltrace-lab"));
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        Self(dir)
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::util::ScratchDir;
 
 /// stalltrace's interval in every scenario: short, so a few seconds of load
 /// give several intervals.
