@@ -383,19 +383,24 @@ fn slow_io_records_name_the_submitter_and_agree_with_the_histogram() {
             "phases do not add up: {r}"
         );
     }
-    // The same I/Os counted twice: as events, and in the latency histogram.
+    // The same I/Os counted twice: as events, and in the latency histogram. A
+    // storm of slow I/Os may fill the ring buffer while the daemon is busy (a
+    // debug build on a loaded 2-CPU host did: 1769 of 16379 in CI); what it
+    // could not send it must declare, so records and declared losses together
+    // cover the histogram, and records alone never exceed it.
     let reads = block_records(&records, &disk.name, "read");
     let (surely, maybe) =
         Buckets::merge(&reads, "latency_us").count_at_least(threshold_ms * 1000.0);
+    let lost = lost_totals(&records);
+    let declared = lost.get("block.slow_io_ringbuf_full").copied().unwrap_or(0);
     eprintln!(
-        "{} slow_io records; histogram: {surely}..{maybe} at or above {threshold_ms} ms",
+        "{} slow_io records, {declared} declared lost; histogram: {surely}..{maybe} at or above {threshold_ms} ms",
         slow.len()
     );
     assert!(
-        (surely..=maybe).contains(&(slow.len() as u64)),
-        "{} slow_io records, histogram says {surely}..{maybe}; lost {:?}",
+        slow.len() as u64 <= maybe && slow.len() as u64 + declared >= surely,
+        "{} slow_io records and {declared} declared lost, histogram says {surely}..{maybe}; lost {lost:?}",
         slow.len(),
-        lost_totals(&records)
     );
 }
 
