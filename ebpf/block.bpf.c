@@ -134,6 +134,22 @@ static __always_inline bool same_life(struct request *rq, const struct block_rq_
 	return allocated && allocated <= slot->issue_ns;
 }
 
+/*
+ * Whether the slot's last issue belongs to the life now completing. It does
+ * not when the kernel skipped both the earlier life's completion hook and
+ * this life's issue hook (see above): the slot still holds the earlier
+ * issue, and a device time taken from it spans both lives, longer than the
+ * request's own total (a 75 ms "flush" among 160 µs ones). A request
+ * allocated after that issue is a later life. Without a stamp it cannot
+ * tell, and trusts the slot.
+ */
+static __always_inline bool issued_in_this_life(struct request *rq, const struct block_rq_slot *slot)
+{
+	__u64 allocated = KREAD(rq, start_time_ns);
+
+	return !allocated || allocated <= slot->issue_ns;
+}
+
 /* Whether the completion hook ran for `key` at or after `since` and left it unsettled (rq_unsettled_*). */
 static __always_inline bool hook_left_unsettled(__u64 key, __u64 since)
 {
@@ -451,6 +467,17 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 		return 0;
 	}
 	__sync_fetch_and_add(&stats->requests, 1);
+	if (!issued_in_this_life(rq, slot)) {
+		/*
+		 * A completion all the same, with no sample of any kind (nor a
+		 * slow_io event: its phases are unknown); the earlier life ends as
+		 * one the hooks did not settle, as its next issue would have ended it.
+		 */
+		if (slot->in_flight)
+			settle_missed(slot, key);
+		slot_release(slot);
+		return 0;
+	}
 	first_issue_ns = slot->head.stamp_ns;
 	device_ns = now - slot->issue_ns;
 	if (slot->in_flight) {

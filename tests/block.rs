@@ -173,6 +173,17 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     );
     assert_eq!(sum_field(&reads, "count"), kernel_reads);
     assert_eq!(fio.ios, kernel_reads, "fio's I/Os vs diskstats");
+    // A request's issue -> completion lies inside its bio's submission ->
+    // completion, and the two histograms share their buckets: no interval's
+    // device maximum is above its total's (a device time taken from a stale
+    // issue would be).
+    for r in &reads {
+        let max = |field: &str| r[field]["max"].as_f64().unwrap_or(0.0);
+        assert!(
+            max("device_us") <= max("latency_us"),
+            "device time above the I/O's total: {r}"
+        );
+    }
 
     // Per request, our span lies inside the kernel's: it starts at the
     // allocation, the very stamp diskstats starts from, and ends before the bios'
