@@ -239,6 +239,73 @@ fn an_unwritable_output_fails_before_attaching() {
     );
 }
 
+/// What names nothing on this host is refused before anything attaches: a
+/// misspelt interface, a pid that does not exist, one that listens on no TCP
+/// port (no SQL Server worker), port 0.
+#[test]
+fn targets_that_do_not_exist_are_refused_before_attaching() {
+    require_root();
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
+    let idle_pid = idle.id().to_string();
+    let absent_pid = (pid_max + 1).to_string();
+    for (flags, needle) in [
+        (
+            &["--iface", "stalltrace-nosuchif"][..],
+            "--iface stalltrace-nosuchif: no such interface",
+        ),
+        (&["--sql-pid", &absent_pid][..], "no such process"),
+        (
+            &["--sql-pid", &idle_pid][..],
+            "(sleep) listens on no TCP port",
+        ),
+    ] {
+        let out = stalltrace(&[&["run", "--duration", "1s"][..], flags].concat(), &[]);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let line = one_line_error(&out);
+        assert!(line.contains(needle), "{flags:?}: {line}");
+    }
+    let _ = idle.kill();
+    let _ = idle.wait();
+    let out = stalltrace(&["run", "--port", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(one_line_error(&out).contains("1 to 65535"));
+}
+
+/// `investigate --out` writes the file as `run --out` does: created 0640
+/// (the stream names hosts, peers and files), appended to, never truncated.
+#[test]
+fn investigate_writes_its_recording_as_run_does() {
+    require_root();
+    let dir = stalltrace_lab::ScratchDir::new("/tmp");
+    let path = dir.0.join("recording.jsonl");
+    let path_arg = path.to_string_lossy().into_owned();
+    for _ in 0..2 {
+        let out = stalltrace(
+            &["investigate", "--duration", "1s", "--out", &path_arg],
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let starts = text
+        .lines()
+        .filter(|l| l.contains(r#""type":"start""#))
+        .count();
+    assert_eq!(starts, 2, "the second run appended to the first: {text}");
+}
+
 /// `--out-max-mb` renames files: a device (here /dev/null, in containers
 /// /dev/stdout) is refused before anything attaches, and is left where it is.
 #[test]

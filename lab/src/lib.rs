@@ -51,7 +51,7 @@ pub use records::{
     sum_segs,
 };
 pub use tracer::{Tracer, parse_lines};
-pub use util::{die_with_parent, require_root, sh, sh_stdin, strip_ansi, unique};
+pub use util::{ScratchDir, die_with_parent, require_root, sh, sh_stdin, strip_ansi, unique};
 
 /// The binaries a lab runs: the caller says where they are (the tests: cargo's
 /// `CARGO_BIN_EXE_*` and its siblings; xtask: its release build).

@@ -67,8 +67,12 @@ pub fn check(args: &CheckArgs) -> bool {
         }
         for (i, mode) in modes.into_iter().enumerate() {
             let label = if i == 0 { "selected" } else { "fallback" };
-            // Globals keep their compiled defaults: check only loads and attaches.
-            match probes::attach_family(family, mode, &probes::Setup::default(), &btf) {
+            let globals = run_defaults(family.name);
+            let setup = probes::Setup {
+                globals: &globals,
+                ..Default::default()
+            };
+            match probes::attach_family(family, mode, &setup, &btf) {
                 Ok(attached) => {
                     println!(
                         "{:<11} {label} {mode:?}: {} hooks attached in {}",
@@ -97,6 +101,21 @@ pub fn check(args: &CheckArgs) -> bool {
         }
     }
     ok
+}
+
+/// The globals a `run` without options loads `family` with. They decide what
+/// code the verifier keeps (block's slow_io events call a helper that 5.10
+/// has for raw_tp only), so `check` loads the same and sees the same mode.
+/// tcp's (no filters) and sqlserver's are their compiled defaults.
+fn run_defaults(family: &str) -> Vec<(&'static str, u64)> {
+    match family {
+        "block" => crate::block::load_globals(crate::cli::slow_io_threshold(
+            crate::cli::DEFAULT_SLOW_IO_MS,
+        ))
+        .to_vec(),
+        "netdev" => crate::netdev::load_globals(host::kernel::hz().0).to_vec(),
+        _ => Vec::new(),
+    }
 }
 
 /// SPIDs of encrypted SQL Server sessions: whether the SSL_write uprobes can

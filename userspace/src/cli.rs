@@ -100,8 +100,9 @@ pub struct RunArgs {
     /// Serve the stream's figures as Prometheus metrics at http://ADDR:PORT/metrics
     /// (latency histograms, requests, bytes, retransmitted segments, stall episodes,
     /// lost events, each program's run time). Off unless given. The port is bound
-    /// before anything attaches; a port in use is an error.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// before anything attaches; a port in use is an error. `:PORT` listens on
+    /// every IPv4 address; a host name is resolved (`localhost:9100`).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen_address)]
     pub prometheus: Option<std::net::SocketAddr>,
     /// With --prometheus: retransmitted segments and retransmission timeouts per
     /// TCP peer for the first N peers (by namespace and address; a peer quiet for
@@ -110,7 +111,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 0, requires = "prometheus", value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::metrics::MAX_PEERS)))]
     pub prometheus_peers: u32,
     /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
-    #[arg(long, default_value_t = 50.0, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_SLOW_IO_MS, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
     pub slow_io_ms: f64,
     /// Turn on the kernel's per-program run-time accounting while running, and report
     /// each program's cost (ns per run) in the `stop` record. Costs ~20 ns per run.
@@ -181,10 +182,10 @@ pub struct SqlArgs {
     #[arg(long = "sql-pid", value_name = "PID")]
     pub sql_pid: Option<u32>,
     /// A TDS port (default: every port the worker listens on, except the endpoint ports).
-    #[arg(long = "sql-port", value_name = "PORT")]
+    #[arg(long = "sql-port", value_name = "PORT", value_parser = parse_port)]
     pub sql_ports: Vec<u16>,
     /// An availability-group / mirroring endpoint port (default 5022).
-    #[arg(long = "sql-ag-port", value_name = "PORT")]
+    #[arg(long = "sql-ag-port", value_name = "PORT", value_parser = parse_port)]
     pub sql_ag_ports: Vec<u16>,
     /// Enrich sessions from SQL Server's DMVs (off by default): a settings file
     /// readable by its owner only, or `env` for STALLTRACE_SQL_CONN and
@@ -201,7 +202,7 @@ pub struct SqlArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct FilterArgs {
     /// Only TCP connections with this port at either end.
-    #[arg(long = "port", value_name = "PORT")]
+    #[arg(long = "port", value_name = "PORT", value_parser = parse_port)]
     pub ports: Vec<u16>,
     /// Only this network namespace: a name from `ip netns list`, `host`, a path such as
     /// /proc/PID/ns/net, or a namespace inode number.
@@ -236,6 +237,49 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err("must be between 100ms and 1h".into());
     }
     Ok(d)
+}
+
+fn parse_port(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(0) | Err(_) => Err("expected a TCP port, 1 to 65535".into()),
+        Ok(port) => Ok(port),
+    }
+}
+
+/// What exporters take for a listen address: `HOST:PORT`, `[V6]:PORT`, or
+/// `:PORT` for every address (node_exporter's `:9100`).
+fn parse_listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let hint = "expected ADDR:PORT, such as 127.0.0.1:9100, localhost:9100, [::1]:9100 or :9100";
+    let spec = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    };
+    let port_given = spec
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| parse_port(p).is_ok());
+    if !port_given {
+        return Err(hint.into());
+    }
+    let addrs: Vec<std::net::SocketAddr> = spec
+        .to_socket_addrs()
+        .map_err(|e| format!("{hint} ({e})"))?
+        .collect();
+    // Bound on one address: where a name has both families, the IPv4 one (localhost: 127.0.0.1).
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| hint.into())
+}
+
+/// `--slow-io-ms` when not given; `check` loads the block family as such a run does.
+pub const DEFAULT_SLOW_IO_MS: f64 = 50.0;
+
+/// `--slow-io-ms` as the block family takes it: none at 0.
+pub fn slow_io_threshold(ms: f64) -> Option<Duration> {
+    (ms > 0.0).then(|| Duration::from_secs_f64(ms / 1000.0))
 }
 
 fn parse_slow_io_ms(s: &str) -> Result<f64, String> {
@@ -329,6 +373,18 @@ mod tests {
     }
 
     #[test]
+    fn prometheus_takes_what_exporters_take() {
+        let addr = |s: &str| match parse(&["run", "--prometheus", s]).unwrap().command {
+            Command::Run(r) => r.prometheus.unwrap().to_string(),
+            _ => unreachable!(),
+        };
+        assert_eq!(addr(":9100"), "0.0.0.0:9100");
+        assert_eq!(addr("localhost:9100"), "127.0.0.1:9100");
+        assert_eq!(addr("127.0.0.1:9100"), "127.0.0.1:9100");
+        assert_eq!(addr("[::1]:9100"), "[::1]:9100");
+    }
+
+    #[test]
     fn bad_flags_give_one_line_naming_problem_and_fix() {
         for (args, needle) in [
             (&["run", "--interval", "1x"][..], "--interval"),
@@ -340,6 +396,10 @@ mod tests {
                 &["run", "--bulk-mbps", "-1"][..],
                 "0 turns tcp_flow records off",
             ),
+            (&["run", "--port", "0"][..], "1 to 65535"),
+            (&["run", "--sql-port", "70000"][..], "--sql-port"),
+            (&["run", "--prometheus", "9100"][..], "ADDR:PORT"),
+            (&["run", "--prometheus", "localhost:0"][..], "ADDR:PORT"),
             (&["run", "--bogus"][..], "--bogus"),
             (&["frobnicate"][..], "frobnicate"),
         ] {

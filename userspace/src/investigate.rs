@@ -27,7 +27,8 @@ pub fn investigate(args: &InvestigateArgs) -> anyhow::Result<()> {
         file: None,
     };
     if let Some(path) = &run.out {
-        sink.file = Some(File::create(path).map_err(|e| {
+        // As `run --out` writes it: appended to, never truncated, mode 0640.
+        sink.file = Some(crate::output::file::open_append(path).map_err(|e| {
             UserError::new(
                 format!("cannot write {}: {e}", path.display()),
                 "give --out a path in a directory that exists and that you can write to",

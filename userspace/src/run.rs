@@ -27,7 +27,7 @@ pub use crate::records::run::FamilyReport;
 use crate::records::run::{Filters, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord};
 use crate::records::stall::Phase;
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
-use crate::sqlserver::inventory::Discovery;
+use crate::sqlserver::inventory::{Discovery, check_sql_pid};
 use crate::sqlserver::live::SqlServer;
 use crate::sqlserver::tls::TlsPolicy;
 use crate::stall::Detector;
@@ -279,14 +279,19 @@ pub fn run_into(
     } else {
         None
     };
-    let slow_io =
-        (args.slow_io_ms > 0.0).then(|| Duration::from_secs_f64(args.slow_io_ms / 1000.0));
+    let slow_io = crate::cli::slow_io_threshold(args.slow_io_ms);
     let netns = args
         .filters
         .netns
         .iter()
         .map(|spec| netns::resolve(spec))
         .collect::<Result<Vec<_>, _>>()?;
+    crate::netdev::check_ifaces(&netns, &args.filters.ifaces)?;
+    if let Some(comm) = args.sql.sql_pid.map(check_sql_pid).transpose()?.flatten() {
+        eprintln!(
+            "stalltrace: --sql-pid names {comm}, not sqlservr: its sessions are taken as SQL Server's"
+        );
+    }
     // Settings are checked before anything attaches: a bad file is a clean exit.
     let dmv = args
         .sql

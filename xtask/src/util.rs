@@ -15,9 +15,12 @@ pub fn workspace_root() -> PathBuf {
 /// Run a command to completion in the workspace root; fail if it fails.
 pub fn run(program: impl AsRef<Path>, args: &[&str]) -> anyhow::Result<()> {
     let program = program.as_ref();
+    // Its stdout goes to stderr: stdout is a task's result (`cargo xtask run`
+    // streams JSON there after its setup ran apt-get), never a tool's chatter.
     let status = Command::new(program)
         .args(args)
         .current_dir(workspace_root())
+        .stdout(std::io::stderr())
         .status()
         .with_context(|| format!("cannot start {}", program.display()))?;
     if !status.success() {

@@ -1,6 +1,8 @@
 //! `cli/check`: `stalltrace check` exits 0 and lists its hooks; `stalltrace
-//! run` (without `--degrade`) starts with every family attached.
+//! run` (without `--degrade`) starts with every family attached, each in the
+//! mode `check` said it would.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use super::{Judge, Opts, Run};
@@ -14,10 +16,12 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
         .arg("check")
         .args(opts.mode.flags())
         .output();
+    let mut checked = BTreeMap::new();
     match out {
         Err(e) => judge.fail(format!("cannot run stalltrace check: {e}")),
         Ok(out) => {
             let text = String::from_utf8_lossy(&out.stdout);
+            checked = selected_modes(&text);
             for line in text.lines() {
                 eprintln!("kernel-checks:     | {line}");
             }
@@ -32,8 +36,9 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
         }
     }
 
-    // `stalltrace run`: every family attached, each hook's way recorded.
-    match Run::start(opts, &[]) {
+    // `stalltrace run` as a user's first (its slow_io events on, unlike the
+    // other checks' runs): every family attached, each hook's way recorded.
+    match Run::start_as_default(opts) {
         Err(e) => judge.fail(e),
         Ok(run) => {
             judge.note(format!(
@@ -41,6 +46,16 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
                 run.start_secs, run.start["kernel"]
             ));
             judge.families_attached(&run.start, FAMILIES);
+            for (family, mode) in &checked {
+                let ran = run.start["families"]
+                    .as_array()
+                    .and_then(|fs| fs.iter().find(|f| f["family"] == family.as_str()))
+                    .and_then(|f| f["mode"].as_str())
+                    .unwrap_or("none");
+                judge.expect(ran == mode, || {
+                    format!("{family}: `check` attached it in {mode}, `run` in {ran}")
+                });
+            }
             if let Err(e) = run.stop() {
                 judge.fail(e);
             }
@@ -95,13 +110,42 @@ fn summarize_check(text: &str) -> String {
     s
 }
 
+/// Each family's mode in `check`'s `selected` lines (`block selected Auto: 6
+/// hooks attached in raw_tp` gives block: raw_tp).
+fn selected_modes(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|line| !line.starts_with(' '))
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let attached = line.split_once(" attached in ")?.1;
+            (words.get(1) == Some(&"selected"))
+                .then(|| (words[0].to_string(), attached.trim().to_string()))
+        })
+        .collect()
+}
+
 fn last_line(text: &str) -> &str {
     text.lines().last().unwrap_or("")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::summarize_check;
+    use super::{selected_modes, summarize_check};
+
+    #[test]
+    fn selected_modes_are_the_selected_lines_last_words() {
+        let text = "\
+block       selected Auto: 6 hooks attached in raw_tp
+            tp_btf not usable: invalid func unknown#158
+              block_bio_queue          ok: raw_tp block_bio_queue
+block       fallback RawTp: 6 hooks attached in raw_tp
+tcp         selected Auto: FAILED: no BTF
+tcp         fallback RawTp: 5 hooks attached in raw_tp
+";
+        let modes = selected_modes(text);
+        assert_eq!(modes.len(), 1, "{modes:?}");
+        assert_eq!(modes["block"], "raw_tp");
+    }
 
     #[test]
     fn summary_takes_hooks_under_families_only_and_the_tls_lines() {

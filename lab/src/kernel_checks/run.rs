@@ -32,6 +32,16 @@ impl Run {
     /// `stalltrace run --out FILE --interval 1s --slow-io-ms 0 <mode flags> <args>`,
     /// once its `start` record is written.
     pub fn start(opts: &Opts, args: &[&str]) -> Result<Self, String> {
+        Self::start_with(opts, &["--interval", "1s", "--slow-io-ms", "0"], args)
+    }
+
+    /// `stalltrace run --out FILE <mode flags>`: every other setting at its
+    /// default, as a user's first run has them.
+    pub fn start_as_default(opts: &Opts) -> Result<Self, String> {
+        Self::start_with(opts, &[], &[])
+    }
+
+    fn start_with(opts: &Opts, settings: &[&str], args: &[&str]) -> Result<Self, String> {
         let out = std::env::temp_dir().join(format!("{}.jsonl", unique("kernel-checks")));
         let stderr = out.with_extension("stderr");
         let t0 = Instant::now();
@@ -39,7 +49,7 @@ impl Run {
             .arg("run")
             .arg("--out")
             .arg(&out)
-            .args(["--interval", "1s", "--slow-io-ms", "0"])
+            .args(settings)
             .args(opts.mode.flags())
             .args(args)
             .stdin(Stdio::null())

@@ -72,14 +72,18 @@ pub struct BlockProbe {
     last_sweep: Instant,
 }
 
+/// The load-time globals of a run with `slow_io` (`check` loads a default run's).
+pub fn load_globals(slow_io: Option<Duration>) -> [(&'static str, u64); 2] {
+    [
+        ("slow_io_ns", slow_io.map_or(0, |d| d.as_nanos() as u64)),
+        // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
+        ("self_tgid", u64::from(std::process::id())),
+    ]
+}
+
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let slow_io_ns = opts.slow_io.map_or(0, |d| d.as_nanos() as u64);
-        // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
-        let globals = [
-            ("slow_io_ns", slow_io_ns),
-            ("self_tgid", u64::from(std::process::id())),
-        ];
+        let globals = load_globals(opts.slow_io);
         // The disks present now get their entries before any hook can run.
         let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
             let map = ebpf

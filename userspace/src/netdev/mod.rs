@@ -58,10 +58,15 @@ pub struct NetdevProbe {
     links: HashMap<IfaceId, LinkHealth>,
 }
 
+/// The load-time globals at `hz` (`check` loads the host's).
+pub fn load_globals(hz: u32) -> [(&'static str, u64); 1] {
+    // HZ / 100 + 1 ticks, counted whole: about 10 ms at any HZ.
+    [("tx_floor_jiffies", u64::from(hz / 100) + 1)]
+}
+
 impl NetdevProbe {
     pub fn attach(opts: &NetdevOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        // HZ / 100 + 1 ticks, counted whole: about 10 ms at any HZ.
-        let globals = [("tx_floor_jiffies", u64::from(opts.hz / 100) + 1)];
+        let globals = load_globals(opts.hz);
         let prepare = |ebpf: &mut aya::Ebpf| prepare_entries(ebpf, &opts.netns, &opts.ifaces);
         let setup = probes::Setup {
             globals: &globals,
@@ -325,6 +330,35 @@ fn prepare_entry<T: std::borrow::BorrowMut<MapData>>(
         // BPF_NOEXIST: never reset an entry the kernel side created meanwhile.
         let _ = stats.insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST));
     }
+}
+
+/// `--iface`, before anything attaches: each name is an interface of a
+/// watched namespace now (a misspelt one would watch nothing, silently).
+/// Namespaces given by inode alone cannot be listed: then nothing is refused.
+pub fn check_ifaces(netns: &[Netns], ifaces: &[String]) -> Result<(), UserError> {
+    if ifaces.is_empty() || netns.iter().any(|n| n.path.is_none()) {
+        return Ok(());
+    }
+    let present: HashSet<String> = namespaces_of(netns)
+        .iter()
+        .flat_map(|(_, path)| link::read_all_in_netns(path).unwrap_or_default())
+        .map(|reading| reading.name)
+        .collect();
+    let missing: Vec<&str> = ifaces
+        .iter()
+        .filter(|i| !present.contains(*i))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(UserError::new(
+        format!(
+            "--iface {}: no such interface in the watched network namespaces",
+            missing.join(", ")
+        ),
+        "give a name `ip link` lists (or `ip -n NETNS link` for a namespace of --netns)",
+    ))
 }
 
 /// Create the statistics entries of every interface netdev watches in

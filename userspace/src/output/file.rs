@@ -60,7 +60,7 @@ pub fn rotatable(path: &Path) -> bool {
 
 /// Append-only, created if missing, mode 0640: the stream names hosts, peers
 /// and files, which is for the log's readers, not everyone on the host.
-fn open_append(path: &Path) -> io::Result<File> {
+pub fn open_append(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .append(true)

@@ -295,6 +295,38 @@ impl Inventory {
     }
 }
 
+/// `--sql-pid`, before anything attaches: a process that exists and listens
+/// on TCP (a worker listens on its TDS port; its watchdog, init or a typo do
+/// not). Its name need not be `sqlservr` (naming another is what the flag is
+/// for); when it is not, the name is returned for the caller to say so.
+pub fn check_sql_pid(pid: u32) -> Result<Option<String>, crate::error::UserError> {
+    let proc_pid = PathBuf::from(format!("/proc/{pid}"));
+    let refuse = |why: String| {
+        crate::error::UserError::new(
+            format!("--sql-pid {pid}: {why}"),
+            "give the pid of the SQL Server worker: the `sqlservr` that listens on the TDS port \
+             (`ss -ltnp | grep sqlservr`), or leave --sql-pid out to find it by name",
+        )
+    };
+    let comm = std::fs::read_to_string(proc_pid.join("comm"))
+        .map_err(|_| refuse("no such process".into()))?
+        .trim()
+        .to_string();
+    let open = procfs::open_files(&proc_pid);
+    let sockets = procfs::tcp_sockets(&proc_pid);
+    let listens = open
+        .sockets
+        .iter()
+        .filter_map(|ino| sockets.get(ino))
+        .any(|s| s.state == TCP_LISTEN);
+    if !listens && !open.denied {
+        return Err(refuse(format!(
+            "process {pid} ({comm}) listens on no TCP port"
+        )));
+    }
+    Ok((comm != "sqlservr").then_some(comm))
+}
+
 /// Each disk's role: the one role of all the files on it, or `mixed`.
 fn roles(files: &[DbFile]) -> HashMap<Disk, &'static str> {
     let mut by_disk: HashMap<Disk, Vec<Role>> = HashMap::new();
