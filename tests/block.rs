@@ -92,6 +92,16 @@ fn completed_requests_match_fio_and_diskstats() {
         unseen as f64 <= 1e-5 * kernel as f64,
         "{unseen} unsettled completions is more than 1 in 10^5 of {kernel}"
     );
+    // An op without I/O says nothing, though reads were in flight on the disk
+    // all along: an op's first record has I/O in it.
+    for op in ["write", "flush", "discard", "other"] {
+        if let Some(first) = block_records(&records, &disk.name, op).first() {
+            assert!(
+                first["count"].as_u64() > Some(0),
+                "an op without I/O: {first}"
+            );
+        }
+    }
     // Every request without a device_us sample is declared: unsettled, or
     // skipped by the kernel (`lost` counts those of every disk, this one included).
     assert!(timed <= count, "{timed} timed of {count}");

@@ -364,23 +364,42 @@ impl Family for BlockProbe {
         let (inflight_now, settled) = self.inflight_after_settling(&busy, &present);
         let unsettled = self.unsettled_deltas();
         let mut in_stream = HashSet::new();
+        let intervals: Vec<_> = intervals
+            .into_iter()
+            .map(|(key, iv)| {
+                let id = (key.major, key.minor, key.op);
+                let idle = settled.get(&id).copied().unwrap_or_default();
+                // Completions the hook did not settle are completions all the same
+                // (the kernel counts them): in `count`, without histogram samples.
+                let skipped = iv.skipped + idle.skipped;
+                let unsettled = unsettled.get(&id).copied().unwrap_or(0) + idle.unsettled;
+                let active = iv.is_active() || skipped + unsettled > 0;
+                (key, iv, skipped, unsettled, active)
+            })
+            .collect();
+        // An op with no I/O says nothing, but a disk's in-flight gauge must be
+        // said while requests are in flight: by its ops that speak anyway, or
+        // by one of its idle ones when none does (a disk that stopped
+        // completing what it was given).
+        let speaking: HashSet<(u32, u32)> = intervals
+            .iter()
+            .filter(|(key, _, _, _, active)| {
+                *active || self.series[&(key.major, key.minor, key.op)].active_last_interval
+            })
+            .map(|(key, ..)| (key.major, key.minor))
+            .collect();
+        let mut gauge_said = HashSet::new();
 
-        for (key, iv) in intervals {
+        for (key, iv, skipped, unsettled, active) in intervals {
             let disk = (key.major, key.minor);
             let now = inflight_now.get(&disk).copied().unwrap_or(0);
-            let id = (key.major, key.minor, key.op);
-            let idle = settled.get(&id).copied().unwrap_or_default();
-            // Completions the hook did not settle are completions all the same
-            // (the kernel counts them): in `count`, without histogram samples.
-            let skipped = iv.skipped + idle.skipped;
-            let unsettled = unsettled.get(&id).copied().unwrap_or(0) + idle.unsettled;
             self.kernel_skipped += skipped;
             let series = self
                 .series
                 .get_mut(&(key.major, key.minor, key.op))
                 .expect("advanced above");
-            let active = iv.is_active() || skipped + unsettled > 0;
-            let emit = active || series.active_last_interval || now != 0;
+            let says_gauge = now != 0 && !speaking.contains(&disk) && gauge_said.insert(disk);
+            let emit = active || series.active_last_interval || says_gauge;
             series.active_last_interval = active;
             if !emit {
                 continue;
