@@ -26,6 +26,7 @@ struct SsFlow {
     busy_ms: u64,
     rwnd_limited_ms: u64,
     sndbuf_limited_ms: u64,
+    data_segs_out: u64,
 }
 
 impl SsFlow {
@@ -58,6 +59,7 @@ fn ss_sender(pair: &NetPair, side: Side, filter: &str, port: u16) -> SsFlow {
             busy_ms: field("busy"),
             rwnd_limited_ms: field("rwnd_limited"),
             sndbuf_limited_ms: field("sndbuf_limited"),
+            data_segs_out: field("data_segs_out"),
         }
     });
     flows
@@ -124,6 +126,14 @@ fn assert_shares_agree(ours: &[&Value], ss: &SsFlow) {
     assert!(
         sum(ours, "busy_ms") <= ss.busy_ms as f64 + 8.0,
         "our busy time is part of the connection's: {ss:?}"
+    );
+    // The segments sent (the base of the loss share) are the connection's,
+    // less those before our first reading.
+    let segs = sum(ours, "data_segs_out");
+    assert!(ss.data_segs_out > 0, "ss shows no data_segs_out: {ss:?}");
+    assert!(
+        segs <= ss.data_segs_out as f64 && segs >= 0.6 * ss.data_segs_out as f64,
+        "data_segs_out: ours {segs}, ss {ss:?}"
     );
 }
 

@@ -371,6 +371,11 @@ pub struct TcpFlowRecord {
     pub sndbuf_limited_ms: f64,
     /// Segments retransmitted in the interval (tcpi_total_retrans delta).
     pub retrans_segs: u64,
+    /// Data segments sent in the interval, retransmissions included (tcpi_data_segs_out
+    /// delta): `retrans_segs` over it is the share the path lost. Absent in streams written
+    /// before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_segs_out: Option<u64>,
     /// Smoothed RTT at the end of the interval (tcpi_rtt), µs.
     #[schemars(range(min = 0))]
     pub srtt_us: f64,

@@ -116,7 +116,8 @@ pub fn flow(limiter: &str, busy_ms: f64, rwnd_ms: f64, retrans: u64) -> Value {
         "type": "tcp_flow", "ts": "t", "host": "h", "netns": 1, "family": "ipv4", "saddr": "10.0.0.1",
         "sport": 40000, "daddr": "10.0.0.9", "dport": 445, "interval_ms": 1000, "bytes_acked": 50_000_000,
         "bytes_received": 0, "send_mbps": 400.0, "delivery_mbps": 400.0, "busy_ms": busy_ms, "rwnd_limited_ms": rwnd_ms,
-        "sndbuf_limited_ms": 0.0, "retrans_segs": retrans, "srtt_us": 300.0, "cwnd": 40, "limiter": limiter,
+        "sndbuf_limited_ms": 0.0, "retrans_segs": retrans, "data_segs_out": 34_600, "srtt_us": 300.0,
+        "cwnd": 40, "limiter": limiter,
     })
 }
 

@@ -8,6 +8,22 @@ use super::network::round1;
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
 use crate::records::tcp::{Limiter, TcpFlowRecord};
 
+/// The share of a flow's data segments retransmitted above which the loss
+/// is what holds a cwnd-limited flow back: 1 in 1000 is where TCP's
+/// throughput visibly falls (Mathis et al.: rate ~ MSS / (RTT * sqrt(p))).
+/// A segment or two lost at full speed (a veth backlog overflowing on a busy
+/// host) is congestion control doing its work, not a cause.
+const LOSS_SHARE: f64 = 0.001;
+
+/// Whether `f` lost enough to limit it. Records without `data_segs_out`
+/// (written before it was) count any retransmission.
+fn lossy(f: &TcpFlowRecord) -> bool {
+    match f.data_segs_out {
+        Some(sent) if sent > 0 => f.retrans_segs as f64 >= LOSS_SHARE * sent as f64,
+        _ => f.retrans_segs > 0,
+    }
+}
+
 /// `others`: this interval's network and storage findings, which turn a
 /// limiter into a cause; `sql`: which disks each SQL Server instance keeps
 /// files on, which ties a sender to the disks it reads.
@@ -48,16 +64,22 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                 let path = others
                     .iter()
                     .find(|o| o.kind == Kind::Network && o.subject.netns == Some(f.netns.into()));
-                if f.retrans_segs == 0 && path.is_none() {
+                if !lossy(f) && path.is_none() {
                     continue; // the network at full speed: nothing wrong
                 }
-                let mut ev =
-                    vec![Evidence::new(
+                let mut ev = vec![Evidence::new(
                     "retrans_segs",
                     f.retrans_segs,
                     format!(
-                        "the congestion window limited it while {} segments were retransmitted",
-                        f.retrans_segs
+                        "the congestion window limited it while {} segments were retransmitted{}",
+                        f.retrans_segs,
+                        match f.data_segs_out {
+                            Some(sent) if sent > 0 => format!(
+                                " ({:.2}% of {sent} sent)",
+                                f.retrans_segs as f64 * 100.0 / sent as f64
+                            ),
+                            _ => String::new(),
+                        }
                     ),
                 )
                 .unit("count")];

@@ -251,6 +251,7 @@ fn record(netns: u32, flow: &FlowDelta, sql: Option<SqlTag>) -> TcpFlowRecord {
         rwnd_limited_ms: ms(d.rwnd_limited_us),
         sndbuf_limited_ms: ms(d.sndbuf_limited_us),
         retrans_segs: d.retrans_segs,
+        data_segs_out: Some(d.data_segs_out),
         srtt_us: f64::from(s.info.rtt_us),
         cwnd: s.info.snd_cwnd,
         limiter: flow.limiter(),
@@ -293,6 +294,7 @@ mod tests {
                 rwnd_limited_us: 250_000,
                 sndbuf_limited_us: 4_000,
                 retrans_segs: 3,
+                data_segs_out: 1_800,
             },
             interval: Duration::from_millis(1000),
         };

@@ -127,6 +127,7 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
         rwnd_limited_ms: 812.0,
         sndbuf_limited_ms: 0.0,
         retrans_segs: 0,
+        data_segs_out: Some(21_600),
         srtt_us: 410.0,
         cwnd: 64,
         limiter: Limiter::Receiver,
@@ -143,6 +144,8 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
             rwnd_limited_ms: 0.0,
             pids: vec![3131, 3132],
             sql: None,
+            // as a stream written before the field was
+            data_segs_out: None,
             ..flow
         },
     )

@@ -35,6 +35,8 @@ pub struct TcpInfo {
     pub bytes_acked: u64,
     /// Bytes received in order (`tcpi_bytes_received`).
     pub bytes_received: u64,
+    /// Data segments sent, retransmissions included (`tcpi_data_segs_out`).
+    pub data_segs_out: u32,
     /// The latest delivery-rate sample, bytes/s (`tcpi_delivery_rate`).
     pub delivery_rate: u64,
     /// Time with data in flight or queued to send, µs (`tcpi_busy_time`):
@@ -54,6 +56,7 @@ mod offset {
     pub const TOTAL_RETRANS: usize = 100;
     pub const BYTES_ACKED: usize = 120;
     pub const BYTES_RECEIVED: usize = 128;
+    pub const DATA_SEGS_OUT: usize = 156;
     pub const DELIVERY_RATE: usize = 160;
     pub const BUSY_TIME: usize = 168;
     pub const RWND_LIMITED: usize = 176;
@@ -77,6 +80,7 @@ impl TcpInfo {
             total_retrans: u32_at(offset::TOTAL_RETRANS),
             bytes_acked: u64_at(offset::BYTES_ACKED),
             bytes_received: u64_at(offset::BYTES_RECEIVED),
+            data_segs_out: u32_at(offset::DATA_SEGS_OUT),
             delivery_rate: u64_at(offset::DELIVERY_RATE),
             busy_us: u64_at(offset::BUSY_TIME),
             rwnd_limited_us: u64_at(offset::RWND_LIMITED),

@@ -23,6 +23,7 @@ pub struct Counters {
     pub rwnd_limited_us: u64,
     pub sndbuf_limited_us: u64,
     pub retrans_segs: u64,
+    pub data_segs_out: u64,
 }
 
 impl Counters {
@@ -34,6 +35,7 @@ impl Counters {
             rwnd_limited_us: info.rwnd_limited_us,
             sndbuf_limited_us: info.sndbuf_limited_us,
             retrans_segs: u64::from(info.total_retrans),
+            data_segs_out: u64::from(info.data_segs_out),
         }
     }
 
@@ -47,6 +49,7 @@ impl Counters {
             rwnd_limited_us: self.rwnd_limited_us.checked_sub(prev.rwnd_limited_us)?,
             sndbuf_limited_us: self.sndbuf_limited_us.checked_sub(prev.sndbuf_limited_us)?,
             retrans_segs: self.retrans_segs.checked_sub(prev.retrans_segs)?,
+            data_segs_out: self.data_segs_out.checked_sub(prev.data_segs_out)?,
         })
     }
 }

@@ -126,6 +126,7 @@ fn first_dump_is_a_baseline_then_deltas_over_the_measured_interval() {
             rwnd_limited_us: 275_000,
             sndbuf_limited_us: 0,
             retrans_segs: 10,
+            data_segs_out: 0,
         }
     );
     // The end-of-interval state is the new dump's.
