@@ -7,7 +7,7 @@ use super::Thresholds;
 use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
 use super::network::round1;
 use crate::records::HistogramRecord;
-use crate::records::block::BlockRecord;
+use crate::records::block::{BlockOp, BlockRecord};
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
 
 /// One disk's interval, all ops together.
@@ -32,15 +32,29 @@ impl Disk<'_> {
         });
         if n == 0 { 0.0 } else { total / n as f64 }
     }
-    /// The op with the worst p99 of a phase, and that p99.
-    fn worst(&self, phase: impl Fn(&BlockRecord) -> &HistogramRecord) -> (&BlockRecord, f64) {
+    /// The slow op with the worst device p99, and that p99. An op is slow
+    /// with enough requests for a percentile and its p99 at the threshold,
+    /// or with few requests, most of them slow (`few_but_slow`). One slow
+    /// request of an op (a discard among thousands of fast reads) is neither:
+    /// a p99 of one sample is that sample. Only what applications wait on
+    /// counts: reads, writes and flushes. A discard's device time grows with
+    /// the range it trims (a deleted file's blocks: tens of ms for a large
+    /// one on a healthy disk), so it says nothing of the device's speed.
+    fn slowest_op(&self, th: &Thresholds) -> Option<(&BlockRecord, f64)> {
+        let threshold_us = th.io_ms * 1000.0;
         self.ops
             .iter()
-            .map(|b| (*b, phase(b).p99()))
-            .fold(
-                (self.ops[0], f64::MIN),
-                |a, b| if b.1 > a.1 { b } else { a },
-            )
+            .filter(|b| matches!(b.op, BlockOp::Read | BlockOp::Write | BlockOp::Flush))
+            .filter(|b| {
+                let slow = b.device_us.count_at_least(threshold_us);
+                if b.device_us.count >= th.min_samples {
+                    b.device_us.p99() >= threshold_us
+                } else {
+                    slow >= th.min_samples.div_ceil(2) && 2 * slow >= b.count
+                }
+            })
+            .map(|b| (*b, b.device_us.p99()))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
     }
     /// Requests in flight at each issue, over all ops (each op's histogram
     /// counts the whole disk at its own issues).
@@ -114,7 +128,7 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
     let tag_wait_mean = d.mean(|b| &b.tag_wait_us);
     let device_mean = d.mean(|b| &b.device_us);
     let (inflight_p50, inflight_p90, inflight_max, issues) = d.inflight();
-    let (slow_op, device_p99) = d.worst(|b| &b.device_us);
+    let slowest = d.slowest_op(th);
     let depth = d.depth();
     let iops = d.count() as f64 * 1000.0 / iv.len_ms.max(1.0);
 
@@ -122,11 +136,6 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
     let enough = d.count() >= th.min_samples;
     let pinned = depth.is_some_and(|depth| inflight_max >= depth && inflight_p90 >= depth as f64);
     let queue_full = enough && pinned && tag_wait_mean >= device_mean.max(th.tag_wait_us);
-    let slow = if enough {
-        device_p99 >= th.io_ms * 1000.0
-    } else {
-        d.few_but_slow(th)
-    };
     let mut evidence = Vec::new();
     let (cause, next_step, impact_ms) = if queue_full {
         let depth = depth.unwrap_or(0);
@@ -181,7 +190,7 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
                         .max(1) as f64,
             ),
         )
-    } else if slow {
+    } else if let Some((slow_op, device_p99)) = slowest {
         let threshold_us = th.io_ms * 1000.0;
         evidence.push(
             Evidence::new(
