@@ -253,7 +253,7 @@ fn targets_that_do_not_exist_are_refused_before_attaching() {
     let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
     let idle_pid = idle.id().to_string();
     let absent_pid = (pid_max + 1).to_string();
-    for (flags, needle) in [
+    let runs: Vec<_> = [
         (
             &["--iface", "stalltrace-nosuchif"][..],
             "--iface stalltrace-nosuchif: no such interface",
@@ -263,14 +263,21 @@ fn targets_that_do_not_exist_are_refused_before_attaching() {
             &["--sql-pid", &idle_pid][..],
             "(sleep) listens on no TCP port",
         ),
-    ] {
+    ]
+    .into_iter()
+    .map(|(flags, needle)| {
         let out = stalltrace(&[&["run", "--duration", "1s"][..], flags].concat(), &[]);
-        assert_eq!(out.status.code(), Some(1), "{flags:?}");
-        let line = one_line_error(&out);
-        assert!(line.contains(needle), "{flags:?}: {line}");
-    }
+        (format!("{flags:?}"), needle, out)
+    })
+    .collect();
+    // Gone before any assertion can fail.
     let _ = idle.kill();
     let _ = idle.wait();
+    for (flags, needle, out) in runs {
+        assert_eq!(out.status.code(), Some(1), "{flags}");
+        let line = one_line_error(&out);
+        assert!(line.contains(needle), "{flags}: {line}");
+    }
     let out = stalltrace(&["run", "--port", "0"], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(one_line_error(&out).contains("1 to 65535"));

@@ -152,13 +152,7 @@ impl Inventory {
                 .iter()
                 .filter_map(|ino| sockets.get(ino))
                 .collect();
-            let mut listening: Vec<u16> = mine
-                .iter()
-                .filter(|s| s.state == TCP_LISTEN)
-                .map(|s| s.local.port())
-                .collect();
-            listening.sort_unstable();
-            listening.dedup();
+            let listening = listening_ports(mine.iter().copied());
             // The watchdog listens on nothing: skip it (unless named by --sql-pid).
             if listening.is_empty() && self.discovery.pid != Some(pid) {
                 continue;
@@ -314,17 +308,24 @@ pub fn check_sql_pid(pid: u32) -> Result<Option<String>, crate::error::UserError
         .to_string();
     let open = procfs::open_files(&proc_pid);
     let sockets = procfs::tcp_sockets(&proc_pid);
-    let listens = open
-        .sockets
-        .iter()
-        .filter_map(|ino| sockets.get(ino))
-        .any(|s| s.state == TCP_LISTEN);
-    if !listens && !open.denied {
+    let listening = listening_ports(open.sockets.iter().filter_map(|ino| sockets.get(ino)));
+    if listening.is_empty() && !open.denied {
         return Err(refuse(format!(
             "process {pid} ({comm}) listens on no TCP port"
         )));
     }
     Ok((comm != "sqlservr").then_some(comm))
+}
+
+/// The ports a process's own TCP sockets listen on, sorted, each once.
+fn listening_ports<'a>(mine: impl Iterator<Item = &'a procfs::TcpSocket>) -> Vec<u16> {
+    let mut ports: Vec<u16> = mine
+        .filter(|s| s.state == TCP_LISTEN)
+        .map(|s| s.local.port())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 /// Each disk's role: the one role of all the files on it, or `mixed`.
