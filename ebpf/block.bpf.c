@@ -143,10 +143,8 @@ static __always_inline bool same_life(struct request *rq, const struct block_rq_
  * allocated after that issue is a later life. Without a stamp it cannot
  * tell, and trusts the slot.
  */
-static __always_inline bool issued_in_this_life(struct request *rq, const struct block_rq_slot *slot)
+static __always_inline bool issued_in_this_life(__u64 allocated, const struct block_rq_slot *slot)
 {
-	__u64 allocated = KREAD(rq, start_time_ns);
-
 	return !allocated || allocated <= slot->issue_ns;
 }
 
@@ -422,7 +420,7 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 {
 	struct gendisk *gd = request_disk(rq);
 	__u32 data_len = KREAD(rq, __data_len);
-	__u64 now, first_issue_ns, device_ns;
+	__u64 now, first_issue_ns, device_ns, allocated_ns;
 	struct bio_slot first = {};
 	struct phases phases = {};
 	bool split = false;
@@ -467,7 +465,9 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 		return 0;
 	}
 	__sync_fetch_and_add(&stats->requests, 1);
-	if (!issued_in_this_life(rq, slot)) {
+	/* the kernel's allocation stamp (see the top), read once for both uses */
+	allocated_ns = KREAD(rq, start_time_ns);
+	if (!issued_in_this_life(allocated_ns, slot)) {
 		/*
 		 * A completion all the same, with no sample of any kind (nor a
 		 * slow_io event: its phases are unknown); the earlier life ends as
@@ -489,7 +489,7 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	}
 	/* the allocating bio's wait for a tag, then in the queue until the first issue */
 	if (first.head.owner)
-		split = phase_split(&first, KREAD(rq, start_time_ns), first_issue_ns, &phases);
+		split = phase_split(&first, allocated_ns, first_issue_ns, &phases);
 	if (split) {
 		hist_add(&stats->tag_wait, phases.tag_wait_ns);
 		hist_add(&stats->queue, phases.queue_ns);
