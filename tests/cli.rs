@@ -476,6 +476,37 @@ fn duration_ends_the_run_with_a_stop_record() {
         (1000..3000).contains(&elapsed),
         "elapsed {elapsed} ms for --duration 1s"
     );
+    // Every interval leaves a record at its end, a `heartbeat` when it has
+    // nothing else to say: a quiet host never reads as a dead tracer.
+    let interval_scoped = [
+        "block",
+        "netdev",
+        "tcp_rtt",
+        "tcp_flow",
+        "lost",
+        "heartbeat",
+    ];
+    let ends: std::collections::BTreeSet<&str> = records
+        .iter()
+        .filter(|r| interval_scoped.contains(&r["type"].as_str().unwrap_or("")))
+        .map(|r| r["ts"].as_str().unwrap())
+        .collect();
+    assert!(
+        ends.len() >= 4,
+        "interval ends {ends:?} in a 1 s run of 250 ms intervals"
+    );
+    for r in records.iter().filter(|r| r["type"] == "heartbeat") {
+        let others = records
+            .iter()
+            .filter(|o| {
+                o["ts"] == r["ts"] && interval_scoped.contains(&o["type"].as_str().unwrap_or(""))
+            })
+            .count();
+        assert_eq!(
+            others, 1,
+            "a heartbeat beside other records of its interval: {r}"
+        );
+    }
 }
 
 #[test]

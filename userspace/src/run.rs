@@ -24,7 +24,9 @@ use crate::probes::stats::program_stats;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, HookStatus};
 use crate::records::OUTPUT_LOST;
 pub use crate::records::run::FamilyReport;
-use crate::records::run::{Filters, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord};
+use crate::records::run::{
+    Filters, HeartbeatRecord, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord,
+};
 use crate::records::stall::Phase;
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::inventory::{Discovery, check_sql_pid};
@@ -519,6 +521,7 @@ fn stream(
             let interval = now - last_collect;
             let ts = Clock::now_rfc3339();
             let mut lost = BTreeMap::new();
+            let written_before: u64 = out.emitted().values().sum();
             // SQL Server first: the other families tag their records with what it found.
             if let Some(sql) = sql.as_mut() {
                 sql.refresh(&ts);
@@ -581,6 +584,10 @@ fn stream(
                 if out.emit(&ts, &record)? {
                     out.reported_dropped(dropped);
                 }
+            }
+            if out.emitted().values().sum::<u64>() == written_before {
+                let interval_ms = interval.as_millis() as u64;
+                out.emit(&ts, &HeartbeatRecord { interval_ms })?;
             }
             out.flush()?;
             progress(&Progress {

@@ -72,5 +72,6 @@ record_types! {
     sql::SqlSessionRecord => "sql_session",
     stall::StallRecord => "stall",
     run::LostRecord => "lost",
+    run::HeartbeatRecord => "heartbeat",
     run::StopRecord => "stop",
 }

@@ -245,6 +245,16 @@ pub struct Filters {
     pub ifaces: Vec<String>,
 }
 
+/// Written at the end of an interval that wrote nothing else: the tracer was
+/// alive and watching, and saw no I/O, no traffic and nothing lost. A quiet
+/// host so looks different from a dead tracer or a cut stream.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug)]
+#[schemars(deny_unknown_fields)]
+pub struct HeartbeatRecord {
+    /// Measured length of the interval, in milliseconds.
+    pub interval_ms: u64,
+}
+
 /// Written at the end of an interval in which anything was dropped: events or measurements not
 /// delivered, by source. No `lost` record means nothing was lost in that interval.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug)]

@@ -107,7 +107,8 @@ fn header(h: &Header) -> Markup {
                 @if let Some(l) = &h.limited_to { dt { "limited to" } dd { (l) } }
                 dt { "losses" }
                 @match &h.losses {
-                    Some(lost) => dd class="losses bad" { (lost) },
+                    Some(lost) if lost.serious => dd class="losses bad" { (lost.text) },
+                    Some(lost) => dd class="losses minor" { (lost.text) },
                     None => dd class="losses ok" { (view::LOSSES_NONE) },
                 }
                 @if let Some(files) = &h.files { dt { "files" } dd { (files) } }

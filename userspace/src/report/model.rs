@@ -28,7 +28,7 @@ use super::typed::typed;
 use crate::error::UserError;
 use crate::records::block::{BlockRecord, SlowIoRecord};
 use crate::records::netdev::NetdevRecord;
-use crate::records::run::{LostRecord, StartRecord, StopRecord};
+use crate::records::run::{HeartbeatRecord, LostRecord, StartRecord, StopRecord};
 use crate::records::sql::{SqlInstanceRecord, SqlSessionRecord};
 use crate::records::stall::StallRecord;
 use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
@@ -394,6 +394,13 @@ impl ReportBuilder {
                         self.inference.interval(l.interval_ms);
                         add_counts(&mut self.lost_sum, &l.by_source)
                     }
+                    None => self.unreadable(kind),
+                }
+            }
+            "heartbeat" => {
+                self.interval_ends.insert(ts_us);
+                match typed::<HeartbeatRecord>(r) {
+                    Some(h) => self.inference.interval(h.interval_ms),
                     None => self.unreadable(kind),
                 }
             }

@@ -548,7 +548,13 @@ fn losses_and_missing_records_are_said_prominently() {
     assert_eq!(r.losses.total(), 13);
     assert_eq!(r.stream.missing, [("lost".to_string(), 3, 2)]);
     let text = render_text(&r, 100);
-    assert!(text.contains("!! LOST 13 events"), "{text}");
+    // Every slow I/O event was lost, and evicted peers cannot be weighed.
+    assert!(
+        text.contains(
+            "!! LOST in 2 intervals: block.slow_io_ringbuf_full 12 of 12 slow I/Os (100%)"
+        ),
+        "{text}"
+    );
     assert!(text.contains("lost 2 of 3"), "{text}");
     let clean = report(&[start(), stop(1.0, json!({"start": 1}), json!({}))]);
     assert!(!clean.losses.any());
@@ -556,6 +562,58 @@ fn losses_and_missing_records_are_said_prominently() {
 }
 
 // ---- renderers on streams ------------------------------------------------------------
+
+#[test]
+fn a_quiet_run_counts_its_heartbeat_intervals() {
+    let heartbeat =
+        |at: f64| json!({"ts": ts(at), "host": HOST, "type": "heartbeat", "interval_ms": 1000});
+    let r = report(&[
+        start(),
+        heartbeat(1.0),
+        heartbeat(2.0),
+        heartbeat(3.0),
+        stop(3.0, json!({"start": 1, "heartbeat": 3}), json!({})),
+    ]);
+    assert_eq!(r.run.intervals, 3);
+    assert_eq!(r.stream.missing, []);
+    assert!(render_text(&r, 100).contains("3 intervals of 1000 ms"));
+}
+
+#[test]
+fn a_tiny_share_lost_is_weighed_not_shouted() {
+    // 3 completions the kernel skipped among 50,000 (still in the counts).
+    let lost = |n: u64| {
+        report(&[
+            start(),
+            block(
+                1.0,
+                "sda",
+                "read",
+                json!([[1.024, 1.087, 50_000]]),
+                json!([[2.0, 2.0, 50_000]]),
+            ),
+            json!({"ts": ts(1.0), "host": HOST, "type": "lost", "interval_ms": 1000,
+                "by_source": {"block.kernel_skipped": n}}),
+            stop(2.0, json!({"start": 1}), json!({"block.kernel_skipped": n})),
+        ])
+    };
+    let text = render_text(&lost(3), 200);
+    assert!(
+        text.contains(
+            "losses     lost, a small share in 1 interval: block.kernel_skipped 3 of 50,000 block completions (0.0060%): in the counts, without latency samples"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("!!"), "{text}");
+    // 100 of 50,000 (0.2%) is no longer minor.
+    let text = render_text(&lost(100), 200);
+    assert!(
+        text.contains(
+            "!! LOST in 1 interval: block.kernel_skipped 100 of 50,000 block completions (0.20%)"
+        ),
+        "{text}"
+    );
+}
 
 #[test]
 fn the_clean_case_says_no_stalls_and_where_things_stood() {

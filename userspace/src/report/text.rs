@@ -131,7 +131,13 @@ fn header(o: &mut String, h: &Header, width: usize) {
         let _ = writeln!(o, "limited to {l}");
     }
     match &h.losses {
-        Some(lost) => o.push_str(&wrap(&format!("!! {lost}"), width, "losses     ", LABEL)),
+        Some(lost) if lost.serious => o.push_str(&wrap(
+            &format!("!! {}", lost.text),
+            width,
+            "losses     ",
+            LABEL,
+        )),
+        Some(lost) => o.push_str(&wrap(&lost.text, width, "losses     ", LABEL)),
         None => {
             let _ = writeln!(o, "losses     {}", view::LOSSES_NONE);
         }

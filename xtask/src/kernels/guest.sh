@@ -1,7 +1,8 @@
 # Default guest command (run by /init with busybox sh). Always times a plain
-# `stalltrace check`; then runs the lab's stalltrace-kernel-checks in auto and
-# raw_tp modes when it is in the image (it prints its own STALLTRACE-MATRIX
-# JSON lines), or else a short `stalltrace run` as a smoke test.
+# `stalltrace check`; then runs the lab's stalltrace-kernel-checks in each of
+# $MODES (set by the host above this script: auto, and raw_tp on the run's
+# oldest and newest kernels) when it is in the image (it prints its own
+# STALLTRACE-MATRIX JSON lines), or else a short `stalltrace run` as a smoke test.
 M() { echo "STALLTRACE-MATRIX $*"; }
 up() { cut -d' ' -f1 /proc/uptime; }
 B=/usr/local/bin
@@ -14,7 +15,7 @@ while IFS= read -r l; do M out check "$l"; done < /tmp/check.out
 M time check "$t0" "$(up)" "$rc"
 
 if [ -x $B/stalltrace-kernel-checks ]; then
-    for mode in auto raw_tp; do
+    for mode in ${MODES:-auto raw_tp}; do
         t0=$(up)
         $B/stalltrace-kernel-checks --stalltrace $B/stalltrace --sqlservr $B/sqlservr \
             --sqlclient $B/sqlclient --disk "$DISK" --mode $mode
@@ -26,7 +27,7 @@ fi
 # Fallback smoke test: the verdicts are exit codes and record counts only.
 [ "$rc" = 0 ] && v=pass || v=fail
 M "{\"check\":\"stalltrace-check\",\"family\":\"all\",\"mode\":\"auto\",\"verdict\":\"$v\",\"detail\":\"exit $rc\"}"
-for mode in auto raw_tp; do
+for mode in ${MODES:-auto raw_tp}; do
     # Some disk reads while it records, so the block family has something to see.
     (sleep 1; dd if="$DISK" of=/dev/null bs=64k count=2000 iflag=direct 2>/dev/null) &
     t0=$(up)

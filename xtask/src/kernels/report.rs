@@ -206,6 +206,16 @@ pub fn print(runs: &[KernelRun]) {
         for p in &r.problems {
             println!("  problem: {p}");
         }
+        // In full, after the table: CI keeps only the tail of this output, and
+        // the table's detail column is cut at 100 characters.
+        for c in r.checks.iter().filter(|c| c["verdict"] != "pass") {
+            println!(
+                "  failed: {} ({}): {}",
+                s(c, "check"),
+                s(c, "mode"),
+                s(c, "detail")
+            );
+        }
         if let Some(c) = &r.early_crash {
             println!("  note: the first boot crashed before /init and was retried: {c}");
         }

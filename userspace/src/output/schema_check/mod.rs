@@ -66,6 +66,7 @@ fn reads(record: &Value) -> bool {
         "sql_session" => read::<sql::SqlSessionRecord>(record),
         "stall" => read::<stall::StallRecord>(record),
         "lost" => read::<run::LostRecord>(record),
+        "heartbeat" => read::<run::HeartbeatRecord>(record),
         "stop" => read::<run::StopRecord>(record),
         other => panic!("no reader for record type {other}"),
     }
@@ -107,6 +108,7 @@ fn emitted_lines() -> Vec<String> {
     netdev::netdev(w, &ts);
     stall::stall(w);
     let by_source = run::lost(w);
+    run::heartbeat(w);
     run::stop(w, &by_source);
 
     let text = buf.text();

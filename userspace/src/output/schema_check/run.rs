@@ -7,8 +7,8 @@ use crate::host::clock::Clock;
 use crate::output::JsonWriter;
 use crate::probes::lost::source_name;
 use crate::records::run::{
-    AttachKind, FamilyReport, Filters, HookMode, HookStatus, LostRecord, ProgramCost, ProgramStats,
-    StartRecord, StopReason, StopRecord,
+    AttachKind, FamilyReport, Filters, HeartbeatRecord, HookMode, HookStatus, LostRecord,
+    ProgramCost, ProgramStats, StartRecord, StopReason, StopRecord,
 };
 
 /// A fallback to raw_tp with a failed tp_btf hook, and a family that failed
@@ -164,6 +164,15 @@ pub(super) fn lost(w: &mut JsonWriter) -> BTreeMap<String, u64> {
     };
     w.emit(&now(), &lost).unwrap();
     lost.by_source
+}
+
+/// An interval with nothing else to say.
+pub(super) fn heartbeat(w: &mut JsonWriter) {
+    w.emit(
+        &Clock::now_rfc3339(),
+        &HeartbeatRecord { interval_ms: 1000 },
+    )
+    .unwrap();
 }
 
 /// `stop` counts every record `w` has written so far, so it comes last.

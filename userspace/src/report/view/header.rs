@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use super::losses::LossView;
 use super::{clean, count};
 use crate::report::model::Report;
-use crate::report::time::{clock, duration_ms, full, thousands};
+use crate::report::time::{clock, duration_ms, full};
 
 /// Said when nothing was lost.
 pub const LOSSES_NONE: &str = "none: every event and measurement was delivered";
@@ -37,8 +38,8 @@ pub struct Header {
     pub missing_hooks: Vec<String>,
     /// What the run was limited to; `None`: everything.
     pub limited_to: Option<String>,
-    /// What was lost, in one sentence; `None`: nothing.
-    pub losses: Option<String>,
+    /// What was lost, in proportion; `None`: nothing.
+    pub losses: Option<LossView>,
     /// The files of a set, in stream order; `None` for one file.
     pub files: Option<String>,
     /// What is wrong with the stream, one sentence each; empty: it is whole.
@@ -122,7 +123,7 @@ impl Header {
                 .map(|h| format!("optional hook missing: {}", clean(h)))
                 .collect(),
             limited_to,
-            losses: losses(report),
+            losses: super::losses::of(report),
             files: report.stream.files_summary().map(|f| clean(&f)),
             stream: report
                 .stream
@@ -144,24 +145,6 @@ impl Header {
             Some(note) => format!("{} ({note})", labels.join(", ")),
         }
     }
-}
-
-fn losses(report: &Report) -> Option<String> {
-    let l = &report.losses;
-    if !l.any() {
-        return None;
-    }
-    let parts: Vec<String> = l
-        .by_source
-        .iter()
-        .map(|(s, n)| format!("{} {}", clean(s), thousands(*n)))
-        .collect();
-    Some(format!(
-        "LOST {} (in {}): counts, histograms and event lists below are incomplete. {}",
-        count(l.total(), "event or measurement", "events or measurements"),
-        count(l.intervals, "interval", "intervals"),
-        parts.join(", ")
-    ))
 }
 
 /// `sqlservr pid 4242 (watchdog 4240), TDS port 1433, …, 3 client sessions seen; disks 8:0 log`

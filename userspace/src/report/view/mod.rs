@@ -10,6 +10,7 @@
 
 mod episodes;
 mod header;
+mod losses;
 mod network;
 mod sessions;
 mod storage;

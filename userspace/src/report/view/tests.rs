@@ -26,7 +26,9 @@ fn assert_both_say_the_same(r: &Report) {
         h.host.clone(),
         h.identity.clone(),
         h.window.clone(),
-        h.losses.clone().unwrap_or(super::LOSSES_NONE.into()),
+        h.losses
+            .clone()
+            .map_or(super::LOSSES_NONE.into(), |l| l.text),
     ];
     facts.extend(h.families.iter().map(|f| f.label.clone()));
     facts.extend(h.families.iter().filter_map(|f| f.note.clone()));
@@ -102,9 +104,9 @@ fn text_and_page_show_the_same_header_and_episodes() {
     let r = Report::from_text(&lines(&records)).unwrap();
     let v = View::of(&r);
     assert_eq!(
-        v.header.losses.as_deref(),
+        v.header.losses.as_ref().map(|l| l.text.as_str()),
         Some(
-            "LOST 1 event or measurement (in 1 interval): counts, histograms and event lists below are incomplete. block.slow_io_ringbuf_full 1"
+            "LOST in 1 interval: block.slow_io_ringbuf_full 1 of 1 slow I/Os (100%): missing from the slow I/O lists; in the histograms"
         )
     );
     assert!(v.header.instances[0].contains("0 client sessions seen"));
