@@ -136,7 +136,9 @@ fn episodes(v: &View, axis: TimeAxis) -> Markup {
             } @else {
                 p {
                     (count(v.episodes.len() as u64, "episode", "episodes"))
-                    ", ranked by impact (time lost over what each hit). Hover one to find it on every chart."
+                    ", ranked by impact. Hover one to find it on every chart."
+                    br;
+                    small { (view::IMPACT_MEANS) }
                 }
                 (svg::timeline(axis, &v.episodes))
                 table class="episodes" {

@@ -564,6 +564,24 @@ fn losses_and_missing_records_are_said_prominently() {
 // ---- renderers on streams ------------------------------------------------------------
 
 #[test]
+fn a_connection_reads_local_end_first_with_its_owner() {
+    let mut owned = retransmit(1.0, 50000, 51, true, 204.0);
+    owned["pid"] = json!(4242);
+    owned["comm"] = json!("sqlservr");
+    let r = report(&[start(), owned, retransmit(1.5, 50001, 52, true, 204.0)]);
+    let labels: Vec<String> = r.peers.iter().map(|p| p.label()).collect();
+    assert!(
+        labels.contains(&":1433 with 10.0.0.9:50000 (sqlservr 4242)".to_string()),
+        "{labels:?}"
+    );
+    // No owner in the records: none is made up.
+    assert!(
+        labels.contains(&":1433 with 10.0.0.9:50001".to_string()),
+        "{labels:?}"
+    );
+}
+
+#[test]
 fn a_quiet_run_counts_its_heartbeat_intervals() {
     let heartbeat =
         |at: f64| json!({"ts": ts(at), "host": HOST, "type": "heartbeat", "interval_ms": 1000});

@@ -199,6 +199,9 @@ pub struct TcpPeer {
     pub max_rto_ms: f64,
     pub max_backoff: u64,
     pub sql: Option<SqlTag>,
+    /// The process that owned the local socket, from its `tcp_retransmit`
+    /// records (`tcp_rtt` does not name one): `(pid, comm)`, the last seen.
+    pub owner: Option<(u32, String)>,
     /// The connections past the first `MAX_PEERS`, summed in one row.
     pub others: bool,
 }
@@ -208,7 +211,8 @@ pub struct TcpPeer {
 pub const MAX_PEERS: usize = 20_000;
 
 impl TcpPeer {
-    /// `10.0.0.9:50000 -> :1433`
+    /// `:1433 with 10.0.0.9:50000 (sqlservr 4242)`: the local end first, as
+    /// `ss` lists it, then the peer, then who owned the socket when known.
     pub fn label(&self) -> String {
         if self.others {
             return format!("(connections past the first {MAX_PEERS})");
@@ -219,10 +223,14 @@ impl TcpPeer {
         } else {
             self.peer.clone()
         };
+        let owner = match &self.owner {
+            Some((pid, comm)) => format!(" ({comm} {pid})"),
+            None => String::new(),
+        };
         format!(
-            "{addr}:{} -> :{}",
-            port(self.peer_port),
-            port(self.local_port)
+            ":{} with {addr}:{}{owner}",
+            port(self.local_port),
+            port(self.peer_port)
         )
     }
 }
@@ -400,6 +408,7 @@ impl Network {
             max_rto_ms: 0.0,
             max_backoff: 0,
             sql: None,
+            owner: None,
             others,
         })
     }
@@ -454,6 +463,11 @@ impl Network {
         p.max_backoff = p.max_backoff.max(u64::from(r.backoff));
         if p.sql.is_none() && !p.others {
             p.sql.clone_from(&r.sql);
+        }
+        if !p.others
+            && let (Some(pid), Some(comm)) = (r.pid, &r.comm)
+        {
+            p.owner = Some((pid, comm.clone()));
         }
         waited
     }

@@ -177,6 +177,7 @@ fn episodes(o: &mut String, v: &View, width: usize) {
     }
     let n = v.episodes.len();
     section(o, &format!("STALL EPISODES ({n}, ranked by impact)"), width);
+    o.push_str(&wrap(view::IMPACT_MEANS, width, "", ""));
     for e in &v.episodes {
         episode(o, e, width);
     }

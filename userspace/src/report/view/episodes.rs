@@ -12,6 +12,9 @@ use crate::report::time::{clock, duration_ms, latency_us, rfc3339};
 
 /// Said when the recording holds no episode.
 pub const NO_STALLS: &str = "No stalls: no stall episode in this recording.";
+/// What an episode's impact is, said wherever episodes are ranked by it: it
+/// is not the episode's length (a 3 s episode may have cost 2 ms).
+pub const IMPACT_MEANS: &str = "impact: the time lost, summed over what the episode hit (retransmission timeouts waited, I/O time above the device's usual), not its length";
 
 /// When an episode was, and whether the recording saw all of it.
 #[derive(Clone, Debug, PartialEq)]

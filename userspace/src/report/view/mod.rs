@@ -15,7 +15,7 @@ mod network;
 mod sessions;
 mod storage;
 
-pub use episodes::{EpisodeView, NO_STALLS, glance};
+pub use episodes::{EpisodeView, IMPACT_MEANS, NO_STALLS, glance};
 pub use header::{Header, LOSSES_NONE, STREAM_COMPLETE};
 pub use network::{FlowView, IfaceView, LIMITERS, LINK_OK, PeersView};
 pub use sessions::{IN_STALLS_MEANS, RTO_WAIT_MEANS, SessionRow};
@@ -119,6 +119,17 @@ impl Stats {
 
     pub fn latency(h: &MergedHist) -> Self {
         Self::of(h, latency_us)
+    }
+
+    /// Requests in flight: whole numbers, except the mean. Above 15 a
+    /// bucket spans several counts and its midpoint (what a percentile is)
+    /// can fall between two: `81.5 requests` is said as 82.
+    pub fn requests(h: &MergedHist) -> Self {
+        let whole = |v: f64| v.round().to_string();
+        Self {
+            mean: or_dash(h.mean(), super::time::sig3),
+            ..Self::of(h, whole)
+        }
     }
 
     /// `p50 250 µs, p90 1.67 ms, p99 3.47 ms, max 11 ms`

@@ -59,7 +59,7 @@ pub struct LinkView {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerRow {
-    /// `10.0.0.9:50000 -> :1433`
+    /// `:1433 with 10.0.0.9:50000 (sqlservr 4242)`
     pub label: String,
     pub session: String,
     pub srtt_p50: String,

@@ -3,7 +3,7 @@
 use super::{Stats, clean, count};
 use crate::report::model::Report;
 use crate::report::storage::{Disk, DiskOp};
-use crate::report::time::{bytes, clock, latency_us, sig3, thousands};
+use crate::report::time::{bytes, clock, latency_us, thousands};
 
 #[derive(Clone, Debug)]
 pub struct DiskView<'a> {
@@ -157,7 +157,7 @@ fn op_view(op: &DiskOp, limit: Option<u64>) -> OpView<'_> {
             phase("queue", &op.queue),
             phase("device", &op.device),
         ],
-        inflight: Stats::of(&op.inflight, sig3),
+        inflight: Stats::requests(&op.inflight),
         at_limit,
         data: op,
     }

@@ -42,6 +42,9 @@ fn assert_both_say_the_same(r: &Report) {
     }
     facts.extend(h.unknown_types.iter().cloned());
     facts.extend(h.instances.iter().cloned());
+    if !v.episodes.is_empty() {
+        facts.push(super::IMPACT_MEANS.into());
+    }
     for e in &v.episodes {
         facts.extend([
             e.impact.clone(),
@@ -111,4 +114,24 @@ fn text_and_page_show_the_same_header_and_episodes() {
     );
     assert!(v.header.instances[0].contains("0 client sessions seen"));
     assert_both_say_the_same(&r);
+}
+
+#[test]
+fn requests_in_flight_are_whole_numbers() {
+    // 10 issues with 80 to 83 requests in flight: one bucket, midpoint 81.5.
+    let records = vec![
+        start(),
+        block(
+            1.0,
+            "sda",
+            "read",
+            json!([[1.024, 1.087, 10]]),
+            json!([[80.0, 83.0, 10]]),
+        ),
+    ];
+    let r = Report::from_text(&lines(&records)).unwrap();
+    let v = View::of(&r);
+    let inflight = &v.disks[0].ops[0].inflight;
+    assert_eq!(inflight.p99, "82", "{inflight:?}");
+    assert!(!inflight.percentiles().contains('.'), "{inflight:?}");
 }
