@@ -519,6 +519,11 @@ fn check_lists_every_hook_in_both_modes() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The verdict first: the SRE reads one line before the details.
+    assert!(
+        text.starts_with("verdict     ready: every family attaches as `run` attaches it ("),
+        "{text}"
+    );
     for hook in [
         "block_bio_queue",
         "block_rq_issue",

@@ -63,8 +63,8 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
     }
 }
 
-/// `stalltrace check`'s per-family lines (`block selected RawTp: 6 hooks
-/// attached in raw_tp`, ...), the hooks it lists under them that are not
+/// `stalltrace check`'s verdict and per-family lines (`block for run
+/// (--probe-mode auto): 6 hooks attached in raw_tp`, ...), the hooks it lists under them that are not
 /// `ok`, and its `sql tls` lines. The lines before the first family
 /// (capabilities, stamps) are neither hooks nor families.
 fn summarize_check(text: &str) -> String {
@@ -75,6 +75,7 @@ fn summarize_check(text: &str) -> String {
     // The heading the indented lines belong to: a family, `sql tls`, or another.
     let mut family: Option<&str> = None;
     let mut in_tls = false;
+    let mut verdict = "no verdict line".to_string();
     for line in text.lines() {
         let indented = line.starts_with(' ');
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -83,7 +84,9 @@ fn summarize_check(text: &str) -> String {
             family = None;
             if in_tls {
                 tls.push(words[2..].join(" "));
-            } else if words.len() > 2 && matches!(words[1], "selected" | "fallback") {
+            } else if words.first() == Some(&"verdict") {
+                verdict = words[1..].join(" ");
+            } else if words.len() > 2 && matches!(words[1], "for" | "fallback") {
                 family = Some(words[0]);
                 families.push(words.join(" "));
             }
@@ -100,7 +103,10 @@ fn summarize_check(text: &str) -> String {
             }
         }
     }
-    let mut s = format!("check: {} ({hooks} hook lines)", families.join(", "));
+    let mut s = format!(
+        "check: {verdict}; {} ({hooks} hook lines)",
+        families.join(", ")
+    );
     if !not_ok.is_empty() {
         s.push_str(&format!("; hooks not ok: {}", not_ok.join(", ")));
     }
@@ -110,15 +116,15 @@ fn summarize_check(text: &str) -> String {
     s
 }
 
-/// Each family's mode in `check`'s `selected` lines (`block selected Auto: 6
-/// hooks attached in raw_tp` gives block: raw_tp).
+/// Each family's mode in `check`'s `for run` lines (`block for run
+/// (--probe-mode auto): 6 hooks attached in raw_tp` gives block: raw_tp).
 fn selected_modes(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|line| !line.starts_with(' '))
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let attached = line.split_once(" attached in ")?.1;
-            (words.get(1) == Some(&"selected"))
+            (words.get(1) == Some(&"for"))
                 .then(|| (words[0].to_string(), attached.trim().to_string()))
         })
         .collect()
@@ -135,12 +141,12 @@ mod tests {
     #[test]
     fn selected_modes_are_the_selected_lines_last_words() {
         let text = "\
-block       selected Auto: 6 hooks attached in raw_tp
+block       for run (--probe-mode auto): 6 hooks attached in raw_tp
             tp_btf not usable: invalid func unknown#158
               block_bio_queue          ok: raw_tp block_bio_queue
-block       fallback RawTp: 6 hooks attached in raw_tp
-tcp         selected Auto: FAILED: no BTF
-tcp         fallback RawTp: 5 hooks attached in raw_tp
+block       fallback (--probe-mode raw_tp): 6 hooks attached in raw_tp
+tcp         for run (--probe-mode auto): FAILED: no BTF
+tcp         fallback (--probe-mode raw_tp): 5 hooks attached in raw_tp
 ";
         let modes = selected_modes(text);
         assert_eq!(modes.len(), 1, "{modes:?}");
@@ -150,24 +156,28 @@ tcp         fallback RawTp: 5 hooks attached in raw_tp
     #[test]
     fn summary_takes_hooks_under_families_only_and_the_tls_lines() {
         let text = "\
-stalltrace 0.1.0
+verdict     ready: every family attaches as `run` attaches it (netdev tp_btf, sqlserver tp_btf); no SQL Server runs now
+stalltrace  0.1.0
 capabilities (the effective set of this process)
   CAP_BPF              yes      every family: loading the eBPF programs
 stamps      the kernel's own on each block I/O
               request allocated  rq->start_time_ns: yes
 sql tls     uprobes available: SSL_write and SSL_write_ex
             no SQL Server worker runs now: nothing else to try
-netdev      selected Auto: 2 hooks attached in tp_btf
+families    each loaded as `run` loads it (--probe-mode auto), then in raw_tp, the fallback
+netdev      for run (--probe-mode auto): 2 hooks attached in tp_btf
               dql_stall_detected       not available (optional): unknown BTF type
               net_dev_xmit             ok: tp_btf net_dev_xmit
-sqlserver   selected Auto: 1 hooks attached in tp_btf
+sqlserver   for run (--probe-mode auto): 1 hook attached in tp_btf
               tcp_sendmsg_locked       ok: fentry tcp_sendmsg_locked
 ";
         let s = summarize_check(text);
         assert_eq!(
             s,
-            "check: netdev selected Auto: 2 hooks attached in tp_btf, sqlserver selected Auto: \
-             1 hooks attached in tp_btf (3 hook lines); hooks not ok: netdev/dql_stall_detected \
+            "check: ready: every family attaches as `run` attaches it (netdev tp_btf, sqlserver \
+             tp_btf); no SQL Server runs now; netdev for run (--probe-mode auto): 2 hooks attached \
+             in tp_btf, sqlserver for run (--probe-mode auto): 1 hook attached in tp_btf (3 hook \
+             lines); hooks not ok: netdev/dql_stall_detected \
              not available (optional): unknown BTF type; sql tls: uprobes available: SSL_write \
              and SSL_write_ex / no SQL Server worker runs now: nothing else to try"
         );
