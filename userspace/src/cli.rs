@@ -26,8 +26,10 @@ pub struct Cli {
 #[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Attach to this host and stream JSON lines until stopped (SIGINT/SIGTERM) or --duration.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
     /// Report what this host supports: kernel, BTF, privileges, and which probes attach.
+    #[command(after_help = CHECK_EXAMPLES)]
     Check(CheckArgs),
     /// Print the report of a recorded stream (and write it as a page with --html).
     ///
@@ -36,17 +38,48 @@ pub enum Command {
     /// Server sessions they hit; then the whole run's latency and in-flight
     /// histograms per disk and interface, TCP peers and bulk flows. --html writes the
     /// same as one self-contained page with latency heatmaps and an episode timeline.
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(ReportArgs),
     /// Record for a while (default 30 s), then print the report: stall episodes
     /// ranked by impact with their likely cause, evidence, next step and the
     /// sessions they hit, and each disk's and interface's histograms.
     // The run options are `run`'s, but two mean something else here.
     #[command(
+        after_help = INVESTIGATE_EXAMPLES,
         mut_arg("duration", |a| a.help("How long to record (e.g. 30s, 5m) [default: 30s]")),
         mut_arg("out", |a| a.help("Also write the records to FILE (created or truncated)"))
     )]
     Investigate(InvestigateArgs),
 }
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  stalltrace run -d 30s                    30 seconds of records on stdout
+  stalltrace run -o /var/log/stalltrace/stalltrace.jsonl --prometheus :9466
+                                           what the service does: a file for the
+                                           log shipper, metrics for Prometheus
+  stalltrace run -p 1433 -i 5s             only TCP on port 1433, 5 s intervals
+  stalltrace run --sql-pid 4242 --sql-dmv env
+                                           this SQL Server, SPIDs of encrypted
+                                           sessions also from the DMVs";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  stalltrace check                         can stalltrace run here? (exit 0: yes)
+  stalltrace check --probe-mode raw_tp     as a run forced to raw_tp would load";
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  stalltrace report run.jsonl
+  stalltrace report /var/log/stalltrace/stalltrace.jsonl* --html stall.html
+                                           a rotated set (gzip'd or not), in any
+                                           order, and the page with heatmaps";
+
+const INVESTIGATE_EXAMPLES: &str = "\
+Examples:
+  stalltrace investigate                   record 30 s, then print the report
+  stalltrace investigate -d 2m --html now.html -o now.jsonl
+                                           2 minutes; the page and the records too";
 
 #[derive(Args, Debug, Clone)]
 pub struct InvestigateArgs {
@@ -75,15 +108,15 @@ pub struct ProbeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Aggregation interval: one record per device (and op) per interval.
-    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    #[arg(short, long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
     /// Stop after this long (e.g. 30s, 5m); runs until SIGINT/SIGTERM when absent.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Append records to FILE (created if missing) instead of writing them to
     /// stdout. On SIGHUP the run reopens FILE (logrotate `create` with
     /// `postrotate kill -HUP`); each new file begins with a `start` record.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short, long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Rotate --out when it would pass MB megabytes (MiB): FILE becomes FILE.1,
     /// FILE.1 becomes FILE.2, and so on up to --out-keep.
@@ -202,7 +235,7 @@ pub struct SqlArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct FilterArgs {
     /// Only TCP connections with this port at either end.
-    #[arg(long = "port", value_name = "PORT", value_parser = parse_port)]
+    #[arg(short, long = "port", value_name = "PORT", value_parser = parse_port)]
     pub ports: Vec<u16>,
     /// Only this network namespace: a name from `ip netns list`, `host`, a path such as
     /// /proc/PID/ns/net, or a namespace inode number.
@@ -323,6 +356,33 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("stalltrace").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_common_options_have_short_flags_and_every_command_examples() {
+        let Command::Run(r) = parse(&[
+            "run", "-d", "30s", "-i", "5s", "-o", "x.jsonl", "-p", "1433",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(r.duration, Some(Duration::from_secs(30)));
+        assert_eq!(r.interval, Duration::from_secs(5));
+        assert_eq!(r.out, Some(PathBuf::from("x.jsonl")));
+        assert_eq!(r.filters.ports, [1433]);
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        for sub in ["run", "check", "report", "investigate"] {
+            let help = cli
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            let example = format!("Examples:\n  stalltrace {sub}");
+            assert!(help.contains(&example), "{sub}: {help}");
+        }
     }
 
     #[test]
