@@ -87,6 +87,29 @@ fn wait_until_unloaded(what: &str, gone: impl Fn(&(u64, String)) -> bool) {
 }
 
 #[test]
+fn a_report_window_that_is_no_time_is_one_line() {
+    let dir = stalltrace_lab::ScratchDir::new("/tmp");
+    let file = dir.0.join("run.jsonl");
+    std::fs::write(&file, "").unwrap();
+    let file = file.to_str().unwrap();
+    for (args, says) in [
+        (
+            &["report", file, "--since", "yesterday"][..],
+            "\"yesterday\" is not a time",
+        ),
+        (
+            &["report", file, "--since", "1m ago", "--until", "2h ago"][..],
+            "is after --until",
+        ),
+    ] {
+        let out = stalltrace(args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let line = one_line_error(&out);
+        assert!(line.contains(says) && line.contains("--help"), "{line}");
+    }
+}
+
+#[test]
 fn a_bad_flag_is_one_line_and_exit_2() {
     let out = stalltrace(&["run", "--interval", "fast"], &[]);
     assert_eq!(out.status.code(), Some(2));

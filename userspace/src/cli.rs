@@ -73,7 +73,9 @@ Examples:
   stalltrace report run.jsonl
   stalltrace report /var/log/stalltrace/stalltrace.jsonl* --html stall.html
                                            a rotated set (gzip'd or not), in any
-                                           order, and the page with heatmaps";
+                                           order, and the page with heatmaps
+  stalltrace report /var/log/stalltrace/stalltrace.jsonl* --since \"15m ago\"
+                                           only the last 15 minutes";
 
 const INVESTIGATE_EXAMPLES: &str = "\
 Examples:

@@ -11,6 +11,7 @@ use flate2::bufread::MultiGzDecoder;
 use super::html::render_html;
 use super::model::{Report, ReportBuilder, ReportError};
 use super::text::render_text;
+use super::window::Window;
 use crate::error::UserError;
 
 mod lines;
@@ -38,13 +39,18 @@ pub fn read_report(path: &Path) -> Result<Report, UserError> {
 /// Read and build the report of one stream or of a rotated set of files, in
 /// any order (see `set`); notes on damaged gzip data go to stderr.
 pub fn read_reports(paths: &[PathBuf]) -> Result<Report, UserError> {
+    read_reports_within(paths, None)
+}
+
+/// [`read_reports`] of what falls in `window` (`report --since/--until`).
+pub fn read_reports_within(paths: &[PathBuf], window: Option<Window>) -> Result<Report, UserError> {
     let (report, notes) = match paths {
         [] => return Err(set::no_path()),
         [path] => {
-            let (report, note) = read_path(path)?;
+            let (report, note) = read_path(path, window)?;
             (report, note.into_iter().collect())
         }
-        paths => set::read_set(paths)?,
+        paths => set::read_set(paths, window)?,
     };
     for note in notes {
         eprintln!("stalltrace: {note}");
@@ -53,33 +59,36 @@ pub fn read_reports(paths: &[PathBuf]) -> Result<Report, UserError> {
 }
 
 /// One path (`-`: stdin) as a stream of its own.
-fn read_path(path: &Path) -> Result<(Report, Option<String>), UserError> {
+fn read_path(path: &Path, window: Option<Window>) -> Result<(Report, Option<String>), UserError> {
     if path.as_os_str() == "-" {
         let stdin = BufReader::with_capacity(READ_BUFFER, std::io::stdin());
-        return read_stream(stdin, "stdin");
+        return read_one(stdin, "stdin", 0, window);
     }
     let name = path.display().to_string();
     let (file, hole) = set::open(path, &name)?;
-    read_one(file, &name, hole)
+    read_one(file, &name, hole, window)
 }
 
 /// The report of a stream, plain or gzip, named `name` in messages; with a
 /// note when its gzip data stopped early. Memory is bounded by
 /// [`MAX_LINE`] whatever the input, and every failure is one [`UserError`].
+#[cfg(test)]
 pub fn read_stream(
     reader: impl BufRead,
     name: &str,
 ) -> Result<(Report, Option<String>), UserError> {
-    read_one(reader, name, 0)
+    read_one(reader, name, 0, None)
 }
 
-/// [`read_stream`] of a file whose first `hole` bytes, NULs, were seeked past.
+/// The report of a stream whose first `hole` bytes, NULs, were seeked past,
+/// of what falls in `window`.
 fn read_one(
     reader: impl BufRead,
     name: &str,
     hole: u64,
+    window: Option<Window>,
 ) -> Result<(Report, Option<String>), UserError> {
-    let mut builder = ReportBuilder::default();
+    let mut builder = ReportBuilder::within(window);
     let fed = feed(&mut builder, reader, name, hole);
     let stopped = match &fed {
         Ok(stopped) | Err((_, stopped)) => stopped.as_ref().map(|(e, at)| (e.to_string(), *at)),
@@ -277,11 +286,25 @@ pub struct ReportArgs {
     /// Width of the text report in columns (default: the terminal's, else 100).
     #[arg(long, value_name = "COLUMNS", value_parser = clap::value_parser!(u16).range(60..=400))]
     pub width: Option<u16>,
+    /// Report only from this time on: 2026-11-28T03:12:00Z, "2026-11-28 03:12",
+    /// 03:12 (UTC, the last one before now) or "10m ago".
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Report only up to this time (the same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
 }
 
 /// The `report` subcommand.
 pub fn command(args: &ReportArgs) -> anyhow::Result<()> {
-    let report = read_reports(&args.files)?;
+    let now_us = chrono::Utc::now().timestamp_micros();
+    let window = Window::of(args.since.as_deref(), args.until.as_deref(), now_us).map_err(|e| {
+        UserError::new(
+            e,
+            "see `stalltrace report --help` for the forms a time takes",
+        )
+    })?;
+    let report = read_reports_within(&args.files, window)?;
     // The page first: an unwritable --html fails before anything is printed.
     if let Some(out) = &args.html {
         write_html(&report, out)?;

@@ -24,6 +24,7 @@ pub mod text;
 mod time;
 mod typed;
 mod view;
+mod window;
 
 pub use episodes::{Episode, EpisodeState, Evidence};
 pub use health::{FileRead, LineRef, StreamFile, StreamHealth};

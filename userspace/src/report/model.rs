@@ -25,6 +25,7 @@ use super::sessions::{Instance, SessionImpact, Sessions};
 use super::split::Reassembly;
 use super::storage::{Disk, Disks};
 use super::typed::typed;
+use super::window::Window;
 use crate::error::UserError;
 use crate::records::block::{BlockRecord, SlowIoRecord};
 use crate::records::netdev::NetdevRecord;
@@ -200,7 +201,24 @@ pub struct ReportBuilder {
     sessions: Sessions,
     /// Lines given to `push_line` so far.
     pushed: usize,
+    /// `report --since/--until`: measurements outside it are not read.
+    window: Option<Window>,
 }
+
+/// The record types that measure a moment or an interval: those outside a
+/// `--since/--until` window are left out. The run's own records (`start`,
+/// `stop`), the SQL Server's state and the episodes (kept when they overlap
+/// the window) are read whatever their time.
+const MEASUREMENTS: [&str; 8] = [
+    "block",
+    "slow_io",
+    "netdev",
+    "tcp_rtt",
+    "tcp_retransmit",
+    "tcp_flow",
+    "lost",
+    "heartbeat",
+];
 
 impl Report {
     /// A report from records already parsed (e.g. `investigate`'s own).
@@ -237,6 +255,14 @@ impl Report {
 }
 
 impl ReportBuilder {
+    /// A builder that reads only what falls in `window` (see [`MEASUREMENTS`]).
+    pub fn within(window: Option<Window>) -> Self {
+        Self {
+            window,
+            ..Self::default()
+        }
+    }
+
     /// One complete line of a stream as it is written (without its newline),
     /// for a caller that builds the report while recording.
     pub fn push_line(&mut self, line: &str) -> Result<(), ReportError> {
@@ -307,6 +333,12 @@ impl ReportBuilder {
         // Counted as `stop.records` counts: a record written in parts once.
         if kind != "stop" {
             *self.found.entry(kind.to_string()).or_default() += 1;
+        }
+        if self
+            .window
+            .is_some_and(|w| !w.contains(ts_us) && MEASUREMENTS.contains(&kind))
+        {
+            return Ok(());
         }
         match kind {
             // Read by `run_info` above (or for the run's first file); a
@@ -444,14 +476,25 @@ impl ReportBuilder {
             run.end_us = self.last_ts_us.max(run.start_us);
         }
         run.intervals = self.interval_ends.len() as u64;
+        if let Some(w) = self.window
+            && !(w.contains(run.start_us) && w.contains(run.end_us))
+        {
+            run.whole_run = Some((run.start_us, run.end_us));
+            run.start_us = run.start_us.max(w.since_us).min(run.end_us);
+            run.end_us = run.end_us.min(w.until_us).max(run.start_us);
+        }
         self.inference.apply(&mut run);
         if let Some(written) = &self.written {
             self.health.compare_written(written, &self.found);
         }
         let losses = Losses {
             // stop.lost is the run's own total; the lost records can be
-            // missing from a cut file. Take the larger, source by source.
-            by_source: merge_max(self.lost_sum, self.stop_lost.unwrap_or_default()),
+            // missing from a cut file. Take the larger, source by source
+            // (over the whole run only: a window has its own records' sum).
+            by_source: match self.window {
+                Some(_) => self.lost_sum,
+                None => merge_max(self.lost_sum, self.stop_lost.unwrap_or_default()),
+            },
             intervals: self.found.get("lost").copied().unwrap_or(0),
         };
         self.health.sequence.queue_full = losses
@@ -460,6 +503,9 @@ impl ReportBuilder {
             .copied()
             .unwrap_or(0);
         let mut episodes = self.episodes.finish(run.end_us);
+        if let Some(w) = self.window {
+            episodes.retain(|e| w.overlaps(e.start_us, e.end_us));
+        }
         for e in &mut episodes {
             for s in &mut e.sessions {
                 self.sessions.hit(s, e.id, e.duration_ms);

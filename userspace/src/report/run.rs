@@ -67,6 +67,9 @@ pub struct RunInfo {
     /// records (see [`Inference`]); kernel, version, hooks, filters and the
     /// slow I/O threshold are unknown.
     pub inferred: bool,
+    /// The whole run's `(start_us, end_us)` when `report --since/--until`
+    /// reported part of it (`start_us`/`end_us` are then that part's).
+    pub whole_run: Option<(i64, i64)>,
 }
 
 impl RunInfo {

@@ -25,6 +25,7 @@ use crate::report::health::FileRead;
 use crate::report::model::envelope::field;
 use crate::report::model::{Report, ReportBuilder, ReportError};
 use crate::report::split::{Offer, Reassembly};
+use crate::report::window::Window;
 
 /// Lines read from the head of a file to find its first record, as many as
 /// the report reads before it calls a file "not JSON lines".
@@ -164,7 +165,10 @@ fn head_of(path: &Path, name: &str) -> Result<Head, UserError> {
 
 /// The report of a set of files, read in stream order; with a note for each
 /// file whose gzip data stopped early.
-pub fn read_set(paths: &[PathBuf]) -> Result<(Report, Vec<String>), UserError> {
+pub fn read_set(
+    paths: &[PathBuf],
+    window: Option<Window>,
+) -> Result<(Report, Vec<String>), UserError> {
     if let Some(stdin) = paths.iter().find(|p| p.as_os_str() == "-") {
         return Err(UserError::new(
             format!(
@@ -192,7 +196,7 @@ pub fn read_set(paths: &[PathBuf]) -> Result<(Report, Vec<String>), UserError> {
     }
     one_host(&files)?;
     in_stream_order(&mut files);
-    let mut builder = ReportBuilder::default();
+    let mut builder = ReportBuilder::within(window);
     let mut notes = Vec::new();
     // Runs of the files not read; `None` stands for a schema 1 run, which has no id.
     let mut other_runs: BTreeSet<Option<String>> = BTreeSet::new();

@@ -109,11 +109,19 @@ impl Header {
             identity: clean(&run.identity()),
             started: clock(run.start_us),
             window: format!(
-                "{} to {} ({}; {}; {ended})",
+                "{} to {} ({}; {}; {})",
                 full(run.start_us),
                 clock(run.end_us),
                 duration_ms(run.window_ms()),
                 run.intervals_words(),
+                match run.whole_run {
+                    Some((start, end)) => format!(
+                        "the part --since/--until asked for of a run from {} to {}, {ended}",
+                        full(start),
+                        full(end)
+                    ),
+                    None => ended,
+                }
             ),
             families,
             families_note: run.families_note(),
