@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +35,7 @@ use crate::stall::Detector;
 use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
 
+mod bpf_stats;
 mod sink;
 
 use sink::{STOP_WITHIN, file_budget, finish_output, open_output, output_failed};
@@ -191,29 +191,6 @@ fn report_failed(out: &mut Attached, name: &'static str, failure: FamilyFailure)
     });
 }
 
-/// Turns on the kernel's per-program run-time accounting for as long as the
-/// returned fd lives; None when sysctl kernel.bpf_stats_enabled has it on already.
-fn enable_bpf_stats() -> Result<Option<OwnedFd>, UserError> {
-    let e = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-        Ok(fd) => return Ok(Some(fd)),
-        Err(_) if host::kernel::bpf_stats_enabled() => return Ok(None),
-        Err(e) => e,
-    };
-    let (needs, fix) = if host::caps::has(host::caps::CAP_SYS_ADMIN) {
-        ("", "drop --bpf-stats, or use a kernel of 5.8 or later")
-    } else {
-        (
-            " (BPF_ENABLE_STATS needs CAP_SYS_ADMIN, which this process lacks)",
-            "grant CAP_SYS_ADMIN, drop --bpf-stats, or have root turn the statistics on for all with `sysctl kernel.bpf_stats_enabled=1`",
-        )
-    };
-    let why = probes::describe(&e);
-    Err(UserError::new(
-        format!("--bpf-stats: cannot turn on BPF run-time statistics{needs}: {why}"),
-        fix,
-    ))
-}
-
 /// Why the loop ended.
 enum Stop {
     /// SIGINT or SIGTERM, noticed at this instant.
@@ -277,7 +254,7 @@ pub fn run_into(
 ) -> anyhow::Result<()> {
     let signals = Signals::install()?;
     let _stats_fd = if args.bpf_stats {
-        enable_bpf_stats()?
+        bpf_stats::enable()?
     } else {
         None
     };
