@@ -149,6 +149,28 @@ static __always_inline void control_raise(__u32 slot)
 		*v = 1;
 }
 
+/*
+ * Set by the daemon at load when it runs in a PID namespace of its own (a
+ * container without the host's PID namespace, systemd-nspawn): the device and
+ * inode of that namespace. The workers it puts in sql_workers are pids as its
+ * /proc shows them, which bpf_get_current_pid_tgid() (the initial namespace's)
+ * never matches. 0 (the host's namespace) costs nothing: the branch is gone.
+ */
+const volatile __u64 pidns_dev = 0;
+const volatile __u64 pidns_ino = 0;
+
+/* The current process's tgid as the daemon's /proc numbers it; 0 when it has none there. */
+static __always_inline __u32 current_tgid_in_daemon_ns(void)
+{
+	struct bpf_pidns_info ns = {};
+
+	if (!pidns_ino)
+		return bpf_get_current_pid_tgid() >> 32;
+	if (bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
+		return 0; /* a task outside the daemon's namespace: no worker of its */
+	return ns.tgid;
+}
+
 /* The current process's enum sql_worker_flags; 0 when it is no SQL Server worker. */
 static __always_inline __u8 current_worker(void)
 {
@@ -157,7 +179,9 @@ static __always_inline __u8 current_worker(void)
 
 	if (!control_set(SQL_CTL_WORKERS_KNOWN))
 		return 0;
-	tgid = bpf_get_current_pid_tgid() >> 32;
+	tgid = current_tgid_in_daemon_ns();
+	if (!tgid)
+		return 0;
 	flags = bpf_map_lookup_elem(&sql_workers, &tgid);
 	return flags ? *flags : 0;
 }

@@ -11,6 +11,8 @@
 mod common;
 #[path = "package/guest.rs"]
 mod guest;
+#[path = "package/sql.rs"]
+mod sql;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -218,6 +220,44 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
     );
     // The sandbox took nothing the capabilities give: no feature went missing.
     assert_eq!(degradations(&journal), Vec::<&str>::new(), "{journal}");
+
+    // Looking back: a SQL Server's sessions meet loss while the service
+    // records; then `investigate --last` finds the episode, with those
+    // sessions, in the service's files (one of them rotated by logrotate),
+    // recording nothing itself.
+    if let Some(sqlservr) = sql::static_sqlservr() {
+        let spids = sql::sessions_under_loss(&guest, &sqlservr, &log);
+        // The episode closes after 2 s without retransmissions, and its
+        // `closed` record is written at the next interval.
+        std::thread::sleep(Duration::from_secs(4));
+        let run = await_active(&guest);
+        let look = guest.exec(&["stalltrace", "investigate", "--last", "5m"]);
+        let (text, said) = (
+            String::from_utf8_lossy(&look.stdout),
+            String::from_utf8_lossy(&look.stderr),
+        );
+        eprintln!("investigate --last 5m: {said}{text}");
+        assert!(look.status.success(), "{said}");
+        assert!(
+            said.contains(
+                "looking back at /var/log/stalltrace/stalltrace.jsonl (stalltrace.service's --out"
+            ) && !said.contains("recording"),
+            "{said}"
+        );
+        let episodes = text
+            .split("── STALL EPISODES")
+            .nth(1)
+            .and_then(|s| s.split("\n── ").next())
+            .unwrap_or_else(|| panic!("no episodes section: {text}"));
+        assert!(episodes.contains("network"), "{episodes}");
+        for spid in &spids {
+            assert!(
+                episodes.contains(&format!("SPID {spid} ")),
+                "SPID {spid} of {spids:?} is not in the episodes:\n{episodes}"
+            );
+        }
+        assert_eq!(await_active(&guest).pid, run.pid, "the service went on");
+    }
 
     // Stop: a `stop` record last, and every program and map gone from the kernel.
     guest.sh(&["systemctl", "stop", "stalltrace"]);

@@ -114,7 +114,7 @@ fn findings(args: &CheckArgs, out: &mut Vec<String>) -> String {
                         out.push(format!("            tp_btf not usable: {why}"));
                     }
                     for h in &attached.hooks {
-                        out.push(format!("              {:<24} {}", h.hook, hook_state(h)));
+                        out.push(format!("              {:<28} {}", h.hook, hook_state(h)));
                     }
                 }
                 Err(failure) => {
@@ -128,7 +128,7 @@ fn findings(args: &CheckArgs, out: &mut Vec<String>) -> String {
                         failure.error
                     ));
                     for h in &failure.hooks {
-                        out.push(format!("              {:<24} {}", h.hook, hook_state(h)));
+                        out.push(format!("              {:<28} {}", h.hook, hook_state(h)));
                     }
                 }
             }
@@ -161,7 +161,7 @@ fn findings(args: &CheckArgs, out: &mut Vec<String>) -> String {
 /// The globals a `run` without options loads `family` with. They decide what
 /// code the verifier keeps (block's slow_io events call a helper that 5.10
 /// has for raw_tp only), so `check` loads the same and sees the same mode.
-/// tcp's (no filters) and sqlserver's are their compiled defaults.
+/// tcp's (no filters) are its compiled defaults.
 fn run_defaults(family: &str) -> Vec<(&'static str, u64)> {
     match family {
         "block" => crate::block::load_globals(crate::cli::slow_io_threshold(
@@ -169,6 +169,7 @@ fn run_defaults(family: &str) -> Vec<(&'static str, u64)> {
         ))
         .to_vec(),
         "netdev" => crate::netdev::load_globals(host::kernel::hz().0).to_vec(),
+        "sqlserver" => crate::sqlserver::load_globals().to_vec(),
         _ => Vec::new(),
     }
 }
@@ -207,11 +208,15 @@ fn mode_flag(mode: ModeChoice) -> String {
 /// One hook's line: what served it and what it cannot tell, or why nothing could.
 fn hook_state(h: &HookStatus) -> String {
     let mut state = match (h.attached, &h.error) {
-        (true, _) => format!(
-            "ok: {} {}",
-            h.via.map_or("?", |v| v.name()),
-            h.target.as_deref().unwrap_or("?")
-        ),
+        (true, _) => {
+            let via = h.via.map_or("?".to_string(), |v| v.in_words());
+            // The target is said only where it is not the hook's own name (a
+            // function standing in for a tracepoint the kernel lacks).
+            match h.target.as_deref().filter(|t| *t != h.hook) {
+                Some(target) => format!("attached: {via} on {target}"),
+                None => format!("attached: {via}"),
+            }
+        }
         (false, Some(e)) if h.optional => format!("not available (optional): {e}"),
         (false, Some(e)) => format!("FAILED ({}): {e}", h.mode.name()),
         (false, None) => "not tried".into(),

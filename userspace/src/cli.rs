@@ -81,13 +81,34 @@ const INVESTIGATE_EXAMPLES: &str = "\
 Examples:
   stalltrace investigate                   record 30 s, then print the report
   stalltrace investigate -d 2m --html now.html -o now.jsonl
-                                           2 minutes; the page and the records too";
+                                           2 minutes; the page and the records too
+  stalltrace investigate --last 10m        what the service recorded in the last
+                                           10 minutes (nothing new is recorded)
+  stalltrace investigate --at 03:12 --around 2m
+                                           03:10 to 03:14 UTC of that recording";
 
 #[derive(Args, Debug, Clone)]
 pub struct InvestigateArgs {
     /// Print the records (JSON lines, as `run` writes them) instead of the report.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["last", "at"])]
     pub json: bool,
+    /// Look back instead of recording: the report of the last SPAN (e.g. 10m)
+    /// of what the stalltrace service recorded (see --from). Records forward
+    /// only when there is no recording, and says so.
+    #[arg(long, value_name = "SPAN", value_parser = parse_duration, conflicts_with = "at")]
+    pub last: Option<Duration>,
+    /// Look back at the minutes around TIME: 2026-11-28T03:12:00Z,
+    /// "2026-11-28 03:12", 03:12 (UTC, the last one before now) or "1h ago".
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// With --at: how far before and after TIME to look [5m].
+    #[arg(long, value_name = "SPAN", value_parser = parse_duration, requires = "at")]
+    pub around: Option<Duration>,
+    /// With --last or --at: the recording, the file `run --out` writes (the
+    /// files rotated from it are read too). Default: the --out of
+    /// stalltrace.service, else /var/log/stalltrace/stalltrace.jsonl.
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
     /// Also write the report as an HTML page.
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,

@@ -95,7 +95,7 @@ fn summarize_check(text: &str) -> String {
         } else if let Some(family) = family {
             if words.len() >= 2 && !line.trim_start().starts_with("tp_btf not") {
                 hooks += 1;
-                if !words[1].starts_with("ok") {
+                if words[1] != "attached:" {
                     not_ok.push(format!("{family}/{} {}", words[0], words[1..].join(" ")));
                 }
             } else if !words.is_empty() {
@@ -143,7 +143,7 @@ mod tests {
         let text = "\
 block       for run (--probe-mode auto): 6 hooks attached in raw_tp
             tp_btf not usable: invalid func unknown#158
-              block_bio_queue          ok: raw_tp block_bio_queue
+              block_bio_queue              attached: raw tracepoint (raw_tp)
 block       fallback (--probe-mode raw_tp): 6 hooks attached in raw_tp
 tcp         for run (--probe-mode auto): FAILED: no BTF
 tcp         fallback (--probe-mode raw_tp): 5 hooks attached in raw_tp
@@ -166,10 +166,10 @@ sql tls     uprobes available: SSL_write and SSL_write_ex
             no SQL Server worker runs now: nothing else to try
 families    each loaded as `run` loads it (--probe-mode auto), then in raw_tp, the fallback
 netdev      for run (--probe-mode auto): 2 hooks attached in tp_btf
-              dql_stall_detected       not available (optional): unknown BTF type
-              net_dev_xmit             ok: tp_btf net_dev_xmit
+              dql_stall_detected           not available (optional): unknown BTF type
+              net_dev_xmit                 attached: BTF tracepoint (tp_btf)
 sqlserver   for run (--probe-mode auto): 1 hook attached in tp_btf
-              tcp_sendmsg_locked       ok: fentry tcp_sendmsg_locked
+              tcp_sendmsg_locked           attached: function entry (fentry)
 ";
         let s = summarize_check(text);
         assert_eq!(

@@ -63,6 +63,21 @@ impl AttachKind {
             AttachKind::Kprobe => "kprobe",
         }
     }
+
+    /// As `check` says it: what it is, then the name `--probe-mode` and the
+    /// records use.
+    pub fn in_words(self) -> String {
+        let what = match self {
+            AttachKind::TpBtf => "BTF tracepoint",
+            AttachKind::RawTp => "raw tracepoint",
+            AttachKind::Fentry => "function entry",
+            AttachKind::Kprobe => "kprobe",
+        };
+        match self {
+            AttachKind::Kprobe => what.to_string(),
+            _ => format!("{what} ({})", self.name()),
+        }
+    }
 }
 
 /// What happened to one kernel hook at attach; carried in the `start` record's `probes`.

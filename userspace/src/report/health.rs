@@ -28,6 +28,18 @@ pub enum FileRead {
     UntilNextRun,
     /// Not read: it holds only later runs.
     Skipped,
+    /// Not read: it holds nothing of the `--since/--until` window.
+    OutsideWindow,
+    /// Read, and left out: it holds only an earlier run than the last one to
+    /// begin in the `--since/--until` window.
+    EarlierRun,
+}
+
+impl FileRead {
+    /// Whether any of the file was read.
+    pub fn was_read(self) -> bool {
+        matches!(self, FileRead::Whole | FileRead::UntilNextRun)
+    }
 }
 
 /// One file of the stream, in stream order.
@@ -90,6 +102,9 @@ pub struct StreamHealth {
     pub files: Vec<StreamFile>,
     /// Runs in the files skipped, besides the one reported (0 when none were skipped).
     pub other_runs: usize,
+    /// `--since/--until`: runs that overlap the window but began before the
+    /// run reported, the last one to begin in it.
+    pub earlier_runs: usize,
     /// Seqnos missing or read twice.
     pub sequence: Sequence,
     /// Records written in parts, and sets of parts that were incomplete.
@@ -137,6 +152,10 @@ impl StreamHealth {
                     FileRead::Empty => what.push("empty".into()),
                     FileRead::UntilNextRun => what.push("up to the next run".into()),
                     FileRead::Skipped => what.push("not read: a later run".into()),
+                    FileRead::OutsideWindow => {
+                        what.push("not read: outside --since/--until".into())
+                    }
+                    FileRead::EarlierRun => what.push("an earlier run, not reported".into()),
                 }
                 if what.is_empty() {
                     f.name.clone()
@@ -261,7 +280,7 @@ impl StreamHealth {
         let tails: Vec<&StreamFile> = self
             .files
             .iter()
-            .filter(|f| f.read != FileRead::Empty && f.read != FileRead::Skipped)
+            .filter(|f| f.read.was_read())
             .filter(|f| !f.began_with_start)
             .collect();
         if !tails.is_empty() {
@@ -286,7 +305,9 @@ impl StreamHealth {
 
     fn sequence_warnings(&self, w: &mut Vec<String>) {
         let seq = &self.sequence;
-        if let Some(first) = seq.first.filter(|&s| s > 0) {
+        // Files left out by --since/--until hold the run's first records.
+        let windowed = self.files.iter().any(|f| f.read == FileRead::OutsideWindow);
+        if let Some(first) = seq.first.filter(|&s| s > 0 && !windowed) {
             let with = match seq.first_run_file {
                 Some(n) if n > 0 => format!("it begins with the run's file {n}"),
                 Some(_) => "it begins with the run's first `start`".to_string(),
@@ -394,6 +415,14 @@ impl StreamHealth {
                 if skipped.len() > LISTED { ", ..." } else { "" }
             )
         };
+        if self.earlier_runs > 0 {
+            w.push(format!(
+                "{} earlier run{} overlap{} the window: only the last run to begin in it is reported (an --until before that run's start reports an earlier one)",
+                self.earlier_runs,
+                plural(self.earlier_runs),
+                if self.earlier_runs == 1 { "s" } else { "" },
+            ));
+        }
         match self.next_run {
             Some(at) => w.push(format!(
                 "another run starts at {}: only the first run is reported{not_read} (give another run's files alone, or split the file, to report it)",

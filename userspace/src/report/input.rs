@@ -22,6 +22,8 @@ mod set;
 mod set_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;
 
 use lines::{LineCap, SkipLeadingNuls};
 pub use lines::{LineTooLong, MAX_LINE};

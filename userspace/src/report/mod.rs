@@ -29,7 +29,9 @@ mod window;
 pub use episodes::{Episode, EpisodeState, Evidence};
 pub use health::{FileRead, LineRef, StreamFile, StreamHealth};
 pub use html::render_html;
-pub use input::{ReportArgs, command, read_report, terminal_width, write_html};
+pub use input::{
+    ReportArgs, command, read_report, read_reports_within, terminal_width, write_html,
+};
 pub use merge::{MergedHist, Unit};
 pub use model::{FamilyStatus, Losses, Report, ReportBuilder, ReportError, RunInfo};
 pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
@@ -38,6 +40,7 @@ pub use sessions::{Instance, SessionImpact, SessionTag};
 pub use split::SplitHealth;
 pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};
 pub use text::render_text;
+pub use window::{Window, parse as parse_time};
 
 #[cfg(test)]
 mod fixtures;

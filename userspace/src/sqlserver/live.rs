@@ -67,12 +67,12 @@ impl SqlServer {
         tls: TlsPolicy,
         btf: &Btf,
     ) -> Result<Self, FamilyFailure> {
-        let mut family = probes::attach_family(
-            probes::embedded("sqlserver"),
-            mode,
-            &probes::Setup::default(),
-            btf,
-        )?;
+        let globals = super::load_globals();
+        let setup = probes::Setup {
+            globals: &globals,
+            ..Default::default()
+        };
+        let mut family = probes::attach_family(probes::embedded("sqlserver"), mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;
         let maps = (|| -> anyhow::Result<_> {
             Ok((

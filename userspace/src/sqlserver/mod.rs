@@ -11,3 +11,21 @@ pub mod inventory;
 pub mod live;
 pub mod tds;
 pub mod tls;
+
+/// The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO).
+const INITIAL_PIDNS_INO: u64 = 0xEFFF_FFFC;
+
+/// The sqlserver programs' load-time globals: the device and inode of this
+/// process's PID namespace when it is not the host's (a container without
+/// the host's PID namespace, systemd-nspawn), so the kernel numbers SQL
+/// Server workers as this process's /proc does (sqlserver.bpf.c); zeros on
+/// the host, where the kernel's own numbering is /proc's.
+pub fn load_globals() -> [(&'static str, u64); 2] {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata("/proc/self/ns/pid") {
+        Ok(ns) if ns.ino() != INITIAL_PIDNS_INO => {
+            [("pidns_dev", ns.dev()), ("pidns_ino", ns.ino())]
+        }
+        _ => [("pidns_dev", 0), ("pidns_ino", 0)],
+    }
+}

@@ -81,7 +81,7 @@ fn start_of_file(n: u64, at: f64) -> Value {
 /// A schema 2 run as `--out-max-mb` rotation writes it: `reads[i]` reads in
 /// file `i`, each file after the first opened by a repeat of the `start`,
 /// seqnos consecutive across files, and `stop` (counting every record) last.
-fn rotated_run(run: &str, reads: &[usize]) -> Vec<Vec<Value>> {
+pub(super) fn rotated_run(run: &str, reads: &[usize]) -> Vec<Vec<Value>> {
     let mut files = Vec::new();
     let mut at = 0.0;
     for (i, &n) in reads.iter().enumerate() {

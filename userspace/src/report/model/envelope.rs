@@ -282,6 +282,10 @@ impl ReportBuilder {
             return Ok(());
         };
         if self.run.is_some() && self.is_another_run(kind, field::run(r)) {
+            if self.replaced_by_next_run(kind, r) {
+                self.begin_next_run();
+                return self.record(r, at, bytes);
+            }
             self.next_run_id = field::run(r).map(String::from);
             self.health.next_run = Some(at);
             self.current_file().read = FileRead::UntilNextRun;
@@ -315,6 +319,39 @@ impl ReportBuilder {
     /// Whether a record of type `kind` with run id `run` begins or belongs
     /// to another run than the one being reported. Schema 2 says by `run`;
     /// schema 1 has no run id, and a new `start` is a new run there.
+    /// With `--since/--until`, a run that begins in the window (or before
+    /// its end) replaces the one being read: looking back at the minutes
+    /// before a page, the SRE wants the run that was recording then, not one
+    /// the service restarted from. Without a window the first run is reported.
+    fn replaced_by_next_run(&self, kind: &str, r: &Value) -> bool {
+        let begins = field::ts_us(r).unwrap_or(i64::MAX);
+        kind == "start" && self.window.is_some_and(|w| begins <= w.until_us)
+    }
+
+    /// Start over at the next run's `start`, keeping the list of files: those
+    /// read so far are the earlier run's, and the current one goes on as the
+    /// new run's.
+    fn begin_next_run(&mut self) {
+        let mut files = std::mem::take(&mut self.health.files);
+        let earlier_runs = self.health.earlier_runs + 1;
+        let (file, pushed) = (self.file, self.pushed);
+        for f in &mut files[..file] {
+            if f.read.was_read() {
+                f.read = FileRead::EarlierRun;
+            }
+        }
+        if let Some(current) = files.get_mut(file) {
+            *current = StreamFile::new(std::mem::take(&mut current.name), FileRead::Whole);
+        }
+        *self = ReportBuilder::within(self.window);
+        self.health.files = files;
+        self.health.earlier_runs = earlier_runs;
+        self.file = file;
+        self.pushed = pushed;
+        self.first_record_in_file = true;
+        self.first_seqno_in_file = true;
+    }
+
     pub fn is_another_run(&self, kind: &str, run: Option<&str>) -> bool {
         match (self.run_id.as_deref(), run) {
             (Some(ours), Some(theirs)) => ours != theirs,

@@ -54,9 +54,17 @@ fn disk_op(o: &mut String, op: &OpView, limit: Option<u64>, width: usize) {
     if op.data.latency.count() == 0 {
         return;
     }
+    // The latency is each bio's (what a submitter waited): merged bios make
+    // its count differ from the requests above, which the line then says.
+    let bios = op.data.latency.count();
+    let of_what = if bios == op.data.requests {
+        String::new()
+    } else {
+        format!(" of each of {bios} bios")
+    };
     o.push_str(&wrap(
         &format!(
-            "latency, submitted to completed: {}, mean {}",
+            "latency{of_what}, submitted to completed: {}, mean {}",
             op.latency.percentiles(),
             op.latency.mean
         ),
