@@ -226,7 +226,12 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
     // sessions, in the service's files (one of them rotated by logrotate),
     // recording nothing itself.
     if let Some(sqlservr) = sql::static_sqlservr() {
-        let spids = sql::sessions_under_loss(&guest, &sqlservr, &log);
+        // A second rotation: the first rotated file is gzip'd (delaycompress),
+        // and the one rotated now holds the first run's end and the restarted
+        // run's beginning.
+        guest.sh(&["logrotate", "--force", "/etc/logrotate.d/stalltrace"]);
+        await_start_record(&log);
+        let sessions = sql::sessions_under_loss(&guest, &sqlservr, &log);
         // The episode closes after 2 s without retransmissions, and its
         // `closed` record is written at the next interval.
         std::thread::sleep(Duration::from_secs(4));
@@ -249,13 +254,40 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
             .nth(1)
             .and_then(|s| s.split("\n── ").next())
             .unwrap_or_else(|| panic!("no episodes section: {text}"));
-        assert!(episodes.contains("network"), "{episodes}");
-        for spid in &spids {
+        // The network episode names sessions by SPID and client port, as
+        // the clients' own `SELECT @@SPID` paired them.
+        let network = episodes
+            .split("\n#")
+            .find(|e| e.contains(" network: "))
+            .unwrap_or_else(|| panic!("no network episode:\n{episodes}"));
+        let named: Vec<(u16, u16)> = network
+            .split("SPID ")
+            .skip(1)
+            .map(|s| {
+                let words: Vec<&str> = s.split_whitespace().collect();
+                let port = words[2]
+                    .trim_end_matches([';', ','])
+                    .rsplit(':')
+                    .next()
+                    .unwrap();
+                (port.parse().unwrap(), words[0].parse().unwrap())
+            })
+            .collect();
+        assert!(!named.is_empty(), "no session named:\n{network}");
+        for session in &named {
             assert!(
-                episodes.contains(&format!("SPID {spid} ")),
-                "SPID {spid} of {spids:?} is not in the episodes:\n{episodes}"
+                sessions.contains(session),
+                "{session:?} is not a (client port, SPID) of {sessions:?}:\n{network}"
             );
         }
+        // The whole set was found; the run the service restarted from is not
+        // the one reported.
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("stalltrace.jsonl.2.gz (run file 0, seqno 0–")
+                && flat.contains("an earlier run, not reported"),
+            "{text}"
+        );
         assert_eq!(await_active(&guest).pid, run.pid, "the service went on");
     }
 

@@ -138,6 +138,49 @@ fn assert_shares_agree(ours: &[&Value], ss: &SsFlow) {
 }
 
 #[test]
+fn a_loopback_stream_is_limited_by_the_host_not_a_network() {
+    require_root();
+    // Client and server in one namespace, over its loopback: busy the whole
+    // time with no window limiting it, which between hosts reads `network`.
+    let pair = NetPair::new();
+    let server = pair.iperf3_server(Side::A);
+    let port = server.port.to_string();
+    let tracer = tracer_in(&pair, &["--port", &port]);
+    let ss = std::thread::scope(|s| {
+        let ss = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(2300));
+            ss_sender(&pair, Side::A, "dport", server.port)
+        });
+        pair.exec(
+            Side::A,
+            &["iperf3", "-c", "127.0.0.1", "-p", &port, "-t", "3"],
+        );
+        ss.join().unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    let records = tracer.stop();
+    let ours = flow_records(&records, &pair, ss.local_port);
+    assert!(
+        ours.len() >= 3,
+        "a 3 s stream gives a record per 500 ms interval"
+    );
+    // Each interval the schema's rule calls `network` between hosts (busy at
+    // least half of it, neither window limiting half the busy time).
+    let f = |r: &Value, key: &str| r[key].as_f64().unwrap();
+    let unlimited: Vec<&&Value> = ours
+        .iter()
+        .filter(|r| 2.0 * f(r, "busy_ms") >= f(r, "interval_ms"))
+        .filter(|r| 2.0 * f(r, "rwnd_limited_ms").max(f(r, "sndbuf_limited_ms")) < f(r, "busy_ms"))
+        .collect();
+    assert!(
+        !unlimited.is_empty(),
+        "no interval with the windows open: {ours:?}"
+    );
+    assert!(unlimited.iter().all(|r| r["limiter"] == "host"), "{ours:?}");
+    assert!(ours.iter().all(|r| r["limiter"] != "network"), "{ours:?}");
+}
+
+#[test]
 fn a_rate_limited_stream_is_network_limited() {
     require_root();
     let pair = NetPair::new();

@@ -39,9 +39,9 @@ const SECS: u32 = 12;
 /// Start the simulator in the guest as a transient unit (so the service's
 /// discovery sees a sqlservr of the guest's own), wait until the service has
 /// found it, then run cleartext sessions from this host in the guest's
-/// network namespace under loss. Returns the SPIDs the sessions' `SELECT
-/// @@SPID` answered.
-pub fn sessions_under_loss(guest: &SystemdGuest, sqlservr: &Path, log: &Path) -> Vec<u16> {
+/// network namespace under loss. Returns each session's client port and the
+/// SPID its `SELECT @@SPID` answered.
+pub fn sessions_under_loss(guest: &SystemdGuest, sqlservr: &Path, log: &Path) -> Vec<(u16, u16)> {
     std::fs::copy(sqlservr, guest.path("/usr/local/bin/sqlservr")).unwrap();
     let port = stalltrace_lab::prometheus::free_port();
     let listen = format!("0.0.0.0:{port}");
@@ -113,11 +113,7 @@ pub fn sessions_under_loss(guest: &SystemdGuest, sqlservr: &Path, log: &Path) ->
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "sqlclient: {text}");
     let report = ClientReport(serde_json::from_str(text.trim()).unwrap());
-    report
-        .sessions()
-        .into_iter()
-        .map(|(_, spid)| spid)
-        .collect()
+    report.sessions()
 }
 
 /// Wait (up to 30 s) for the service's `sql_instance` of the simulator.

@@ -5,7 +5,8 @@
 //! Geometry (from abi.h): values below 16 have exact buckets; each power of two
 //! above is split into 16 linear sub-buckets, so a bucket spans at most 6.25% of
 //! its lower bound. A reported percentile is the midpoint of its bucket, within
-//! 3.2% of any value the bucket holds.
+//! 3.2% of any value the bucket holds (or, when every value is in that one
+//! bucket, their exact mean).
 
 use crate::abi::{HIST_BUCKETS, HIST_GROUPING_POWER, HIST_SUBBUCKETS, hist};
 
@@ -71,6 +72,15 @@ impl Histogram {
 
     /// Nearest-rank percentile (`q` in 0..=1) as the midpoint of the bucket that holds it.
     pub fn percentile(&self, q: f64) -> Option<f64> {
+        self.percentile_given_mean(q, self.mean())
+    }
+
+    /// [`Self::percentile`], where `mean` is the exact mean of the values (in
+    /// the histogram's unit). When every value is in the percentile's bucket,
+    /// that mean is reported instead of the midpoint: it is the better
+    /// estimate there, and a midpoint below the mean of values that all share
+    /// one bucket would print as a mean above its p99 ("12.1 µs / 12 µs").
+    pub fn percentile_given_mean(&self, q: f64, mean: Option<f64>) -> Option<f64> {
         let total = self.count();
         if total == 0 {
             return None;
@@ -80,7 +90,11 @@ impl Histogram {
         for (index, &n) in self.counts.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                return Some(midpoint(index));
+                let (low, high) = bucket_range(index);
+                return Some(match mean {
+                    Some(m) if n == total => m.clamp(low as f64, high as f64),
+                    _ => midpoint(index),
+                });
             }
         }
         None
@@ -192,6 +206,26 @@ mod tests {
             v.extend([p - 1, p, p + 1]);
         }
         v
+    }
+
+    #[test]
+    fn values_that_share_one_bucket_report_their_mean_never_a_p99_below_it() {
+        // Tag waits of 12.0–12.2 µs (in ns): one bucket, [11776, 12287].
+        let mut h = Histogram::default();
+        for v in [12_000, 12_100, 12_150, 12_200] {
+            h.record(v, 25);
+        }
+        let mean = h.mean().unwrap();
+        assert_eq!(mean, 12_112.5);
+        for q in [0.5, 0.9, 0.99] {
+            assert_eq!(h.percentile(q), Some(mean), "q {q}");
+        }
+        // The midpoint (12031.5) was below that mean.
+        assert!(midpoint(bucket_index(12_000)) < mean);
+        // A second bucket: midpoints again, the p99 at the slow values.
+        h.record(40_000, 5);
+        assert_eq!(h.percentile(0.99), Some(midpoint(bucket_index(40_000))));
+        assert_eq!(h.percentile(0.5), Some(midpoint(bucket_index(12_000))));
     }
 
     #[test]

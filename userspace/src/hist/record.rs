@@ -89,7 +89,7 @@ impl JsonSchema for HistogramRecord {
                         "null"
                     ],
                     "minimum": 0,
-                    "description": "Median (nearest rank), reported as the midpoint of the bucket that holds it (within 3.2% of the true value), in the histogram's unit; null when count is 0."
+                    "description": "Median (nearest rank), reported as the midpoint of the bucket that holds it (within 3.2% of the true value; when every value is in that bucket, their exact mean), in the histogram's unit; null when count is 0."
                 },
                 "p90": {
                     "type": [
@@ -97,7 +97,7 @@ impl JsonSchema for HistogramRecord {
                         "null"
                     ],
                     "minimum": 0,
-                    "description": "90th percentile (nearest rank, bucket midpoint), in the histogram's unit; null when count is 0."
+                    "description": "90th percentile (nearest rank, bucket midpoint or, when every value is in that bucket, their mean), in the histogram's unit; null when count is 0."
                 },
                 "p99": {
                     "type": [
@@ -105,7 +105,7 @@ impl JsonSchema for HistogramRecord {
                         "null"
                     ],
                     "minimum": 0,
-                    "description": "99th percentile (nearest rank, bucket midpoint), in the histogram's unit; null when count is 0."
+                    "description": "99th percentile (nearest rank, bucket midpoint or, when every value is in that bucket, their mean), in the histogram's unit; null when count is 0."
                 },
                 "max": {
                     "type": [

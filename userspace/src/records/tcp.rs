@@ -139,6 +139,11 @@ pub enum Limiter {
     /// Nothing in flight for most of the interval: the application had
     /// nothing to send.
     Application,
+    /// Both ends are on this host (loopback, or an address of its own): no
+    /// network lies between them, so a window that kept it busy says nothing
+    /// of a network; the host's CPU and memory set its pace. Said where the
+    /// rule would otherwise say `network`.
+    Host,
 }
 
 impl Limiter {
@@ -149,6 +154,7 @@ impl Limiter {
             Limiter::Receiver => "receiver",
             Limiter::SenderBuffer => "sender_buffer",
             Limiter::Application => "application",
+            Limiter::Host => "host",
         }
     }
 }
@@ -386,7 +392,8 @@ pub struct TcpFlowRecord {
     /// was sent and the application waited for send-buffer space, a buffer too small for the
     /// path), `application` (busy less than half the interval, or never busy: the sender had
     /// nothing to send, e.g. it reads from a slow disk), else `network` (the congestion window:
-    /// bandwidth, loss, queueing).
+    /// bandwidth, loss, queueing), or `host` for a flow whose both ends are on this host
+    /// (loopback: no network between them, the CPU sets its pace).
     pub limiter: Limiter,
     /// The processes holding the socket open (from /proc/PID/fd, at most 8), on a flow whose
     /// `limiter` is `application`: what feeds it. Stall detection ties the flow to a disk these

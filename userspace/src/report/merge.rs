@@ -111,9 +111,14 @@ impl MergedHist {
         self.hist.count()
     }
 
-    /// Nearest-rank percentile (`q` in 0..=1), bucket midpoint, in the field's unit.
+    /// Nearest-rank percentile (`q` in 0..=1), bucket midpoint (the exact mean
+    /// when every value is in that bucket: `Histogram::percentile_given_mean`),
+    /// in the field's unit.
     pub fn percentile(&self, q: f64) -> Option<f64> {
-        self.hist.percentile(q).map(|v| self.field(v))
+        let recorded_mean = self.mean().map(|m| m / self.unit.scale());
+        self.hist
+            .percentile_given_mean(q, recorded_mean)
+            .map(|v| self.field(v))
     }
 
     /// Upper edge of the highest non-empty bucket, in the field's unit.

@@ -11,8 +11,12 @@ use crate::report::time::{bytes, clock, duration_ms, latency_us, sig3, thousands
 pub const LINK_OK: &str = "link problems: none seen";
 
 /// What holds a bulk flow back, as the stream names it and in words.
-pub const LIMITERS: [(&str, &str); 4] = [
+pub const LIMITERS: [(&str, &str); 5] = [
     ("network", "network (congestion window)"),
+    (
+        "host",
+        "this host (loopback: no network, the CPU sets the pace)",
+    ),
     ("receiver", "receiver window"),
     ("sender_buffer", "send buffer"),
     ("application", "application (nothing to send)"),

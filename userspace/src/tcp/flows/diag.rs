@@ -104,6 +104,14 @@ pub struct TcpSocket {
     pub info: TcpInfo,
 }
 
+impl TcpSocket {
+    /// Both ends on this host: a loopback address, or one of its own at both
+    /// ends (which the kernel routes over loopback too).
+    pub fn is_on_this_host(&self) -> bool {
+        self.remote.is_loopback() || self.remote == self.local
+    }
+}
+
 /// Why one socket of a dump could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Undecodable {

@@ -100,12 +100,15 @@ impl FlowDelta {
     pub fn limiter(&self) -> Limiter {
         let d = &self.delta;
         let interval_us = u64::try_from(self.interval.as_micros()).unwrap_or(u64::MAX);
-        limiter(
+        match limiter(
             interval_us,
             d.busy_us,
             d.rwnd_limited_us,
             d.sndbuf_limited_us,
-        )
+        ) {
+            Limiter::Network if self.socket.is_on_this_host() => Limiter::Host,
+            other => other,
+        }
     }
 }
 

@@ -74,6 +74,7 @@ fn names_are_the_serialized_ones() {
         Limiter::Receiver,
         Limiter::SenderBuffer,
         Limiter::Application,
+        Limiter::Host,
     ] {
         assert_eq!(serde_json::to_value(l).unwrap(), l.name(), "{l:?}");
         assert_eq!(
@@ -100,6 +101,29 @@ fn sock(cookie: u64, ino: u64, acked: u64, busy_us: u64) -> TcpSocket {
             ..Default::default()
         },
     }
+}
+
+#[test]
+fn a_flow_between_two_ends_on_this_host_is_limited_by_the_host_not_a_network() {
+    // Busy the whole second, windows never limiting: `network` between hosts.
+    let flow = |local: [u8; 4], remote: [u8; 4], rwnd_limited_us| {
+        let mut t = FlowTable::default();
+        let mut s = sock(1, 100, 0, 0);
+        (s.local, s.remote) = (IpAddr::from(local), IpAddr::from(remote));
+        t.update(7, secs(10.0), vec![s.clone()]);
+        s.info.bytes_acked = 1_000_000_000;
+        s.info.busy_us = 1_000_000;
+        s.info.rwnd_limited_us = rwnd_limited_us;
+        t.update(7, secs(11.0), vec![s]).remove(0).limiter()
+    };
+    assert_eq!(flow([10, 0, 0, 1], [10, 0, 0, 2], 0), Limiter::Network);
+    assert_eq!(flow([127, 0, 0, 1], [127, 0, 0, 1], 0), Limiter::Host);
+    assert_eq!(flow([10, 0, 0, 1], [10, 0, 0, 1], 0), Limiter::Host);
+    // A window still says what it says on loopback: the reader is slow.
+    assert_eq!(
+        flow([127, 0, 0, 1], [127, 0, 0, 1], 900_000),
+        Limiter::Receiver
+    );
 }
 
 fn secs(s: f64) -> Duration {
