@@ -27,6 +27,8 @@ fn checked(o: Outcome) -> Outcome {
         eprintln!("  episode: {}", scenario::summary(s));
     }
     eprintln!("  {}", o.conclusion());
+    let wrong = o.evidence_not_in_records();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     o
 }
 

@@ -10,6 +10,7 @@
 //! `stall` record about the scenario's subjects.
 
 pub mod backup;
+mod evidence;
 pub mod loss;
 pub mod queue_depth;
 pub mod rtt;
