@@ -109,6 +109,25 @@ pub struct SpanView {
     pub words: String,
 }
 
+/// Over what part of its life a flow was measured. Its figures come from
+/// the kernel's counters read once an interval (sock_diag): the interval in
+/// which it was first seen only sets their baseline, and what it sent after
+/// the last reading before it closed is not read, so a 5 s transfer can be
+/// measured over 3 s. The page draws it over the same part.
+fn measured_over(f: &BulkFlow) -> String {
+    match (f.series.first(), f.series.last()) {
+        (Some(first), Some(last)) => format!(
+            "measured {}–{} ({} interval{} as bulk; not its first interval, a baseline, nor its \
+             end after the last reading)",
+            clock(first.ts_us - first.interval_ms as i64 * 1000),
+            clock(last.ts_us),
+            f.series.len(),
+            if f.series.len() == 1 { "" } else { "s" }
+        ),
+        _ => "not measured in any interval".to_string(),
+    }
+}
+
 pub fn interfaces(report: &Report) -> Vec<IfaceView<'_>> {
     report.interfaces.iter().map(interface).collect()
 }
@@ -304,7 +323,7 @@ fn flow(f: &BulkFlow) -> FlowView<'_> {
             format!("SQL Server {}", clean(kind).replace('_', " "))
         }),
         summary: format!(
-            "sent {}, received {}; {} Mbit/s mean, {} peak{}; {} retransmitted; srtt up to {}",
+            "sent {}, received {}; {} Mbit/s mean, {} peak{}; {} retransmitted; srtt up to {}; {}",
             bytes(f.bytes_acked),
             bytes(f.bytes_received),
             sig3(f.mean_send_mbps()),
@@ -313,7 +332,8 @@ fn flow(f: &BulkFlow) -> FlowView<'_> {
                 .map(|d| format!(", path delivery rate {} Mbit/s at the end", sig3(d)))
                 .unwrap_or_default(),
             count(f.retrans_segs, "segment", "segments"),
-            latency_us(f.srtt_us_max)
+            latency_us(f.srtt_us_max),
+            measured_over(f)
         ),
         shares,
         spans: f
