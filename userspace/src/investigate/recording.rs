@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where the package's unit writes, when its unit cannot be asked.
-pub const PACKAGE_OUT: &str = "/var/log/stalltrace/stalltrace.jsonl";
+const PACKAGE_OUT: &str = "/var/log/stalltrace/stalltrace.jsonl";
 /// The package's unit.
 const UNIT: &str = "stalltrace.service";
 
@@ -128,8 +128,9 @@ mod tests {
 
     #[test]
     fn the_set_is_the_file_and_what_was_rotated_from_it() {
-        let dir = std::env::temp_dir().join(format!("stalltrace-recording-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed on drop, a failed assertion included.
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         for name in [
             "st.jsonl",
             "st.jsonl.1",
@@ -157,6 +158,5 @@ mod tests {
         std::fs::remove_file(dir.join("st.jsonl")).unwrap();
         assert_eq!(set_of(&dir.join("st.jsonl")).len(), 3);
         assert!(set_of(&dir.join("none.jsonl")).is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -305,8 +305,13 @@ impl StreamHealth {
 
     fn sequence_warnings(&self, w: &mut Vec<String>) {
         let seq = &self.sequence;
-        // Files left out by --since/--until hold the run's first records.
-        let windowed = self.files.iter().any(|f| f.read == FileRead::OutsideWindow);
+        // Files left out by --since/--until before the first file read hold
+        // the run's first records: they were given, not lost.
+        let windowed = self
+            .files
+            .iter()
+            .take_while(|f| !f.read.was_read())
+            .any(|f| f.read == FileRead::OutsideWindow);
         if let Some(first) = seq.first.filter(|&s| s > 0 && !windowed) {
             let with = match seq.first_run_file {
                 Some(n) if n > 0 => format!("it begins with the run's file {n}"),

@@ -50,21 +50,27 @@ fn files_before_the_window_are_not_read_and_not_called_missing() {
     );
 }
 
-#[test]
-fn of_the_files_after_the_window_only_the_first_is_read() {
-    let dir = Dir::new("window-after");
+/// A run of four files beginning at 0, 2, 4 and 6 s, written from file
+/// `first` on (named as logrotate numbers them, the newest `.0`), reported up
+/// to 3 s.
+fn four_files_until_3s(dir: &Dir, first: usize) -> Report {
     let files = rotated_run(RUN, &[2, 2, 2, 2]);
-    // Files begin at 0, 2, 4 and 6 s.
-    let paths: Vec<PathBuf> = files
+    let paths: Vec<PathBuf> = files[first..]
         .iter()
         .enumerate()
-        .map(|(i, f)| dir.plain(&format!("stalltrace.jsonl.{}", 3 - i), f))
+        .map(|(i, f)| dir.plain(&format!("stalltrace.jsonl.{}", 3 - first - i), f))
         .collect();
     let window = Window {
         since_us: i64::MIN,
         until_us: at(3.0),
     };
-    let r = read_reports_within(&paths, Some(window)).unwrap();
+    read_reports_within(&paths, Some(window)).unwrap()
+}
+
+#[test]
+fn of_the_files_after_the_window_only_the_first_is_read() {
+    let dir = Dir::new("window-after");
+    let r = four_files_until_3s(&dir, 0);
     // The file after the window's end is read for the `closed` records of
     // episodes still open at its end; the one after that is not.
     assert_eq!(
@@ -131,4 +137,21 @@ fn the_last_run_to_begin_in_the_window_is_the_one_reported() {
     // Without a window, the first run is the one reported, as before.
     let whole = read_reports(&paths).unwrap();
     assert_eq!(whole.run.run_id.as_deref(), Some(RUN));
+}
+
+#[test]
+fn files_left_out_after_the_window_do_not_hide_that_the_first_file_is_missing() {
+    let dir = Dir::new("window-missing-first");
+    // The first file (seqno 0–2) is not given.
+    let r = four_files_until_3s(&dir, 1);
+    assert_eq!(
+        names(&r),
+        [
+            "stalltrace.jsonl.2:Whole",
+            "stalltrace.jsonl.1:Whole",
+            "stalltrace.jsonl.0:OutsideWindow"
+        ]
+    );
+    let said = warnings(&r);
+    assert!(said.contains("(seqno 0–2) are not here"), "{said}");
 }

@@ -316,9 +316,6 @@ impl ReportBuilder {
         }
     }
 
-    /// Whether a record of type `kind` with run id `run` begins or belongs
-    /// to another run than the one being reported. Schema 2 says by `run`;
-    /// schema 1 has no run id, and a new `start` is a new run there.
     /// With `--since/--until`, a run that begins in the window (or before
     /// its end) replaces the one being read: looking back at the minutes
     /// before a page, the SRE wants the run that was recording then, not one
@@ -352,6 +349,9 @@ impl ReportBuilder {
         self.first_seqno_in_file = true;
     }
 
+    /// Whether a record of type `kind` with run id `run` begins or belongs
+    /// to another run than the one being reported. Schema 2 says by `run`;
+    /// schema 1 has no run id, and a new `start` is a new run there.
     pub fn is_another_run(&self, kind: &str, run: Option<&str>) -> bool {
         match (self.run_id.as_deref(), run) {
             (Some(ours), Some(theirs)) => ours != theirs,
