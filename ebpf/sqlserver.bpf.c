@@ -20,6 +20,10 @@
  *                        (tls_record_fits_write in tds.h). No OpenSSL struct
  *                        is read: the SSL* is only a key.
  *
+ *   tcp_probe,           each request's latency, split into server time and
+ *   tcp_retransmit_skb,  network delivery, from the turns a worker's socket
+ *   inet_sock_set_state  takes (tds_turns.bpf.h), encrypted or not
+ *
  * Only those 8 header bytes are ever read, and only from the server's side:
  * never a byte of SQL text or result data, and nothing of a send shorter than
  * a header. Once a socket's SPID is known, its sends cost one map lookup. A
@@ -171,20 +175,21 @@ static __always_inline __u32 current_tgid_in_daemon_ns(void)
 	return ns.tgid;
 }
 
-/* The current process's enum sql_worker_flags; 0 when it is no SQL Server worker. */
-static __always_inline __u8 current_worker(void)
+/* The current process's enum sql_worker_flags (and *tgid); 0 when it is no SQL Server worker. */
+static __always_inline __u8 current_worker(__u32 *tgid)
 {
-	__u32 tgid;
 	__u8 *flags;
 
 	if (!control_set(SQL_CTL_WORKERS_KNOWN))
 		return 0;
-	tgid = current_tgid_in_daemon_ns();
-	if (!tgid)
+	*tgid = current_tgid_in_daemon_ns();
+	if (!*tgid)
 		return 0;
-	flags = bpf_map_lookup_elem(&sql_workers, &tgid);
+	flags = bpf_map_lookup_elem(&sql_workers, tgid);
 	return flags ? *flags : 0;
 }
+
+#include "tds_turns.bpf.h"
 
 /*
  * A TLS send of the current thread: it carries the record of the thread's
@@ -264,7 +269,8 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	const void *buf;
 	__u16 spid = 0;
 	__u8 hdr[TDS_HEADER_LEN];
-	__u8 worker = current_worker();
+	__u32 tgid = 0;
+	__u8 worker = current_worker(&tgid);
 	bool tls_on = worker & SQL_WORKER_TLS_WATCHED;
 
 	if (!worker)
@@ -272,6 +278,7 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	ino = sock_inode(sk);
 	if (!ino)
 		return 0;
+	turn_on_send(sk, msg, ino, tgid);
 	session = bpf_map_lookup_elem(&tds_sessions, &ino);
 	if (session) {
 		/* Known from a header on the wire: done. */
@@ -328,8 +335,9 @@ static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 	__u64 id, now;
 	__u16 spid = 0;
 	__u8 hdr[TDS_HEADER_LEN];
+	__u32 tgid;
 
-	if (!(current_worker() & SQL_WORKER_TLS_WATCHED))
+	if (!(current_worker(&tgid) & SQL_WORKER_TLS_WATCHED))
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	now = bpf_ktime_get_ns();
@@ -384,4 +392,23 @@ HOOK(tcp_sendmsg_locked, const struct sock *sk, const struct msghdr *msg)
 FUNC_HOOK(tcp_sendmsg_locked, tcp_sendmsg_locked, struct sock *sk, struct msghdr *msg)
 {
 	return read_tds_header(sk, msg);
+}
+
+/* Request timing (tds_turns.bpf.h): what a worker's sockets receive, send again, and close. */
+HOOK(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	turn_on_receive(sk, skb);
+	return 0;
+}
+
+HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
+{
+	turn_on_retransmit(sk, skb);
+	return 0;
+}
+
+HOOK(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	turn_on_state(sk, oldstate, newstate);
+	return 0;
 }

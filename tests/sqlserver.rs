@@ -6,7 +6,7 @@
 //! role of each disk by itself.
 //!
 //! Oracles: sqlclient's own report (each session's SPID and client port, from
-//! the server's LOGINACK), the server namespace's /proc/net/snmp, and the files
+//! the server's LOGINACK, and each request's latency on its own clock), the server namespace's /proc/net/snmp, and the files
 //! the test put on each device.
 //!
 //! Run as root (`cargo xtask test`); nextest runs them one at a time with the
@@ -22,7 +22,10 @@ use common::sqllab::{
     Cgroup, Mounted, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
 };
 use common::*;
+use serde::Deserialize;
 use serde_json::Value;
+use stalltrace::hist::{Histogram, HistogramRecord, bucket_index, bucket_range};
+use stalltrace::records::sql_requests::{SLOW_REQUEST_MS, SqlRequestsRecord};
 use stalltrace_lab::scenario::ScratchDir;
 
 fn instance_of(records: &[Value], worker: u32) -> &Value {
@@ -248,4 +251,204 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
         "sqlclient p50 {} µs: the log disk was not slow",
         report.p50_us()
     );
+}
+
+/// `sql_requests` records of the sessions whose client ports are `ports`.
+fn requests_of(records: &[Value], worker: u32, ports: &[u16]) -> Vec<SqlRequestsRecord> {
+    of_type(records, "sql_requests")
+        .into_iter()
+        .filter(|r| r["pid"] == worker)
+        .map(|r| SqlRequestsRecord::deserialize(r).expect("a sql_requests record"))
+        .filter(|r| {
+            r.by_session
+                .iter()
+                .any(|s| s.client.is_some_and(|c| ports.contains(&c.port())))
+        })
+        .collect()
+}
+
+/// One histogram of a run's intervals.
+fn merged(
+    records: &[SqlRequestsRecord],
+    part: impl Fn(&SqlRequestsRecord) -> &HistogramRecord,
+) -> Histogram {
+    let mut h = Histogram::default();
+    for r in records {
+        for &(index, n) in &part(r).buckets {
+            h.record(bucket_range(index).0, n);
+        }
+    }
+    h
+}
+
+/// How many values of `h` may be `v` or more: those of every bucket reaching it.
+fn at_least(h: &Histogram, v: u64) -> u64 {
+    h.nonzero_buckets()
+        .filter(|&(_, high, _)| high >= v)
+        .map(|(_, _, n)| n)
+        .sum()
+}
+
+/// Each session's (requests, slow) as stalltrace counted them, by client port.
+fn per_session(records: &[SqlRequestsRecord]) -> BTreeMap<u16, (u64, u64)> {
+    let mut out: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    for s in records.iter().flat_map(|r| &r.by_session) {
+        let e = out
+            .entry(s.client.expect("a session's client").port())
+            .or_default();
+        e.0 += s.requests;
+        e.1 += s.slow;
+    }
+    out
+}
+
+/// Each request's latency, timed from the server's side of its connection,
+/// against sqlclient's own clock around each request: clean, then with 5% of
+/// what the server sends to the client dropped.
+#[test]
+fn requests_are_timed_as_their_clients_timed_them() {
+    require_root();
+    let pair = NetPair::new();
+    let files = ScratchDir::new("/var/tmp");
+    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
+    let sim = SqlServerSim::start_small(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        &[],
+    );
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let client_side = || Placement::in_netns(pair.netns(Side::A));
+    let clean = SqlClientRun::start(&bins(), client_side(), &server, 4, 200, 6).finish();
+    // The runs' requests in intervals of their own.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut lossy_run = SqlClientRun::start(&bins(), client_side(), &server, 4, 100, 15);
+    lossy_run.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
+    // The client's input from the server's port: responses lost, requests not
+    // (a request lost on its way in is invisible from the server's side).
+    pair.drop_random(Side::A, 5, Some(sim.port));
+    let lossy = lossy_run.finish();
+    pair.clear_drops(Side::A);
+    std::thread::sleep(Duration::from_millis(1200));
+    let records = tracer.stop();
+    for (name, run) in [("clean", &clean), ("lossy", &lossy)] {
+        assert_eq!(run.errors(), 0, "sqlclient ({name}): {}", run.0);
+        let sessions = run.0["sessions"].as_array().unwrap();
+        let ports: Vec<u16> = sessions
+            .iter()
+            .map(|s| s["client_port"].as_u64().unwrap() as u16)
+            .collect();
+        let ours = requests_of(&records, sim.worker, &ports);
+        let counted = per_session(&ours);
+        // The oracle: each request from just before the client wrote it to
+        // its kernel's receipt of the response (SO_TIMESTAMPNS), so that the
+        // client's own lateness on a busy host is not counted.
+        let arrivals = |s: &Value| -> Vec<u64> {
+            let all = s["arrival_latencies_us"].as_array().unwrap();
+            assert_eq!(
+                all.len() as u64,
+                s["transactions"].as_u64().unwrap(),
+                "{name}: sqlclient has no receive time for some requests"
+            );
+            all.iter().map(|v| v.as_u64().unwrap()).collect()
+        };
+        let mut client_latencies: Vec<u64> = sessions.iter().flat_map(arrivals).collect();
+        client_latencies.sort_unstable();
+        let client_at = |q: f64| {
+            let rank = (q * client_latencies.len() as f64).ceil() as usize;
+            client_latencies[rank.clamp(1, client_latencies.len()) - 1]
+        };
+        let total = merged(&ours, |r| &r.total_us);
+        let fastest = client_latencies[0];
+        eprintln!(
+            "{name}: client (to its kernel's receipt) p50 {} µs p99 {} µs max {} µs min {fastest} \
+             µs, (to its read) p50 {} µs p99 {} µs; stalltrace {} requests, total p50 {:?} p99 \
+             {:?} max {:?}; server p50 {:?}; delivery p50 {:?} p99 {:?}; per session {counted:?}",
+            client_at(0.5),
+            client_at(0.99),
+            client_at(1.0),
+            run.p50_us(),
+            run.0["p99_us"],
+            total.count(),
+            total.percentile(0.5),
+            total.percentile(0.99),
+            total.max(),
+            merged(&ours, |r| &r.server_us).percentile(0.5),
+            merged(&ours, |r| &r.delivery_us).percentile(0.5),
+            merged(&ours, |r| &r.delivery_us).percentile(0.99),
+        );
+        // Every request of every session: its transactions, and the
+        // `SELECT @@SPID` it asked after its login (the login itself arrives
+        // before the session has a SPID: `without_spid`).
+        for s in sessions {
+            let port = s["client_port"].as_u64().unwrap() as u16;
+            let latencies = arrivals(s);
+            let slow = latencies
+                .iter()
+                .filter(|&&v| v >= SLOW_REQUEST_MS * 1000)
+                .count() as u64;
+            let (requests, our_slow) = counted.get(&port).copied().unwrap_or_default();
+            // Less those the kernel declared untimed (none on a kernel that
+            // skips none of the hooks).
+            let theirs = s["transactions"].as_u64().unwrap() + 1;
+            let untimed = requests_untimed(&records);
+            assert!(
+                requests <= theirs && theirs - requests <= untimed,
+                "{name}: requests of the session from port {port}: stalltrace {requests}, the \
+                 client {theirs}, {untimed} declared untimed"
+            );
+            // A request within an RTT of the threshold may fall either side.
+            let near = latencies
+                .iter()
+                .filter(|&&v| v.abs_diff(SLOW_REQUEST_MS * 1000) <= fastest)
+                .count() as u64;
+            // And a request the kernel could not time may have been a slow one.
+            assert!(
+                our_slow.abs_diff(slow) <= near + untimed,
+                "{name}: port {port}: stalltrace has {our_slow} slow requests, the client {slow}"
+            );
+        }
+        // The percentiles, within a bucket of the client's plus one round trip
+        // (the client's fastest request is at least one).
+        for (q, theirs) in [
+            (0.5, run.p50_us()),
+            (0.99, run.0["p99_us"].as_u64().unwrap()),
+        ] {
+            let ours = total.percentile(q).unwrap() / 1000.0;
+            let (low, high) = bucket_range(bucket_index(theirs * 1000));
+            let bound = (high - low) as f64 / 1000.0 + fastest as f64;
+            assert!(
+                (ours - theirs as f64).abs() <= bound,
+                "{name}: p{} {ours:.0} µs against the client's {theirs} µs (bound {bound:.0} µs)",
+                q * 100.0
+            );
+        }
+        // Every slow request is explained: a retransmission of its response,
+        // or the server's own time (the simulator's log flush on a busy host).
+        let slow: u64 = ours.iter().map(|r| r.counts.slow).sum();
+        let slow_retransmitted: u64 = ours.iter().map(|r| r.counts.slow_retransmitted).sum();
+        let server = merged(&ours, |r| &r.server_us);
+        let server_slow = at_least(&server, (SLOW_REQUEST_MS * 1000 - fastest) * 1000);
+        assert!(
+            slow - slow_retransmitted <= server_slow,
+            "{name}: {} slow requests met no retransmission, and only {server_slow} took the \
+             server that long",
+            slow - slow_retransmitted
+        );
+        if name == "lossy" {
+            assert!(
+                slow >= 5,
+                "lossy: too little loss to judge: {slow} slow requests"
+            );
+            // A retransmission timeout's wait is in `delivery`.
+            let delivery = merged(&ours, |r| &r.delivery_us);
+            assert!(
+                at_least(&delivery, SLOW_REQUEST_MS * 1_000_000) >= slow_retransmitted,
+                "lossy: fewer deliveries hold a retransmission timeout than slow requests met one"
+            );
+        }
+    }
 }

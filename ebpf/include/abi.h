@@ -331,6 +331,30 @@ struct tls_write {
 	__u8 pad[5];
 };
 
+/*
+ * One SQL Server request, timed from the turns its socket takes (request
+ * bytes arrive, the worker answers, the next request arrives): sent when the
+ * next request arrives or the connection leaves ESTABLISHED
+ * (tds_turns.bpf.h says how each part is measured).
+ */
+enum sql_request_flags {
+	SQL_REQ_RETRANSMITTED = 1, /* a segment of its response was sent again */
+	SQL_REQ_ACKED = 2,         /* delivery ended at the client's ACK (not last transmission + min RTT) */
+	SQL_REQ_AT_CLOSE = 4,      /* ended by the connection's close, not by the next request */
+};
+
+struct sql_request {
+	__u64 ino;            /* the session's socket inode */
+	__u64 arrived_ns;     /* bpf_ktime_get_ns() when the request's first byte arrived */
+	__u64 server_ns;      /* arrival -> the response's last byte handed to TCP */
+	__u64 delivery_ns;    /* that -> delivered (see flags) */
+	__u32 tgid;           /* the worker, as the daemon's /proc numbers it */
+	__u32 response_bytes; /* bytes of the response handed to TCP */
+	__u32 retransmits;    /* retransmissions of its response's data */
+	__u16 spid;           /* the session's SPID when the request arrived; 0: not known then */
+	__u16 flags;          /* enum sql_request_flags */
+};
+
 /* ---- loss accounting ----------------------------------------------------- */
 
 /*
@@ -353,7 +377,9 @@ enum lost_source {
 	LOST_TLS_UNPAIRED = 11,    /* a TLS write with a SPID whose thread's next TLS send did not fit it (kind, length, delay): SPID not used */
 	LOST_TLS_CONFLICT = 12,    /* a TLS pairing named another SPID than the socket had from TLS: the worker's TLS SPIDs are dropped */
 	LOST_TLS_GAVE_UP = 13,     /* an encrypted session whose SPID TLS_GIVE_UP_SENDS watched sends did not name: no more tries */
-	LOST_SOURCE_COUNT = 14,
+	LOST_SQL_REQUEST_RINGBUF = 14, /* sql_request event: ring buffer full (the request is not in any figure) */
+	LOST_SQL_REQUEST_UNTIMED = 15, /* a request whose arrival or answer the kernel did not run a hook for (a recursion miss): counted here only */
+	LOST_SOURCE_COUNT = 16,
 };
 
 #endif /* STALLTRACE_ABI_H */

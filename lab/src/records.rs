@@ -68,6 +68,26 @@ pub fn sum_field(records: &[&Value], field: &str) -> u64 {
     records.iter().map(|r| r[field].as_u64().unwrap()).sum()
 }
 
+/// Requests a SQL Server session may be short of in `sql_requests`: those the
+/// kernel could not time (`sqlserver.request_untimed`: it skipped the hook
+/// for their arrival or answer), and those whose close it skipped (their
+/// last request is never ended).
+pub fn requests_untimed(records: &[Value]) -> u64 {
+    [
+        "sqlserver.request_untimed",
+        "sqlserver.recursion_miss.on_inet_sock_set_state",
+    ]
+    .iter()
+    .map(|source| {
+        records
+            .iter()
+            .filter(|r| r["type"] == "lost")
+            .filter_map(|r| r["by_source"][*source].as_u64())
+            .sum::<u64>()
+    })
+    .sum()
+}
+
 /// A histogram rebuilt from the buckets of many records, keyed by each
 /// bucket's `[low, high]` in thousandths of the field's unit. Decoded here
 /// from the published format (docs/records.md, schema 2; schema 1 triples

@@ -106,6 +106,13 @@ pub struct SessionReport {
     pub encryption: &'static str,
     pub transactions: u64,
     pub errors: u64,
+    /// Each transaction's latency, µs, in order.
+    pub latencies_us: Vec<u64>,
+    /// Each transaction's latency to the kernel's receipt of its response
+    /// (SO_TIMESTAMPNS), µs, in order: without this client's scheduling
+    /// delays, the oracle a tracer's per-request timing is checked against.
+    /// Empty where the kernel gives no receive times.
+    pub arrival_latencies_us: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -162,6 +169,8 @@ impl SlotResult {
                     encryption: c.encryption.name(),
                     transactions: 0,
                     errors: 0,
+                    latencies_us: Vec::new(),
+                    arrival_latencies_us: Vec::new(),
                 });
                 Some(c)
             }
@@ -245,11 +254,15 @@ fn run_slot(addr: SocketAddr, cfg: &ClientConfig, slot: usize, barrier: &Barrier
             continue;
         };
         let t0 = Instant::now();
-        match c.execute(&cfg.sql) {
-            Ok(_) => {
-                res.latencies_us.push(t0.elapsed().as_micros() as u64);
+        match c.execute_timed(&cfg.sql) {
+            Ok((_, arrival)) => {
+                let us = t0.elapsed().as_micros() as u64;
+                res.latencies_us.push(us);
                 if let Some(l) = res.logins.last_mut() {
                     l.transactions += 1;
+                    l.latencies_us.push(us);
+                    l.arrival_latencies_us
+                        .extend(arrival.map(|d| d.as_micros() as u64));
                 }
             }
             Err(e) => {

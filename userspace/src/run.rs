@@ -503,6 +503,7 @@ fn stream(
             if let Some(sql) = sql.as_mut() {
                 sql.refresh(&ts);
                 sql.emit_news(out)?;
+                sql.emit_requests(interval.as_millis() as u64, &ts, out)?;
                 for (source, n) in sql.lost() {
                     *lost.entry(source.clone()).or_insert(0) += n;
                     *lost_total.entry(source).or_insert(0) += n;

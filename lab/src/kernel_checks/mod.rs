@@ -29,6 +29,7 @@ mod net;
 mod netdev;
 mod run;
 mod sql;
+mod sql_requests;
 
 use std::path::PathBuf;
 use std::time::Instant;

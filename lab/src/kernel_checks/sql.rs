@@ -9,6 +9,7 @@
 //! The loss begins once every session has logged in (the kernel's count of
 //! data segments from each client says so): before its login response, a
 //! session has no SPID on the wire to name.
+//! Each session's requests are timed (sql_requests.rs).
 //! Bounds of tests/sqlserver.rs and tests/sqltls.rs (there: more sessions,
 //! FreeTDS and Microsoft's ODBC driver; here: one sqlclient session of each
 //! kind at 50 tps for 20 s, for the slow guest).
@@ -22,6 +23,7 @@ use serde_json::Value;
 
 use super::net::stop;
 use super::run::lost_by_family;
+use super::sql_requests::{Session, judge_requests};
 use super::{Judge, Opts, Run};
 use crate::net::{NetPair, Side, delta};
 use crate::sql::{ClientReport, Placement, SqlClientRun, SqlServerSim};
@@ -257,6 +259,15 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
         ));
         by_bio.entry(bio).or_default().insert(port, spid);
     }
+    let timed: Vec<Session> = reports
+        .iter()
+        .map(|(bio, encrypt, report)| Session {
+            worker: servers.iter().find(|(b, _)| b == bio).unwrap().1.worker,
+            encrypt,
+            report,
+        })
+        .collect();
+    judge_requests(judge, &records, &timed);
     judge.note(format!(
         "{}; {} retransmit records, {counted} counted segments vs server RetransSegs {kernel}",
         figures.join(", "),

@@ -279,6 +279,24 @@ impl Connection {
         self.receive()
     }
 
+    /// [`Self::execute`], and the time from just before the request was
+    /// written to the kernel's receipt of the response's last bytes: what the
+    /// session waited for, without this thread's own lateness in reading it.
+    pub fn execute_timed(
+        &mut self,
+        sql: &str,
+    ) -> Result<(Vec<Token>, Option<Duration>), SessionError> {
+        self.stream.wire().last_arrival = None;
+        let sent = std::time::SystemTime::now();
+        let toks = self.execute(sql)?;
+        let waited = self
+            .stream
+            .wire()
+            .last_arrival
+            .and_then(|at| at.duration_since(sent).ok());
+        Ok((toks, waited))
+    }
+
     /// Runs one SQL batch; an ERROR token or a response that does not end in a
     /// final DONE is an error. Returns the response's tokens.
     pub fn execute(&mut self, sql: &str) -> Result<Vec<Token>, SessionError> {

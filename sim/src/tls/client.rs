@@ -5,7 +5,8 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::time::Instant;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant, SystemTime};
 
 use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVerifyMode, SslVersion};
 
@@ -24,10 +25,25 @@ pub struct Wire {
     out: Vec<u8>,
     input: Vec<u8>,
     input_pos: usize,
+    /// When the kernel received the data of the last read (SO_TIMESTAMPNS):
+    /// when a response reached this host, however late this thread ran.
+    pub last_arrival: Option<SystemTime>,
 }
 
 impl Wire {
     pub fn new(tcp: TcpStream, deadline: Instant) -> Wire {
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt on an open socket with an int option of its size.
+        // A kernel that refuses it leaves `last_arrival` None.
+        unsafe {
+            libc::setsockopt(
+                tcp.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TIMESTAMPNS,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
         Wire {
             tcp,
             deadline,
@@ -35,6 +51,7 @@ impl Wire {
             out: Vec::new(),
             input: Vec::new(),
             input_pos: 0,
+            last_arrival: None,
         }
     }
 
@@ -49,10 +66,49 @@ impl Wire {
             return Err(timed_out());
         }
         self.tcp.set_read_timeout(Some(left))?;
-        match self.tcp.read(buf) {
+        match self.recv_stamped(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(timed_out()),
             r => r,
         }
+    }
+
+    /// `read`, with the kernel's receive time of what it returned: recvmsg
+    /// and its SCM_TIMESTAMPNS message, which std's TcpStream does not give.
+    fn recv_stamped(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 8];
+        // SAFETY: msghdr is plain data; every pointer in it is to a live local.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: recvmsg writes at most iov_len bytes to buf and
+        // msg_controllen bytes to control.
+        let n = unsafe { libc::recvmsg(self.tcp.as_raw_fd(), &mut msg, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the CMSG_* walk stays within msg_controllen, as recvmsg set it.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                    && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+                {
+                    let ts =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::timespec>());
+                    self.last_arrival = Some(
+                        SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
+                    );
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        Ok(n as usize)
     }
 }
 

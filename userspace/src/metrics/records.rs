@@ -23,6 +23,7 @@ use crate::hist::{HistogramRecord, bucket_range};
 use crate::records::block::BlockRecord;
 use crate::records::netdev::NetdevRecord;
 use crate::records::run::{LostRecord, StartRecord};
+use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::{self, Cause, Phase, StallRecord};
 use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord, TcpRttRecord};
 use crate::records::{OUTPUT_LOST, Record};
@@ -196,6 +197,7 @@ pub fn wanted(kind: &str) -> bool {
             | TcpRetransmitRecord::TYPE
             | TcpRttRecord::TYPE
             | NetdevRecord::TYPE
+            | SqlRequestsRecord::TYPE
             | StallRecord::TYPE
             | LostRecord::TYPE
     )
@@ -217,6 +219,7 @@ pub enum Measured {
     TcpRetransmit(Box<TcpRetransmitRecord>),
     TcpRtt(Box<TcpRttRecord>),
     Netdev(Box<NetdevRecord>),
+    SqlRequests(Box<SqlRequestsRecord>),
     Stall(Box<StallRecord>),
     Lost(LostRecord),
 }
@@ -236,6 +239,7 @@ impl Measured {
             TcpRetransmitRecord::TYPE => Self::TcpRetransmit(read(line)?),
             TcpRttRecord::TYPE => Self::TcpRtt(read(line)?),
             NetdevRecord::TYPE => Self::Netdev(read(line)?),
+            SqlRequestsRecord::TYPE => Self::SqlRequests(read(line)?),
             StallRecord::TYPE => Self::Stall(read(line)?),
             LostRecord::TYPE => Self::Lost(read(line)?),
             _ => return None,
@@ -304,6 +308,16 @@ impl FromRecords {
             "stalltrace_tcp_srtt_seconds",
             "Smoothed RTT of every traced connection, sampled at its send and receive calls once an ACK of new data has moved it.",
             &seconds,
+        );
+        r.declare_histogram(
+            "stalltrace_sql_request_duration_seconds",
+            "SQL Server requests by instance (worker_pid: its worker process) and part: total (what the client waited for), server (arrival to the response handed to TCP), delivery (to the response's delivery).",
+            &seconds,
+        );
+        r.declare(
+            "stalltrace_sql_requests_slow_total",
+            Counter,
+            "SQL Server requests of 200 ms or more, by instance, and whether their response met a retransmission.",
         );
         r.declare(
             "stalltrace_stall_episodes_total",
@@ -397,6 +411,7 @@ impl FromRecords {
                 Unit::Seconds,
             ),
             Measured::Netdev(n) => netdev(r, &n),
+            Measured::SqlRequests(q) => sql_requests(r, &q),
             Measured::Stall(s) => self.stall(r, &s),
             Measured::Lost(l) => {
                 // Drops of the output queue are counted as they happen
@@ -549,3 +564,31 @@ fn netdev(r: &mut Registry, n: &NetdevRecord) {
 #[cfg(test)]
 #[path = "records_tests.rs"]
 mod tests;
+
+/// Per instance, never per session: a session's series would be unbounded.
+fn sql_requests(r: &mut Registry, q: &SqlRequestsRecord) {
+    let instance = label("worker_pid", &q.pid.to_string());
+    for (part, h) in [
+        ("total", &q.total_us),
+        ("server", &q.server_us),
+        ("delivery", &q.delivery_us),
+    ] {
+        let mut labels = instance.clone();
+        labels.push(("part", part.to_string()));
+        histogram(
+            r,
+            "stalltrace_sql_request_duration_seconds",
+            labels,
+            h,
+            Unit::Seconds,
+        );
+    }
+    for (retransmitted, n) in [
+        ("true", q.counts.slow_retransmitted),
+        ("false", q.counts.slow - q.counts.slow_retransmitted),
+    ] {
+        let mut labels = instance.clone();
+        labels.push(("retransmitted", retransmitted.to_string()));
+        r.add("stalltrace_sql_requests_slow_total", labels, n as f64);
+    }
+}

@@ -27,6 +27,8 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_TLS_UNPAIRED => "tls_write_unpaired",
         abi::LOST_TLS_CONFLICT => "tls_spid_conflict",
         abi::LOST_TLS_GAVE_UP => "tls_session_given_up",
+        abi::LOST_SQL_REQUEST_RINGBUF => "request_ringbuf_full",
+        abi::LOST_SQL_REQUEST_UNTIMED => "request_untimed",
         _ => "unknown",
     }
 }

@@ -439,9 +439,18 @@ mod tests {
             ),
         ] {
             let candidates = hooks::candidates(bytes, mode);
-            assert_eq!(candidates.len(), 1, "{mode:?}: {candidates:?}");
-            let (name, programs) = &candidates[0];
-            assert_eq!(name, "tcp_sendmsg_locked");
+            let names: Vec<&str> = candidates.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                [
+                    "inet_sock_set_state",
+                    "tcp_probe",
+                    "tcp_retransmit_skb",
+                    "tcp_sendmsg_locked"
+                ],
+                "{mode:?}"
+            );
+            let (_, programs) = &candidates[3];
             let kinds: Vec<AttachKind> = programs.iter().map(|p| p.kind).collect();
             assert_eq!(kinds, [tracepoint, function], "{mode:?}");
             assert!(

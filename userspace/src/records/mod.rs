@@ -17,6 +17,7 @@ pub mod netdev;
 pub mod run;
 pub mod schema;
 pub mod sql;
+pub mod sql_requests;
 pub mod stall;
 pub mod tcp;
 
@@ -70,6 +71,7 @@ record_types! {
     netdev::NetdevRecord => "netdev",
     sql::SqlInstanceRecord => "sql_instance",
     sql::SqlSessionRecord => "sql_session",
+    sql_requests::SqlRequestsRecord => "sql_requests",
     stall::StallRecord => "stall",
     run::LostRecord => "lost",
     run::HeartbeatRecord => "heartbeat",

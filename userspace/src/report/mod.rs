@@ -14,6 +14,7 @@ mod input;
 mod merge;
 pub mod model;
 mod network;
+mod requests;
 mod run;
 mod sequence;
 mod series;

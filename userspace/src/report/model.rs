@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::episodes::{Episode, Episodes};
 use super::health::{LineRef, StreamHealth};
 use super::network::{BulkFlow, Interface, Network, Retransmits, TcpPeer};
+use super::requests::{InstanceRequests, Requests};
 pub use super::run::{FamilyStatus, RunInfo};
 use super::run::{Inference, readable_schemas};
 use super::sessions::{Instance, SessionImpact, Sessions};
@@ -31,6 +32,7 @@ use crate::records::block::{BlockRecord, SlowIoRecord};
 use crate::records::netdev::NetdevRecord;
 use crate::records::run::{HeartbeatRecord, LostRecord, StartRecord, StopRecord};
 use crate::records::sql::{SqlInstanceRecord, SqlSessionRecord};
+use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::StallRecord;
 use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
@@ -75,6 +77,8 @@ pub struct Report {
     pub episodes: Vec<Episode>,
     /// Ranked by time lost, largest first.
     pub sessions: Vec<SessionImpact>,
+    /// Each SQL Server instance's requests, by worker pid.
+    pub requests: Vec<InstanceRequests>,
 }
 
 impl Report {
@@ -199,6 +203,7 @@ pub struct ReportBuilder {
     network: Network,
     episodes: Episodes,
     sessions: Sessions,
+    requests: Requests,
     /// Lines given to `push_line` so far.
     pushed: usize,
     /// `report --since/--until`: measurements outside it are not read.
@@ -209,8 +214,9 @@ pub struct ReportBuilder {
 /// `--since/--until` window are left out. The run's own records (`start`,
 /// `stop`), the SQL Server's state and the episodes (kept when they overlap
 /// the window) are read whatever their time.
-const MEASUREMENTS: [&str; 8] = [
+const MEASUREMENTS: [&str; 9] = [
     "block",
+    "sql_requests",
     "slow_io",
     "netdev",
     "tcp_rtt",
@@ -412,6 +418,13 @@ impl ReportBuilder {
                 Some(s) => self.sessions.session(&s),
                 None => self.unreadable(kind),
             },
+            "sql_requests" => match typed::<SqlRequestsRecord>(r) {
+                Some(q) => {
+                    self.inference.interval(q.interval_ms);
+                    self.requests.add(&q)
+                }
+                None => self.unreadable(kind),
+            },
             // A stall the episodes cannot use was a bad line before records
             // were typed; it stays one.
             "stall" => {
@@ -530,6 +543,7 @@ impl ReportBuilder {
             flows,
             episodes,
             sessions,
+            requests: self.requests.finish(),
         })
     }
 }

@@ -8,6 +8,7 @@
 //! wraps them to the width, and draws the bar charts.
 
 mod network;
+mod requests;
 mod storage;
 
 use std::fmt::Write as _;
@@ -27,6 +28,7 @@ pub fn render_text(report: &Report, width: usize) -> String {
     header(&mut o, &v.header, width);
     episodes(&mut o, &v, width);
     sessions(&mut o, &v, width);
+    requests::requests(&mut o, &v, width);
     storage::storage(&mut o, &v, width);
     network::interfaces(&mut o, &v, width);
     network::peers(&mut o, &v, width);

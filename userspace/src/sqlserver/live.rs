@@ -14,6 +14,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
 use super::dmv::{Dmv, DmvRow, DmvSession, KnownSocket, join};
 use super::inventory::{Discovery, Inventory, Session};
+use super::requests::Requests;
 use super::tls::{self, TlsHooks, TlsPolicy, TlsSpids, TlsSpidsState};
 use crate::abi::{self, tds_session};
 use crate::enrich::Tagger;
@@ -35,6 +36,8 @@ pub struct SqlServer {
     /// `enum sql_control_slot`: the first worker known, the TLS doorbell.
     control: Array<MapData, u32>,
     tds: BpfHashMap<MapData, u64, tds_session>,
+    /// Each request's latency, from the kernel's `sql_requests` ring.
+    requests: Requests,
     lost: LostCounters,
     inventory: Inventory,
     /// Worker pids already in the kernel's sql_workers map.
@@ -79,16 +82,18 @@ impl SqlServer {
                 probes::take_map(ebpf, "sql_workers")?,
                 probes::take_map(ebpf, "sql_control")?,
                 probes::take_map(ebpf, "tds_sessions")?,
+                probes::take_map(ebpf, "sql_requests")?,
                 LostCounters::take("sqlserver", ebpf)?,
             ))
         })();
         let tls = TlsHooks::load(&mut family.ebpf, tls);
         match maps {
-            Ok((workers, control, tds, lost)) => Ok(Self {
+            Ok((workers, control, tds, requests, lost)) => Ok(Self {
                 family,
                 workers,
                 control,
                 tds,
+                requests: Requests::new(requests),
                 lost,
                 inventory: Inventory::new(discovery),
                 pushed: HashSet::new(),
@@ -172,6 +177,7 @@ impl SqlServer {
     /// at once rather than at the next refresh, so that the session's next
     /// response names it.
     pub fn poll(&mut self, ts: &str) {
+        self.requests.drain(&self.inventory);
         let wanted = abi::SQL_CTL_TLS_WANTED;
         if !self.control.get(&wanted, 0).is_ok_and(|v| v != 0) {
             return;
@@ -199,6 +205,19 @@ impl SqlServer {
         }
     }
 
+    /// Write each instance's `sql_requests` record of the interval that ends.
+    pub fn emit_requests(
+        &mut self,
+        interval_ms: u64,
+        ts: &str,
+        out: &mut JsonWriter,
+    ) -> io::Result<()> {
+        for record in self.requests.records(interval_ms, &self.inventory) {
+            out.emit(ts, &record)?;
+        }
+        Ok(())
+    }
+
     /// New losses of the kernel side since the last call, by source.
     pub fn lost(&mut self) -> Vec<(String, u64)> {
         self.lost.deltas(&self.family.ebpf)
@@ -219,6 +238,8 @@ impl SqlServer {
     /// Discover again, tell the kernel side about new workers, read the SPIDs
     /// it learned, and keep what changed for `emit_news`.
     pub fn refresh(&mut self, ts: &str) {
+        // Before discovery forgets the sessions that closed: their requests name their clients.
+        self.requests.drain(&self.inventory);
         let changes = self.inventory.refresh(ts);
         let live = self.inventory.worker_pids();
         for pid in &live {

@@ -9,6 +9,7 @@ pub mod dmv;
 pub mod files;
 pub mod inventory;
 pub mod live;
+pub mod requests;
 pub mod tds;
 pub mod tls;
 

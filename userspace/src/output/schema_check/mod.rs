@@ -64,6 +64,7 @@ fn reads(record: &Value) -> bool {
         "netdev" => read::<netdev::NetdevRecord>(record),
         "sql_instance" => read::<sql::SqlInstanceRecord>(record),
         "sql_session" => read::<sql::SqlSessionRecord>(record),
+        "sql_requests" => read::<records::sql_requests::SqlRequestsRecord>(record),
         "stall" => read::<stall::StallRecord>(record),
         "lost" => read::<run::LostRecord>(record),
         "heartbeat" => read::<run::HeartbeatRecord>(record),
@@ -105,6 +106,7 @@ fn emitted_lines() -> Vec<String> {
     tcp::tcp_flow(w, &ts);
     sqlserver::sql_instance(w, &ts);
     sqlserver::sql_session(w, &ts);
+    sqlserver::sql_requests(w, &ts);
     netdev::netdev(w, &ts);
     stall::stall(w);
     let by_source = run::lost(w);

@@ -1,10 +1,13 @@
 //! The sqlserver family's records, `sql_instance` and `sql_session`, as
-//! discovery writes them.
+//! discovery writes them, and `sql_requests`.
 
 use crate::output::JsonWriter;
 use crate::records::sql::{
     DmvSession, FileSummary, Instance, Session, SessionEvent, SessionKind, SpidSource,
     SqlSessionRecord, TlsSpids, TlsSpidsState,
+};
+use crate::records::sql_requests::{
+    RequestCounts, SessionRequests, SlowRequest, SqlRequestsRecord,
 };
 
 /// An instance with its watchdog, one without, and one too long for a line.
@@ -131,4 +134,81 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         session,
     };
     w.emit(ts, &identified).unwrap();
+}
+
+/// An interval of 4 sessions, one of them hit by a retransmission timeout; and
+/// one of login exchanges only.
+pub(super) fn sql_requests(w: &mut JsonWriter, ts: &str) {
+    let us = |values: &[(u64, u64)]| {
+        let mut h = crate::hist::Histogram::default();
+        for &(v, n) in values {
+            h.record(v * 1000, n);
+        }
+        h.to_record(1e-3)
+    };
+    let slow = SlowRequest {
+        arrived: ts.to_string(),
+        total_us: 212_480,
+        server_us: 310,
+        delivery_us: 212_170,
+        retransmits: 1,
+        response_bytes: 61,
+    };
+    let session = SessionRequests {
+        spid: 53,
+        client: Some("10.1.2.4:50123".parse().unwrap()),
+        requests: 50,
+        retransmitted: 1,
+        slow: 1,
+        slowest: slow.clone(),
+    };
+    let record = SqlRequestsRecord {
+        interval_ms: 1000,
+        pid: 4242,
+        counts: RequestCounts {
+            requests: 200,
+            retransmitted: 1,
+            slow: 1,
+            slow_retransmitted: 1,
+            slow_ms: 200,
+            without_spid: 0,
+        },
+        total_us: us(&[(420, 199), (212_480, 1)]),
+        server_us: us(&[(310, 200)]),
+        delivery_us: us(&[(110, 199), (212_170, 1)]),
+        sessions: 4,
+        // A session whose client discovery had not seen.
+        by_session: vec![
+            session.clone(),
+            SessionRequests {
+                spid: 54,
+                client: None,
+                retransmitted: 0,
+                slow: 0,
+                slowest: SlowRequest {
+                    total_us: 650,
+                    server_us: 520,
+                    delivery_us: 130,
+                    retransmits: 0,
+                    ..slow
+                },
+                ..session
+            },
+        ],
+    };
+    w.emit(ts, &record).unwrap();
+    let logins = SqlRequestsRecord {
+        counts: RequestCounts {
+            without_spid: 6,
+            slow_ms: 200,
+            ..RequestCounts::default()
+        },
+        total_us: us(&[]),
+        server_us: us(&[]),
+        delivery_us: us(&[]),
+        sessions: 0,
+        by_session: Vec::new(),
+        ..record
+    };
+    w.emit(ts, &logins).unwrap();
 }

@@ -4,7 +4,7 @@
 use maud::{Markup, html};
 
 use super::svg::{self, Column, Subject, TimeAxis};
-use crate::report::view::{EpisodeView, LIMITERS, LINK_OK, Stats, View};
+use crate::report::view::{self, EpisodeView, LIMITERS, LINK_OK, Stats, View};
 
 /// A host with thousands of connections: the worst are the ones to read.
 const PEERS_SHOWN: usize = 50;
@@ -196,6 +196,44 @@ pub fn flows(v: &View, axis: TimeAxis) -> Markup {
                         @if !f.shares.is_empty() { "; limited by " (f.shares.join(", ")) }
                     }
                     (svg::flow_strip(axis, f))
+                }
+            }
+        }
+    }
+}
+
+/// SQL Server requests: per instance what the clients waited for, its split,
+/// and the slowest requests.
+pub(super) fn requests(v: &View) -> Markup {
+    if v.requests.is_empty() {
+        return html! {};
+    }
+    html! {
+        section id="requests-section" {
+            h2 { "SQL Server requests" }
+            p { em { "Total" } ": " (view::TOTAL_MEANS) "." }
+            @for r in &v.requests {
+                h3 { (r.instance) ": " (r.requests) }
+                table class="requests" {
+                    thead { tr {
+                        th { "" } th class="num" { "p50" } th class="num" { "p90" }
+                        th class="num" { "p99" } th class="num" { "max" } th class="num" { "mean" }
+                    } }
+                    tbody {
+                        @for (name, s) in [("total", &r.total), ("server", &r.server), ("delivery", &r.delivery)] {
+                            tr {
+                                td { (name) } td class="num" { (s.p50) } td class="num" { (s.p90) }
+                                td class="num" { (s.p99) } td class="num" { (s.max) } td class="num" { (s.mean) }
+                            }
+                        }
+                    }
+                }
+                p { (r.split) ". " (r.slow) "." }
+                @if let Some(w) = &r.without_spid { p { (w) "." } }
+                @if !r.slowest.is_empty() {
+                    details { summary { "slowest requests" }
+                        ul { @for s in &r.slowest { li { (s) } } }
+                    }
                 }
             }
         }

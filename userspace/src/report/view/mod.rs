@@ -12,12 +12,14 @@ mod episodes;
 mod header;
 mod losses;
 mod network;
+mod requests;
 mod sessions;
 mod storage;
 
 pub use episodes::{EpisodeView, IMPACT_MEANS, NO_STALLS, glance};
 pub use header::{Header, LOSSES_NONE, STREAM_COMPLETE};
 pub use network::{FlowView, IfaceView, LIMITERS, LINK_OK, PeersView};
+pub use requests::{RequestsView, TOTAL_MEANS};
 pub use sessions::{IN_STALLS_MEANS, RTO_WAIT_MEANS, SessionRow};
 pub use storage::{DiskView, OpView};
 
@@ -38,6 +40,8 @@ pub struct View<'a> {
     pub glance: Vec<String>,
     /// Most time lost first.
     pub sessions: Vec<SessionRow>,
+    /// Each SQL Server instance's requests.
+    pub requests: Vec<RequestsView>,
     pub disks: Vec<DiskView<'a>>,
     pub interfaces: Vec<IfaceView<'a>>,
     pub peers: PeersView,
@@ -54,6 +58,7 @@ impl<'a> View<'a> {
             episodes: episodes::of(report),
             glance: glance(report),
             sessions: sessions::of(report),
+            requests: requests::of(report),
             disks: storage::of(report),
             interfaces: network::interfaces(report),
             peers: network::peers(report),

@@ -1,0 +1,154 @@
+//! SQL Server requests in the report: what each instance's clients waited for
+//! over the run (`sql_requests`), split into the server's time and the
+//! network's delivery, and the slowest requests with their sessions.
+
+use std::collections::BTreeMap;
+
+use super::merge::{MergedHist, Unit};
+use crate::records::sql_requests::{RequestCounts, SessionRequests, SqlRequestsRecord};
+
+/// The slowest requests the report keeps per instance.
+const SLOWEST_KEPT: usize = 10;
+
+/// One instance's requests over the run.
+#[derive(Clone, Debug)]
+pub struct InstanceRequests {
+    /// The worker.
+    pub pid: u32,
+    pub counts: RequestCounts,
+    pub total: MergedHist,
+    pub server: MergedHist,
+    pub delivery: MergedHist,
+    /// The slowest requests, slowest first, each with its session.
+    pub slowest: Vec<SessionRequests>,
+}
+
+impl InstanceRequests {
+    fn new(pid: u32) -> Self {
+        Self {
+            pid,
+            counts: RequestCounts::default(),
+            total: MergedHist::new(Unit::Micros),
+            server: MergedHist::new(Unit::Micros),
+            delivery: MergedHist::new(Unit::Micros),
+            slowest: Vec::new(),
+        }
+    }
+
+    /// The share of the time the clients waited that was the network's
+    /// delivery (exact: from the histograms' means), when there were requests.
+    pub fn delivery_share(&self) -> Option<f64> {
+        let delivery = self.delivery.mean()? * self.delivery.count() as f64;
+        let total = self.total.mean()? * self.total.count() as f64;
+        (total > 0.0).then(|| delivery / total)
+    }
+}
+
+#[derive(Default)]
+pub struct Requests {
+    by_worker: BTreeMap<u32, InstanceRequests>,
+}
+
+impl Requests {
+    pub fn add(&mut self, r: &SqlRequestsRecord) {
+        let i = self
+            .by_worker
+            .entry(r.pid)
+            .or_insert_with(|| InstanceRequests::new(r.pid));
+        i.counts.add(&r.counts);
+        i.total.add_record(&r.total_us);
+        i.server.add_record(&r.server_us);
+        i.delivery.add_record(&r.delivery_us);
+        i.slowest.extend(r.by_session.iter().cloned());
+        i.slowest
+            .sort_by_key(|s| std::cmp::Reverse(s.slowest.total_us));
+        i.slowest.truncate(SLOWEST_KEPT);
+    }
+
+    /// Instances with requests, by worker pid.
+    pub fn finish(self) -> Vec<InstanceRequests> {
+        self.by_worker
+            .into_values()
+            .filter(|i| i.counts.requests > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::hist::Histogram;
+    use crate::report::fixtures::{HOST, lines, start, stop, ts};
+    use crate::report::html::render_html;
+    use crate::report::model::Report;
+    use crate::report::text::render_text;
+
+    /// A histogram record of values in µs, as the daemon writes it.
+    fn us(values: &[(u64, u64)]) -> Value {
+        let mut h = Histogram::default();
+        for &(v, n) in values {
+            h.record(v * 1000, n);
+        }
+        serde_json::to_value(h.to_record(1e-3)).unwrap()
+    }
+
+    fn requests(at: f64, spid: u64, total_us: u64, retransmits: u64) -> Value {
+        let slow = u64::from(total_us >= 200_000);
+        json!({"ts": ts(at), "host": HOST, "type": "sql_requests", "interval_ms": 1000,
+            "pid": 4242, "requests": 100, "retransmitted": retransmits, "slow": slow,
+            "slow_retransmitted": slow.min(retransmits), "slow_ms": 200, "without_spid": 2,
+            "total_us": us(&[(1000, 99), (total_us, 1)]),
+            "server_us": us(&[(900, 100)]),
+            "delivery_us": us(&[(100, 99), (total_us - 900, 1)]),
+            "sessions": 1,
+            "by_session": [{"spid": spid, "client": "10.0.0.9:50123", "requests": 100,
+                "retransmitted": retransmits, "slow": slow,
+                "slowest": {"arrived": ts(at - 0.5), "total_us": total_us, "server_us": 900,
+                    "delivery_us": total_us - 900, "retransmits": retransmits, "response_bytes": 61}}]})
+    }
+
+    #[test]
+    fn requests_are_summed_over_the_run_with_their_split_and_slowest() {
+        let text = lines(&[
+            start(),
+            requests(1.0, 53, 2_000, 0),
+            requests(2.0, 54, 244_000, 1),
+            stop(2.0, json!({"start": 1, "sql_requests": 2}), json!({})),
+        ]);
+        let r = Report::from_text(&text).expect("a valid stream");
+        assert_eq!(r.stream.unknown_types.len(), 0);
+        assert!(r.stream.unreadable.is_empty(), "{:?}", r.stream.unreadable);
+        let i = &r.requests[0];
+        assert_eq!(
+            (
+                i.pid,
+                i.counts.requests,
+                i.counts.slow,
+                i.counts.slow_retransmitted
+            ),
+            (4242, 200, 1, 1)
+        );
+        assert_eq!(i.slowest[0].spid, 54);
+        let out = render_text(&r, 120);
+        let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flat.contains("SQL SERVER REQUESTS"), "{out}");
+        assert!(
+            flat.contains("sqlservr 4242: 200 requests (100 a second)"),
+            "{out}"
+        );
+        assert!(
+            flat.contains("1 took 200 ms or more: 1 met a retransmission"),
+            "{out}"
+        );
+        assert!(
+            flat.contains("SPID 54 10.0.0.9:50123 at 10:00:01.500: 244 ms = server 900 µs + delivery 243 ms (1 retransmission)"),
+            "{out}"
+        );
+        assert!(
+            flat.contains("4 requests before their session's SPID"),
+            "{out}"
+        );
+        assert!(render_html(&r).contains("id=\"requests-section\""));
+    }
+}

@@ -1,0 +1,149 @@
+//! Each SQL Server request's latency, as the kernel side timed it from its
+//! connection's turns (ebpf/include/tds_turns.bpf.h), summed per instance
+//! into one `sql_requests` record an interval.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aya::maps::{MapData, RingBuf};
+
+use super::inventory::Inventory;
+use crate::abi::{self, sql_request};
+use crate::hist::Histogram;
+use crate::host::clock::Clock;
+use crate::probes::ring;
+use crate::records::sql_requests::{
+    RequestCounts, SLOW_REQUEST_MS, SessionRequests, SlowRequest, SqlRequestsRecord,
+};
+
+/// The sessions of an instance followed one by one in an interval: a session
+/// beyond them is in every figure but `by_session`.
+const SESSIONS_FOLLOWED: usize = 4096;
+/// `by_session` lists at most this many sessions.
+const SESSIONS_LISTED: usize = 16;
+
+pub struct Requests {
+    ring: RingBuf<MapData>,
+    clock: Clock,
+    by_worker: BTreeMap<u32, Tally>,
+}
+
+/// One instance's requests since the last record.
+#[derive(Default)]
+struct Tally {
+    counts: RequestCounts,
+    total: Histogram,
+    server: Histogram,
+    delivery: Histogram,
+    sessions: u64,
+    /// Each session's requests, by socket inode.
+    by_session: HashMap<u64, SessionRequests>,
+}
+
+impl Requests {
+    pub fn new(ring: RingBuf<MapData>) -> Self {
+        Self {
+            ring,
+            clock: Clock::new(),
+            by_worker: BTreeMap::new(),
+        }
+    }
+
+    /// Take what the kernel sent (every poll: the ring holds about 18,000
+    /// requests), naming each session's client while discovery still knows
+    /// it.
+    pub fn drain(&mut self, inventory: &Inventory) {
+        for r in ring::drain::<sql_request>(&mut self.ring) {
+            let tally = self.by_worker.entry(r.tgid).or_default();
+            tally.add(&r, inventory, &self.clock);
+        }
+    }
+
+    /// One record per instance that had requests since the last call.
+    pub fn records(&mut self, interval_ms: u64, inventory: &Inventory) -> Vec<SqlRequestsRecord> {
+        self.drain(inventory);
+        std::mem::take(&mut self.by_worker)
+            .into_iter()
+            .map(|(pid, tally)| tally.record(pid, interval_ms, inventory))
+            .collect()
+    }
+}
+
+impl Tally {
+    fn add(&mut self, r: &sql_request, inventory: &Inventory, clock: &Clock) {
+        let c = &mut self.counts;
+        if r.spid == 0 {
+            c.without_spid += 1;
+            return;
+        }
+        let total_ns = r.server_ns + r.delivery_ns;
+        c.requests += 1;
+        let retransmitted = u64::from(r.flags & abi::SQL_REQ_RETRANSMITTED as u16 != 0);
+        let slow = u64::from(total_ns >= SLOW_REQUEST_MS * 1_000_000);
+        c.retransmitted += retransmitted;
+        c.slow += slow;
+        c.slow_retransmitted += slow * retransmitted;
+        self.total.record(total_ns, 1);
+        self.server.record(r.server_ns, 1);
+        self.delivery.record(r.delivery_ns, 1);
+        let request = SlowRequest {
+            arrived: clock.monotonic_to_rfc3339(r.arrived_ns),
+            total_us: total_ns / 1000,
+            server_us: r.server_ns / 1000,
+            delivery_us: r.delivery_ns / 1000,
+            retransmits: r.retransmits,
+            response_bytes: r.response_bytes,
+        };
+        if let Some(session) = self.by_session.get_mut(&r.ino) {
+            session.requests += 1;
+            session.retransmitted += retransmitted;
+            session.slow += slow;
+            if request.total_us > session.slowest.total_us {
+                session.slowest = request;
+            }
+            return;
+        }
+        self.sessions += 1;
+        if self.by_session.len() < SESSIONS_FOLLOWED {
+            let session = SessionRequests {
+                spid: r.spid,
+                client: inventory.session_by_inode(r.ino).map(|s| s.remote),
+                requests: 1,
+                retransmitted,
+                slow,
+                slowest: request,
+            };
+            self.by_session.insert(r.ino, session);
+        }
+    }
+
+    fn record(self, pid: u32, interval_ms: u64, inventory: &Inventory) -> SqlRequestsRecord {
+        // A session's first requests may end before discovery has seen it.
+        let mut by_session: Vec<SessionRequests> = self
+            .by_session
+            .into_iter()
+            .map(|(ino, mut s)| {
+                s.client = s
+                    .client
+                    .or_else(|| inventory.session_by_inode(ino).map(|s| s.remote));
+                s
+            })
+            .collect();
+        by_session.sort_by(|a, b| {
+            (b.slowest.total_us.cmp(&a.slowest.total_us)).then(a.spid.cmp(&b.spid))
+        });
+        by_session.truncate(SESSIONS_LISTED);
+        SqlRequestsRecord {
+            interval_ms,
+            pid,
+            counts: RequestCounts {
+                slow_ms: SLOW_REQUEST_MS,
+                ..self.counts
+            },
+            total_us: self.total.to_record(1e-3),
+            server_us: self.server.to_record(1e-3),
+            delivery_us: self.delivery.to_record(1e-3),
+            sessions: self.sessions,
+            by_session,
+        }
+    }
+}
