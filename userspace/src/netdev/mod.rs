@@ -159,6 +159,14 @@ impl Family for NetdevProbe {
         _ctx: &mut Ctx,
         out: &mut JsonWriter,
     ) -> io::Result<()> {
+        // The kernel's table first, then the namespaces: the reading goes a
+        // namespace at a time and takes seconds on a loaded host with a
+        // thousand of them. Read the other way round, the table would hold
+        // interfaces made during the reading, named in a record stamped
+        // before they existed; this way one made after the stamp waits for
+        // the next interval.
+        let kernel: Vec<(netdev_key, PerCpuValues<netdev_stats>)> =
+            self.stats.iter().flatten().collect();
         let (readings, read) = self.read_links();
         let mut links: BTreeMap<IfaceId, (Option<LinkHealth>, String)> = readings
             .into_iter()
@@ -167,8 +175,6 @@ impl Family for NetdevProbe {
         // Which namespaces exist: asked only about those of entries never read.
         let mut live: Option<HashSet<u32>> = None;
         let links_now: HashSet<IfaceId> = links.keys().copied().collect();
-        let kernel: Vec<(netdev_key, PerCpuValues<netdev_stats>)> =
-            self.stats.iter().flatten().collect();
         let mut forget = Vec::new();
         for (key, per_cpu) in kernel {
             let id = (key.netns, key.ifindex);
@@ -176,8 +182,8 @@ impl Family for NetdevProbe {
             // Known: read, now or in an earlier interval (so it has a name).
             // Known but not read now: gone (deleted, moved to another
             // namespace, or its namespace deleted). Never read: in a namespace
-            // not watched (or not to be entered), made after this reading, or
-            // made and gone between two readings (its namespace too).
+            // not watched (or not to be entered), or made and gone between
+            // two readings (its namespace too).
             let known = self.links.contains_key(&id);
             let (link, name) = match links.remove(&id) {
                 Some(found) => found,

@@ -3,8 +3,10 @@
 //! application while the storage it reads is slow. A bulk flow limited by
 //! nothing wrong (a clean network at full speed) is no stall.
 
+use super::Thresholds;
 use super::interval::{Finding, Interval, SqlState, Tally};
 use super::network::round1;
+use super::storage;
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
 use crate::records::tcp::{Limiter, TcpFlowRecord};
 
@@ -27,7 +29,7 @@ fn lossy(f: &TcpFlowRecord) -> bool {
 /// `others`: this interval's network and storage findings, which turn a
 /// limiter into a cause; `sql`: which disks each SQL Server instance keeps
 /// files on, which ties a sender to the disks it reads.
-pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
+pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
     for f in &iv.flows {
         let name = format!("{}:{} -> {}:{}", f.saddr, f.sport, f.daddr, f.dport);
@@ -108,9 +110,12 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                 // holding the socket did slow I/O on. A flow of an instance is tied
                 // to its disks only. For a flow of no known instance whose reads
                 // were not seen (throttled or stacked I/O is submitted by kernel
-                // workers), a slow disk on the host is the only lead: named as
-                // such, not as proven. Of several, the one that held back the
-                // most work (a busy host has brief slow moments elsewhere).
+                // workers), a disk on the host whose reads were slow is the
+                // only lead: named as such, not as proven. A disk slow only to
+                // write (a build writing back on a busy host) is none: a sender
+                // starved of CPU idles too, and blaming that disk would state a
+                // false cause. Of several, the one that held back the most work
+                // (a busy host has brief slow moments elsewhere).
                 let tied = |o: &&Finding| {
                     o.kind == Kind::Storage
                         && o.subject
@@ -118,7 +123,13 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding]) -> Vec<Finding> {
                             .as_deref()
                             .is_some_and(|dev| feeds(iv, sql, f, dev))
                 };
-                let storage = |o: &&Finding| o.kind == Kind::Storage;
+                let storage = |o: &&Finding| {
+                    o.kind == Kind::Storage
+                        && o.subject
+                            .dev
+                            .as_deref()
+                            .is_some_and(|dev| storage::reads_slow(iv, dev, th))
+                };
                 let most = |a: &&Finding, b: &&Finding| a.impact_ms.total_cmp(&b.impact_ms);
                 let (disk, proven) = match others.iter().filter(tied).max_by(most) {
                     Some(d) => (d, true),

@@ -96,7 +96,7 @@ impl Detector {
         let mut findings = network::peers(&iv, &self.th);
         findings.extend(network::interfaces(&iv, &self.th));
         findings.extend(storage::disks(&iv, &self.sql, &self.th));
-        let bulk = flows::bulk(&iv, &self.sql, &findings);
+        let bulk = flows::bulk(&iv, &self.sql, &findings, &self.th);
         findings.extend(bulk);
 
         let mut out = Vec::new();

@@ -41,18 +41,10 @@ impl Disk<'_> {
     /// the range it trims (a deleted file's blocks: tens of ms for a large
     /// one on a healthy disk), so it says nothing of the device's speed.
     fn slowest_op(&self, th: &Thresholds) -> Option<(&BlockRecord, f64)> {
-        let threshold_us = th.io_ms * 1000.0;
         self.ops
             .iter()
             .filter(|b| matches!(b.op, BlockOp::Read | BlockOp::Write | BlockOp::Flush))
-            .filter(|b| {
-                let slow = b.device_us.count_at_least(threshold_us);
-                if b.device_us.count >= th.min_samples {
-                    b.device_us.p99() >= threshold_us
-                } else {
-                    slow >= th.min_samples.div_ceil(2) && 2 * slow >= b.count
-                }
-            })
+            .filter(|b| op_is_slow(b, th))
             .map(|b| (*b, b.device_us.p99()))
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
@@ -101,6 +93,27 @@ impl Disk<'_> {
         let slow = self.slow_count(th.io_ms * 1000.0);
         slow >= th.min_samples.div_ceil(2) && 2 * slow >= self.count()
     }
+}
+
+/// Whether one op of a disk was slow in the interval: its device p99 at the
+/// threshold, or, below the sample floor, most of its few requests slow.
+fn op_is_slow(b: &BlockRecord, th: &Thresholds) -> bool {
+    let threshold_us = th.io_ms * 1000.0;
+    let slow = b.device_us.count_at_least(threshold_us);
+    if b.device_us.count >= th.min_samples {
+        b.device_us.p99() >= threshold_us
+    } else {
+        slow >= th.min_samples.div_ceil(2) && 2 * slow >= b.count
+    }
+}
+
+/// Whether `dev`'s reads were slow in the interval: what a sender that reads
+/// the disk would have waited for. Slow writes or flushes (a build writing
+/// back, a log) hold up no reader.
+pub fn reads_slow(iv: &Interval, dev: &str, th: &Thresholds) -> bool {
+    iv.blocks
+        .iter()
+        .any(|b| b.dev == dev && b.op == BlockOp::Read && op_is_slow(b, th))
 }
 
 pub fn disks(iv: &Interval, sql: &SqlState, th: &Thresholds) -> Vec<Finding> {

@@ -469,9 +469,12 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         slow_disk.clone(),
     ]]);
     assert!(bulk_of(&elsewhere).is_empty(), "{elsewhere:?}");
-    // A flow of no known instance whose reads were not seen: the slow disk is
-    // named as a lead, not as proven.
-    let untagged = run(&[vec![flow("application", 200.0, 0.0, 0), slow_disk.clone()]]);
+    // A flow of no known instance whose reads were not seen: a disk slow to
+    // read is named as a lead, not as proven; one slow only to write is no
+    // lead (a build writing back while the sender was starved of CPU).
+    let mut slow_reads = slow_disk.clone();
+    slow_reads["op"] = json!("read");
+    let untagged = run(&[vec![flow("application", 200.0, 0.0, 0), slow_reads.clone()]]);
     let proven = |r: &[StallRecord], how: &str| {
         r.iter().any(|e| {
             e.kind == Kind::BulkFlow && serde_json::to_string(&e.evidence).unwrap().contains(how)
@@ -481,6 +484,8 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
         proven(&untagged, "not shown to be the disk"),
         "{untagged:?}"
     );
+    let writes_only = run(&[vec![flow("application", 200.0, 0.0, 0), slow_disk.clone()]]);
+    assert!(bulk_of(&writes_only).is_empty(), "{writes_only:?}");
     // Of two slow disks, the lead is the one that held back the most work:
     // a brief slow moment on another disk (a busy host) is not named.
     let mut briefly_slow = block(
@@ -493,10 +498,11 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
     );
     briefly_slow["major"] = json!(7);
     briefly_slow["minor"] = json!(0);
+    briefly_slow["op"] = json!("read");
     let two = run(&[vec![
         flow("application", 200.0, 0.0, 0),
         briefly_slow,
-        slow_disk.clone(),
+        slow_reads,
     ]]);
     let lead: Vec<_> = two
         .iter()
