@@ -277,3 +277,60 @@ fn no_record_reads_from_its_envelope_alone() {
     }
     assert!(wanted("tcp_rtt") && wanted("start") && !wanted("slow_io") && !wanted("tcp_flow"));
 }
+
+/// Request latency per instance and part, and the slow requests split by
+/// whether they met a retransmission: summed over records, never per session.
+#[test]
+fn sql_requests_are_histograms_per_instance_and_part() {
+    use crate::records::sql_requests::{RequestCounts, SqlRequestsRecord};
+    let (mut r, mut f) = registry();
+    let hist_of = |samples_ns: &[u64]| {
+        let mut h = crate::hist::Histogram::default();
+        for &ns in samples_ns {
+            h.record(ns, 1);
+        }
+        h.to_record(1e-3)
+    };
+    let record = SqlRequestsRecord {
+        interval_ms: 1000,
+        pid: 4242,
+        counts: RequestCounts {
+            requests: 3,
+            retransmitted: 1,
+            slow: 2,
+            slow_retransmitted: 1,
+            slow_ms: 200,
+            without_spid: 0,
+        },
+        // 1.05 µs, 1.05 µs and 3 s in total; the last one's 3 s was delivery.
+        total_us: hist_of(&[1_050, 1_050, 3_000_000_000]),
+        server_us: hist_of(&[1_050, 1_050, 500]),
+        delivery_us: hist_of(&[0, 0, 3_000_000_000]),
+        sessions: 2,
+        by_session: Vec::new(),
+    };
+    let line = typed(&record);
+    feed(&mut r, &mut f, "sql_requests", &line);
+    feed(&mut r, &mut f, "sql_requests", &line);
+    let text = r.render();
+    let total = r#"worker_pid="4242",part="total""#;
+    let delivery = r#"worker_pid="4242",part="delivery""#;
+    assert_lines(
+        &text,
+        &[
+            &format!(
+                "stalltrace_sql_request_duration_seconds_bucket{{{total},le=\"0.000002047\"}} 4"
+            ),
+            &format!(
+                "stalltrace_sql_request_duration_seconds_bucket{{{total},le=\"4.294967295\"}} 6"
+            ),
+            &format!("stalltrace_sql_request_duration_seconds_count{{{total}}} 6"),
+            &format!(
+                "stalltrace_sql_request_duration_seconds_bucket{{{delivery},le=\"2.147483647\"}} 4"
+            ),
+            "stalltrace_sql_requests_slow_total{worker_pid=\"4242\",retransmitted=\"true\"} 2",
+            "stalltrace_sql_requests_slow_total{worker_pid=\"4242\",retransmitted=\"false\"} 2",
+        ],
+    );
+    assert!(!text.contains("spid"), "no session labels:\n{text}");
+}

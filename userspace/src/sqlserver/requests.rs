@@ -36,7 +36,14 @@ struct Tally {
     delivery: Histogram,
     sessions: u64,
     /// Each session's requests, by socket inode.
-    by_session: HashMap<u64, SessionRequests>,
+    by_session: HashMap<u64, Followed>,
+}
+
+/// A session's requests, and when its slowest arrived (monotonic ns): made a
+/// timestamp only if the session is listed, not at every request.
+struct Followed {
+    requests: SessionRequests,
+    slowest_arrived_ns: u64,
 }
 
 impl Requests {
@@ -54,7 +61,7 @@ impl Requests {
     pub fn drain(&mut self, inventory: &Inventory) {
         for r in ring::drain::<sql_request>(&mut self.ring) {
             let tally = self.by_worker.entry(r.tgid).or_default();
-            tally.add(&r, inventory, &self.clock);
+            tally.add(&r, inventory);
         }
     }
 
@@ -63,13 +70,13 @@ impl Requests {
         self.drain(inventory);
         std::mem::take(&mut self.by_worker)
             .into_iter()
-            .map(|(pid, tally)| tally.record(pid, interval_ms, inventory))
+            .map(|(pid, tally)| tally.record(pid, interval_ms, inventory, &self.clock))
             .collect()
     }
 }
 
 impl Tally {
-    fn add(&mut self, r: &sql_request, inventory: &Inventory, clock: &Clock) {
+    fn add(&mut self, r: &sql_request, inventory: &Inventory) {
         let c = &mut self.counts;
         if r.spid == 0 {
             c.without_spid += 1;
@@ -86,19 +93,21 @@ impl Tally {
         self.server.record(r.server_ns, 1);
         self.delivery.record(r.delivery_ns, 1);
         let request = SlowRequest {
-            arrived: clock.monotonic_to_rfc3339(r.arrived_ns),
+            arrived: String::new(),
             total_us: total_ns / 1000,
             server_us: r.server_ns / 1000,
             delivery_us: r.delivery_ns / 1000,
             retransmits: r.retransmits,
             response_bytes: r.response_bytes,
         };
-        if let Some(session) = self.by_session.get_mut(&r.ino) {
+        if let Some(followed) = self.by_session.get_mut(&r.ino) {
+            let session = &mut followed.requests;
             session.requests += 1;
             session.retransmitted += retransmitted;
             session.slow += slow;
             if request.total_us > session.slowest.total_us {
                 session.slowest = request;
+                followed.slowest_arrived_ns = r.arrived_ns;
             }
             return;
         }
@@ -112,26 +121,41 @@ impl Tally {
                 slow,
                 slowest: request,
             };
-            self.by_session.insert(r.ino, session);
+            self.by_session.insert(
+                r.ino,
+                Followed {
+                    requests: session,
+                    slowest_arrived_ns: r.arrived_ns,
+                },
+            );
         }
     }
 
-    fn record(self, pid: u32, interval_ms: u64, inventory: &Inventory) -> SqlRequestsRecord {
-        // A session's first requests may end before discovery has seen it.
-        let mut by_session: Vec<SessionRequests> = self
-            .by_session
+    fn record(
+        self,
+        pid: u32,
+        interval_ms: u64,
+        inventory: &Inventory,
+        clock: &Clock,
+    ) -> SqlRequestsRecord {
+        let mut followed: Vec<(u64, Followed)> = self.by_session.into_iter().collect();
+        followed.sort_by(|(_, a), (_, b)| {
+            let (a, b) = (&a.requests, &b.requests);
+            (b.slowest.total_us.cmp(&a.slowest.total_us)).then(a.spid.cmp(&b.spid))
+        });
+        followed.truncate(SESSIONS_LISTED);
+        let by_session = followed
             .into_iter()
-            .map(|(ino, mut s)| {
+            .map(|(ino, f)| {
+                let mut s = f.requests;
+                // A session's first requests may end before discovery has seen it.
                 s.client = s
                     .client
                     .or_else(|| inventory.session_by_inode(ino).map(|s| s.remote));
+                s.slowest.arrived = clock.monotonic_to_rfc3339(f.slowest_arrived_ns);
                 s
             })
             .collect();
-        by_session.sort_by(|a, b| {
-            (b.slowest.total_us.cmp(&a.slowest.total_us)).then(a.spid.cmp(&b.spid))
-        });
-        by_session.truncate(SESSIONS_LISTED);
         SqlRequestsRecord {
             interval_ms,
             pid,
