@@ -68,6 +68,15 @@ pub fn sum_field(records: &[&Value], field: &str) -> u64 {
     records.iter().map(|r| r[field].as_u64().unwrap()).sum()
 }
 
+/// Whether a `lost` source counts hooks the kernel did not run (a program
+/// already running on that CPU: docs/records.md): host-wide, more of them
+/// the busier the host, and no test's doing.
+pub fn kernel_skipped(source: &str) -> bool {
+    source == "block.kernel_skipped"
+        || source == "tcp.retransmit_unseen_segs"
+        || source.contains(".recursion_miss.")
+}
+
 /// Requests a SQL Server session may be short of in `sql_requests`: those the
 /// kernel could not time (`sqlserver.request_untimed`: it skipped the hook
 /// for their arrival or answer), and those whose close it skipped (their

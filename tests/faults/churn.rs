@@ -254,11 +254,7 @@ fn churned_namespaces_and_disks_leave_no_stale_state() {
     let block_lost = lost.remove("block.block_stats_entry_unavailable");
     // Not the churn's: hooks the kernel did not run (a program already
     // running on the CPU; this VM's kernel runs none in PID 1's context).
-    lost.retain(|source, _| {
-        source != "block.kernel_skipped"
-            && source != "tcp.retransmit_unseen_segs"
-            && !source.contains(".recursion_miss.")
-    });
+    lost.retain(|source, _| !stalltrace_lab::records::kernel_skipped(source));
     assert!(lost.is_empty(), "lost to the churn: {lost:?}");
     let n = |v: Option<Value>| v.and_then(|v| v.as_u64()).unwrap_or(0);
     assert!(
