@@ -264,6 +264,7 @@ fn stall_kinds_are_named_as_the_records_name_them() {
         stall::Kind::Network,
         stall::Kind::Storage,
         stall::Kind::BulkFlow,
+        stall::Kind::Requests,
     ] {
         assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
     }

@@ -16,6 +16,8 @@ pub enum Kind {
     Network,
     Storage,
     BulkFlow,
+    /// A SQL Server instance's requests: the clients' symptom, with what the time went to.
+    Requests,
 }
 
 impl Kind {
@@ -25,6 +27,7 @@ impl Kind {
             Kind::Network => "network",
             Kind::Storage => "storage",
             Kind::BulkFlow => "bulk_flow",
+            Kind::Requests => "requests",
         }
     }
 }
@@ -38,6 +41,9 @@ impl Kind {
 #[serde(rename_all = "snake_case")]
 #[schemars(rename = "stall_cause")]
 pub enum Cause {
+    ServerBusy,
+    ServerIo,
+    NetworkDelivery,
     PacketLoss,
     RetransmissionTimeouts,
     DuplexMismatch,
@@ -103,7 +109,7 @@ impl Evidence {
     }
 }
 
-/// What an episode is about: a disk, an interface, a peer, a flow.
+/// What an episode is about: a disk, an interface, a peer, a flow, a SQL Server instance.
 #[derive(
     Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
@@ -123,6 +129,9 @@ pub struct Subject {
     /// Network: the network namespace inode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<u64>,
+    /// Requests: the SQL Server instance's worker pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pid: Option<u32>,
 }
 
 /// Where an episode is: `open` or `closed`.

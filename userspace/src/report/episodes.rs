@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::time::parse_us;
 use crate::records::sql::SqlTag;
-use crate::records::stall::{Kind, Phase, StallRecord};
+use crate::records::stall::{Phase, StallRecord};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evidence {
@@ -50,6 +50,8 @@ pub struct Episode {
     pub peer: Option<String>,
     pub flow: Option<String>,
     pub netns: Option<u64>,
+    /// Requests: the SQL Server instance's worker.
+    pub worker_pid: Option<u32>,
     pub evidence: Vec<Evidence>,
     pub next_step: String,
     pub sessions: Vec<SqlTag>,
@@ -75,6 +77,9 @@ impl Episode {
         }
         if let Some(f) = &self.flow {
             parts.push(format!("flow {f}"));
+        }
+        if let Some(pid) = self.worker_pid {
+            parts.push(format!("SQL Server pid {pid}"));
         }
         parts.join(", ")
     }
@@ -176,7 +181,7 @@ fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> 
     Episode {
         id,
         state,
-        kind: kind_name(r.kind).to_string(),
+        kind: r.kind.name().to_string(),
         cause: r.cause.name(),
         start_us: seen.start_us,
         end_us,
@@ -188,20 +193,12 @@ fn episode(id: u64, state: EpisodeState, seen: &Seen, recording_end_us: i64) -> 
         peer: r.subject.peer.clone(),
         flow: r.subject.flow.clone(),
         netns: r.subject.netns,
+        worker_pid: r.subject.worker_pid,
         evidence,
         next_step: r.next_step.clone(),
         sessions: r.sessions.clone(),
         sessions_omitted: r.sessions_omitted.map_or(0, u64::from),
         files: r.files.clone(),
-    }
-}
-
-/// The name the records use for an episode's kind.
-fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Network => "network",
-        Kind::Storage => "storage",
-        Kind::BulkFlow => "bulk_flow",
     }
 }
 

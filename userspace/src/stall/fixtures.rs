@@ -136,9 +136,37 @@ pub fn sql_instance(disk_roles: Value) -> Value {
         "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": disk_roles})
 }
 
+/// The sql_requests record of worker 42: `requests` of 1 ms, and one slow
+/// request in each listed session, given as (SPID, server µs, delivery µs,
+/// retransmissions of its response).
+pub fn sql_requests(requests: u64, slow: &[(u16, u64, u64, u32)]) -> Value {
+    let fast = requests - slow.len() as u64;
+    let part = |f: fn(&(u16, u64, u64, u32)) -> u64, fast_us: f64| {
+        let mut values = vec![(fast_us, fast)];
+        values.extend(slow.iter().map(|r| (f(r) as f64, 1)));
+        hist(&values)
+    };
+    let retransmitted = slow.iter().filter(|r| r.3 > 0).count();
+    let by_session: Vec<Value> = slow
+        .iter()
+        .enumerate()
+        .map(|(i, &(spid, server, delivery, retransmits))| {
+            json!({"spid": spid, "client": format!("10.0.0.7:{}", 50001 + i), "requests": 1,
+                "retransmitted": u64::from(retransmits > 0), "slow": 1,
+                "slowest": {"arrived": "t", "total_us": server + delivery, "server_us": server,
+                    "delivery_us": delivery, "retransmits": retransmits, "response_bytes": 100}})
+        })
+        .collect();
+    json!({"type": "sql_requests", "ts": "t", "host": "h", "interval_ms": 1000, "pid": 42,
+        "requests": requests, "retransmitted": retransmitted, "slow": slow.len(),
+        "slow_retransmitted": retransmitted, "slow_ms": 200, "without_spid": 0,
+        "total_us": part(|r| r.1 + r.2, 1000.0), "server_us": part(|r| r.1, 900.0),
+        "delivery_us": part(|r| r.2, 100.0), "sessions": slow.len(), "by_session": by_session})
+}
+
 /// One interval with something of every kind: timeouts on a half-duplex
 /// link (hitting 60 sessions), a slow disk holding a SQL Server log, a shaped interface, a
-/// receiver-limited flow.
+/// receiver-limited flow, requests slow in their delivery.
 pub fn eventful_interval() -> Vec<Value> {
     // More sessions hit than a record lists.
     let timeouts = (0..60).map(|i| rto("10.0.0.2", 408.0, 1, 51 + i, 50001 + i as u16));
@@ -159,6 +187,7 @@ pub fn eventful_interval() -> Vec<Value> {
             ),
             slow_io("loop3", 42, Some("/var/opt/mssql/data/sales_log.ldf")),
             flow("receiver", 900.0, 700.0, 0),
+            sql_requests(200, &[(51, 800, 408_500, 1)]),
         ])
         .collect()
 }

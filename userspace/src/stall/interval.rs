@@ -9,6 +9,7 @@ use crate::records::Record;
 use crate::records::block::{BlockRecord, SlowIoRecord};
 use crate::records::netdev::NetdevRecord;
 use crate::records::sql::{SessionEvent, SessionKind, SqlInstanceRecord, SqlSessionRecord, SqlTag};
+use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
 use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
@@ -22,6 +23,7 @@ enum Read {
     Flow(TcpFlowRecord),
     SqlInstance(SqlInstanceRecord),
     SqlSession(SqlSessionRecord),
+    SqlRequests(SqlRequestsRecord),
 }
 
 /// The boundary: a record as the stream carries it (JSON, with the envelope's
@@ -42,6 +44,7 @@ fn read(kind: &str, r: &Value) -> Option<Result<Read, serde_json::Error>> {
         TcpFlowRecord::TYPE => typed(r, Read::Flow),
         SqlInstanceRecord::TYPE => typed(r, Read::SqlInstance),
         SqlSessionRecord::TYPE => typed(r, Read::SqlSession),
+        SqlRequestsRecord::TYPE => typed(r, Read::SqlRequests),
         _ => None,
     }
 }
@@ -56,6 +59,7 @@ pub struct Interval {
     pub rtts: Vec<TcpRttRecord>,
     pub netdevs: Vec<NetdevRecord>,
     pub flows: Vec<TcpFlowRecord>,
+    pub requests: Vec<SqlRequestsRecord>,
     /// Records of a type the rules read that did not have the expected shape.
     pub unreadable: u64,
     /// Why, for the first of each type.
@@ -80,6 +84,7 @@ impl Interval {
                 Some(Ok(Read::Flow(f))) => iv.flows.push(f),
                 Some(Ok(Read::SqlInstance(i))) => sql.instance(i),
                 Some(Ok(Read::SqlSession(s))) => sql.session(s),
+                Some(Ok(Read::SqlRequests(q))) => iv.requests.push(q),
                 Some(Err(e)) => {
                     iv.unreadable += 1;
                     if !iv.why_unreadable.iter().any(|(k, _)| k == kind) {
@@ -139,6 +144,13 @@ impl SqlState {
         self.disk_roles
             .get(&pid)
             .is_some_and(|roles| roles.contains_key(disk))
+    }
+
+    /// The open session of the instance whose worker is `pid` with SPID `spid`.
+    pub fn session_with_spid(&self, pid: u32, spid: u16) -> Option<&SqlTag> {
+        self.sessions
+            .values()
+            .find(|tag| tag.pid == pid && tag.spid == Some(spid))
     }
 
     /// Client sessions open on the instances that keep files on `disk`.

@@ -8,7 +8,9 @@
 //! duplex-mismatch signature; per interface: a stuck transmit queue, PAUSE
 //! frames, a shaping qdisc), storage.rs (per disk: the queue in front of the
 //! device is full, or the device is slow), flows.rs (a bulk flow held back by
-//! its receiver, the network, or a sender waiting on a slow disk).
+//! its receiver, the network, or a sender waiting on a slow disk),
+//! requests.rs (a SQL Server instance's requests slow, and whether the time
+//! went to the network's delivery, its disks, or the server itself).
 
 mod episode;
 #[cfg(test)]
@@ -16,6 +18,7 @@ pub(crate) mod fixtures;
 mod flows;
 mod interval;
 mod network;
+mod requests;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -36,9 +39,8 @@ use interval::{Interval, SqlState};
 pub fn tapped(kind: &str) -> Tapped {
     match kind {
         "slow_io" | "tcp_retransmit" => Tapped::Event,
-        "block" | "tcp_rtt" | "netdev" | "tcp_flow" | "sql_instance" | "sql_session" => {
-            Tapped::Aggregate
-        }
+        "block" | "tcp_rtt" | "netdev" | "tcp_flow" | "sql_instance" | "sql_session"
+        | "sql_requests" => Tapped::Aggregate,
         _ => Tapped::No,
     }
 }
@@ -98,6 +100,8 @@ impl Detector {
         findings.extend(storage::disks(&iv, &self.sql, &self.th));
         let bulk = flows::bulk(&iv, &self.sql, &findings, &self.th);
         findings.extend(bulk);
+        let slow_requests = requests::slow(&iv, &self.sql, &findings);
+        findings.extend(slow_requests);
 
         let mut out = Vec::new();
         let mut seen = Vec::new();

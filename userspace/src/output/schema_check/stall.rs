@@ -11,7 +11,7 @@ pub(super) fn stall(w: &mut JsonWriter) {
     let mut detector = crate::stall::Detector::new(Thresholds::default(), &now());
     let interval = crate::stall::fixtures::eventful_interval();
     let opened = detector.interval(&interval, &now(), 1000.0);
-    assert_eq!(opened.len(), 4, "{opened:?}");
+    assert_eq!(opened.len(), 5, "{opened:?}");
     for stall in opened.iter().chain(&detector.finish()) {
         w.emit(&now(), stall).unwrap();
     }
