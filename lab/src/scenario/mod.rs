@@ -210,8 +210,12 @@ impl Outcome {
     /// The episode is about one of the scenario's subjects: a network or
     /// bulk-flow episode in one of its namespaces (interfaces, peers and flows
     /// live in those; addresses may repeat in other labs' namespaces), a
-    /// storage episode on one of its disks.
+    /// storage episode on one of its disks, a requests episode of the
+    /// simulator whose sessions it opened.
     pub fn is_ours(&self, stall: &Value) -> bool {
+        if let Some(pid) = stall["worker_pid"].as_u64() {
+            return self.sessions.iter().any(|s| u64::from(s.worker) == pid);
+        }
         match stall["netns"].as_u64() {
             Some(n) => self.netns.contains(&n),
             None => stall["dev"]
@@ -357,6 +361,10 @@ pub fn summary(stall: &Value) -> String {
     let subject = ["dev", "iface", "peer", "flow"]
         .iter()
         .find_map(|f| stall[*f].as_str().map(|v| format!("{f} {v}")))
+        .or_else(|| {
+            let pid = stall["worker_pid"].as_u64()?;
+            Some(format!("SQL Server pid {pid}"))
+        })
         .unwrap_or_else(|| "?".into());
     let sessions = stall["sessions"].as_array().map_or(0, Vec::len);
     let mut s = format!(
