@@ -116,5 +116,44 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         }];
     }
     o.sessions = sessions;
+    // Requests the server took 200 ms for without the fault (a busy host):
+    // true, if the client saw them too.
+    if fault == Fault::Clean {
+        let client_max_us = report.0["max_us"].as_f64().unwrap_or(0.0);
+        o.confirmed = super::slow_requests_seen_by_client(&o, client_max_us, "ODBC Driver 18");
+    }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Outcome, Session, slow_requests_seen_by_client};
+    use super::*;
+
+    const REQUESTS: &str = r#"{"type":"stall","phase":"closed","kind":"requests","cause":"server_busy","worker_pid":7,"start":"2026-11-28T13:00:00Z","end":"2026-11-28T13:00:01Z","evidence":[{"signal":"slow_requests","value":4,"unit":"count"},{"signal":"slowest_request_ms","value":234.9,"threshold":200.0,"unit":"ms"}]}"#;
+
+    fn clean(worker: u32) -> Outcome {
+        let mut o = Outcome::new("loss", Fault::Clean, format!("{REQUESTS}\n"));
+        o.sessions = vec![Session {
+            worker,
+            spid: 51,
+            client: "10.0.0.1:50000".into(),
+        }];
+        o
+    }
+
+    /// A requests episode of the scenario's simulator is judged: confirmed
+    /// when the client saw a request as slow, unexpected when it did not.
+    #[test]
+    fn a_slow_request_without_the_fault_is_true_only_if_the_client_saw_it() {
+        let mut o = clean(7);
+        assert_eq!(o.ours().len(), 1);
+        o.confirmed = slow_requests_seen_by_client(&o, 233_569.0, "the client");
+        assert!(o.verdict().is_ok(), "{:?}", o.verdict());
+        let mut o = clean(7);
+        o.confirmed = slow_requests_seen_by_client(&o, 27_293.0, "the client");
+        assert!(o.verdict().is_err());
+        // Another instance's episode is not the scenario's.
+        assert!(clean(8).ours().is_empty());
+    }
 }

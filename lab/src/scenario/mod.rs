@@ -357,6 +357,37 @@ impl Outcome {
 }
 
 /// One episode in a line: kind, cause, subject, duration, sessions.
+/// The scenario's `requests` episodes that its SQL client's own clock
+/// confirms: the client saw a request take at least the episode's threshold
+/// in the run (`client_max_us`; the client keeps no per-request times, so
+/// the run, not the episode's seconds).
+pub fn slow_requests_seen_by_client(
+    o: &Outcome,
+    client_max_us: f64,
+    client: &str,
+) -> Vec<(String, String)> {
+    o.ours()
+        .into_iter()
+        .filter(|stall| stall["kind"] == "requests")
+        .filter_map(|stall| {
+            let threshold = stall["evidence"]
+                .as_array()?
+                .iter()
+                .find(|e| e["signal"] == "slowest_request_ms")?["threshold"]
+                .as_f64()?;
+            (client_max_us / 1000.0 >= threshold).then(|| {
+                (
+                    stall["end"].as_str().unwrap_or_default().to_string(),
+                    format!(
+                        "{client}'s own slowest request took {:.1} ms (threshold {threshold} ms)",
+                        client_max_us / 1000.0
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
 pub fn summary(stall: &Value) -> String {
     let subject = ["dev", "iface", "peer", "flow"]
         .iter()
