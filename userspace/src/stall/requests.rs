@@ -130,31 +130,28 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
                 .max_by(most)
         };
         let slow_spid = |spid: Option<u16>| slow.iter().any(|s| Some(s.spid) == spid);
-        let next = match hit(&slow_spid).or_else(|| hit(&|_| true)) {
-            Some(net) => {
-                let place = net
-                    .subject
-                    .peer
-                    .clone()
-                    .or_else(|| net.subject.iface.clone())
-                    .unwrap_or_default();
-                evidence.push(Evidence::new(
-                    "network_episode",
-                    place.clone(),
-                    format!(
-                        "meanwhile, on the way to {place}: {}",
-                        net.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
-                    ),
-                ));
+        if let Some(net) = hit(&slow_spid).or_else(|| hit(&|_| true)) {
+            let place = net
+                .subject
+                .peer
+                .clone()
+                .or_else(|| net.subject.iface.clone())
+                .unwrap_or_default();
+            evidence.push(Evidence::new(
+                "network_episode",
+                place.clone(),
                 format!(
-                    "the network delivered the responses late: see the network episode for \
-                     {place} and fix that; the server answered in time"
-                )
-            }
-            None => "the network delivered the responses late: check the path to the clients \
-                     named (loss, a slow link); the server answered in time"
-                .to_string(),
-        };
+                    "meanwhile, on the way to {place}: {}",
+                    net.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
+                ),
+            ));
+        }
+        // The same words whether or not this interval had the network
+        // episode: an episode keeps its first interval's next step.
+        let next = "the network delivered the responses late: see the network episodes of the \
+                    clients' addresses named (retransmission timeouts, loss on the path) and fix \
+                    those; the server answered in time"
+            .to_string();
         (Cause::NetworkDelivery, next)
     } else {
         let keeps_files = |o: &&Finding| {
