@@ -64,16 +64,19 @@ fn flood(disk: &LoopDevice) -> Books {
         "--no-stalls",
     ]);
     std::thread::sleep(Duration::from_secs(1));
-    let t0 = SystemTime::now();
+    // The records' window [t0, t1] inside the kernel counts' [d0, d1]: a
+    // record of another disk stamped between a count and its bound would be
+    // a record of no counted request (on a busy host's root disk, it was).
     let d0 = completions();
+    let t0 = SystemTime::now();
     // An interval with none of the flood: the first one the window counts
     // `lost` from starts after t0.
     std::thread::sleep(INTERVAL + Duration::from_millis(200));
     let fio = randread_4k(&disk.dev, &["--ioengine=libaio", "--iodepth=32"], 3);
     // Drained (every 100 ms) and counted by the end of the next interval.
     std::thread::sleep(Duration::from_secs(1));
-    let d1 = completions();
     let t1 = SystemTime::now();
+    let d1 = completions();
     std::thread::sleep(INTERVAL * 2);
     let records = tracer.stop();
 
