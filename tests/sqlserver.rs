@@ -412,11 +412,12 @@ fn requests_are_timed_as_their_clients_timed_them() {
             );
         }
         // The percentiles, within a bucket of the client's plus one round trip
-        // (the client's fastest request is at least one).
-        for (q, theirs) in [
-            (0.5, run.p50_us()),
-            (0.99, run.0["p99_us"].as_u64().unwrap()),
-        ] {
+        // (the client's fastest request is at least one). The client's, to its
+        // kernel's receipt as above: its own figures run to its read, which on
+        // a busy host adds the client's wait for a CPU (1838 µs there against
+        // 1710 µs to the receipt, at p50).
+        for q in [0.5, 0.99] {
+            let theirs = client_at(q);
             let ours = total.percentile(q).unwrap() / 1000.0;
             let (low, high) = bucket_range(bucket_index(theirs * 1000));
             let bound = (high - low) as f64 / 1000.0 + fastest as f64;
