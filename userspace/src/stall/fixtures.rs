@@ -136,6 +136,18 @@ pub fn sql_instance(disk_roles: Value) -> Value {
         "tds_ports": [1433], "ag_ports": [5022], "files": [], "disk_roles": disk_roles})
 }
 
+/// loop3 (7:3): 50 writes in the interval, each 400 ms on the device.
+pub fn slow_disk() -> Value {
+    block(
+        "loop3",
+        50,
+        &[(2.0, 50)],
+        &[(400_000.0, 50)],
+        &[(1.0, 50)],
+        128,
+    )
+}
+
 /// The sql_requests record of worker 42: `requests` of 1 ms, and one slow
 /// request in each listed session, given as (SPID, server µs, delivery µs,
 /// retransmissions of its response).
@@ -177,14 +189,7 @@ pub fn eventful_interval() -> Vec<Value> {
             "netns": 1, "kind": "client", "local": "10.0.0.1:1433", "remote": "10.0.0.7:50001",
             "sock_ino": 7, "first_seen": "t", "spid": 51, "encrypted": false}),
             netdev("eth0", &[(30_000.0, 500)], link("half", 37, 12, 0)),
-            block(
-                "loop3",
-                50,
-                &[(2.0, 50)],
-                &[(400_000.0, 50)],
-                &[(1.0, 50)],
-                128,
-            ),
+            slow_disk(),
             slow_io("loop3", 42, Some("/var/opt/mssql/data/sales_log.ldf")),
             flow("receiver", 900.0, 700.0, 0),
             sql_requests(200, &[(51, 800, 408_500, 1)]),

@@ -89,10 +89,7 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) 
                     ev.push(Evidence::new(
                         "network_episode",
                         p.cause.name(),
-                        format!(
-                            "on the same path: {}",
-                            p.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
-                        ),
+                        format!("on the same path: {}", p.headline()),
                     ));
                 }
                 (
@@ -164,10 +161,7 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) 
                         Evidence::new(
                             "storage_episode",
                             dev.clone(),
-                            format!(
-                                "{link}: {}",
-                                disk.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
-                            ),
+                            format!("{link}: {}", disk.headline()),
                         ),
                     ],
                     format!(

@@ -199,6 +199,13 @@ pub struct Finding {
     pub tally: Tally,
 }
 
+impl Finding {
+    /// Its strongest evidence, in words: what another finding quotes of it.
+    pub fn headline(&self) -> &str {
+        self.evidence.first().map_or("", |e| e.text.as_str())
+    }
+}
+
 /// What a finding adds to its episode's totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tally {

@@ -140,10 +140,7 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
             evidence.push(Evidence::new(
                 "network_episode",
                 place.clone(),
-                format!(
-                    "meanwhile, on the way to {place}: {}",
-                    net.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
-                ),
+                format!("meanwhile, on the way to {place}: {}", net.headline()),
             ));
         }
         // The same words whether or not this interval had the network
@@ -173,10 +170,7 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
                 evidence.push(Evidence::new(
                     "storage_episode",
                     dev.clone(),
-                    format!(
-                        "meanwhile {dev}{of} was slow: {}",
-                        disk.evidence.first().map(|e| e.text.as_str()).unwrap_or("")
-                    ),
+                    format!("meanwhile {dev}{of} was slow: {}", disk.headline()),
                 ));
                 (
                     Cause::ServerIo,

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::super::fixtures::{block, rto, sql_instance, sql_requests};
+use super::super::fixtures::{rto, slow_disk, sql_instance, sql_requests};
 use super::super::{Detector, Thresholds};
 use crate::records::stall::{Cause, Kind, Phase, StallRecord};
 
@@ -25,17 +25,7 @@ fn evidence<'a>(e: &'a StallRecord, signal: &str) -> Option<&'a Value> {
 
 /// A disk that took 400 ms for each of 50 writes, the instance's log on it.
 fn slow_log_disk() -> Vec<Value> {
-    vec![
-        sql_instance(json!({"7:3": "log"})),
-        block(
-            "loop3",
-            50,
-            &[(2.0, 50)],
-            &[(400_000.0, 50)],
-            &[(1.0, 50)],
-            128,
-        ),
-    ]
+    vec![sql_instance(json!({"7:3": "log"})), slow_disk()]
 }
 
 #[test]
@@ -90,17 +80,7 @@ fn server_time_names_the_instance_disk_or_says_the_server_was_busy() {
     );
     assert_eq!(evidence(&found[0], "slow_requests"), Some(&json!(2)));
     // The instance keeps nothing on the slow disk: the server itself.
-    let mut elsewhere = vec![
-        sql_instance(json!({"8:0": "log"})),
-        block(
-            "loop3",
-            50,
-            &[(2.0, 50)],
-            &[(400_000.0, 50)],
-            &[(1.0, 50)],
-            128,
-        ),
-    ];
+    let mut elsewhere = vec![sql_instance(json!({"8:0": "log"})), slow_disk()];
     elsewhere.push(sql_requests(200, &[(51, 420_000, 300, 0)]));
     let busy = episodes(elsewhere);
     assert_eq!(busy[0].cause, Cause::ServerBusy);

@@ -351,14 +351,7 @@ fn storage_episodes_name_files_and_the_instances_sessions() {
         "remote": format!("10.0.0.7:{port}"), "sock_ino": ino, "first_seen": "t", "spid": 51, "encrypted": false})
     };
     let slow_io = slow_io("loop3", 42, Some("/var/opt/mssql/data/sales_log.ldf"));
-    let slow = block(
-        "loop3",
-        50,
-        &[(2.0, 50)],
-        &[(400_000.0, 50)],
-        &[(1.0, 50)],
-        128,
-    );
+    let slow = slow_disk();
     let r = run(&[
         vec![
             instance,
@@ -435,14 +428,7 @@ fn bulk_flows_stall_only_when_something_holds_them_back() {
     );
     // A paced sender is no stall; one waiting on a slow disk it reads is.
     assert!(run(&[vec![flow("application", 200.0, 0.0, 0)]]).is_empty());
-    let slow_disk = block(
-        "loop3",
-        50,
-        &[(2.0, 50)],
-        &[(400_000.0, 50)],
-        &[(1.0, 50)],
-        128,
-    );
+    let slow_disk = slow_disk();
     let mut backup = flow("application", 200.0, 0.0, 0);
     backup["sql"] = json!({"pid": 42, "kind": "backup", "client": "10.0.0.9:445"});
     let bulk_of = |r: &[StallRecord]| {
