@@ -249,3 +249,50 @@ fn backup_clean_has_no_stall() {
     let o = checked(scenario::backup::run(&bins(), Fault::Clean));
     assert_clean(&o);
 }
+
+// ---- slow log --------------------------------------------------------------------
+
+/// The log disk throttled to a few writes a second: the clients' requests are
+/// slow with the time on the server's side, and the `requests` episode says
+/// so (`server_io`), naming the worker's writes to the log file, never the
+/// network.
+#[test]
+fn slow_log_is_server_io_naming_the_log_writes() {
+    require_root();
+    let o = checked(scenario::slow_log::run(&bins(), Fault::Injected));
+    assert_expected(&o);
+    for episode in o.found(&o.expected[0]) {
+        let files = episode["files"].as_array().expect("files of the episode");
+        assert!(
+            files
+                .iter()
+                .any(|f| f.as_str().is_some_and(|f| f.ends_with("/sales_log.ldf"))),
+            "the log file's writes are not named: {episode}"
+        );
+        let slowest = evidence(episode, "slow_io_ms_max").and_then(Value::as_f64);
+        assert!(
+            slowest.is_some_and(|ms| ms >= 20.0),
+            "the slowest log write: {episode}"
+        );
+        for tag in episode["sessions"].as_array().unwrap() {
+            assert!(
+                o.sessions.iter().any(|s| s.is(tag)),
+                "a session the client did not open: {tag}"
+            );
+        }
+    }
+    // Not the network: no requests episode blames delivery.
+    let blamed: Vec<&Value> = o
+        .ours()
+        .into_iter()
+        .filter(|s| s["kind"] == "requests" && s["cause"] == "network_delivery")
+        .collect();
+    assert!(blamed.is_empty(), "{blamed:#?}");
+}
+
+#[test]
+fn slow_log_clean_has_no_stall() {
+    require_root();
+    let o = checked(scenario::slow_log::run(&bins(), Fault::Clean));
+    assert_clean(&o);
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::netlab::{NetPair, Side, delta};
 use common::sqllab::{
-    Cgroup, Mounted, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
+    Cgroup, ClientReport, Mounted, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
 };
 use common::*;
 use serde::Deserialize;
@@ -251,6 +251,44 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
         "sqlclient p50 {} µs: the log disk was not slow",
         report.p50_us()
     );
+
+    // The requests, timed from the server's side, as the client timed them,
+    // and the time the server's: nothing was lost on the way.
+    let timings = client_timings("slow log", &report);
+    let ports: Vec<u16> = timings.keys().copied().collect();
+    let ours = requests_of(&records, sim.worker, &ports);
+    assert_counts_match("slow log", &records, &per_session(&ours), &timings);
+    let mut client: Vec<u64> = timings.values().flatten().copied().collect();
+    client.sort_unstable();
+    let (total, server, delivery) = (
+        merged(&ours, |r| &r.total_us),
+        merged(&ours, |r| &r.server_us),
+        merged(&ours, |r| &r.delivery_us),
+    );
+    eprintln!(
+        "slow log: client p50 {} µs p99 {} µs; stalltrace {} requests, total p50 {:?} p99 {:?}, \
+         server p50 {:?}, delivery p50 {:?} max {:?}",
+        nearest_rank(&client, 0.5),
+        nearest_rank(&client, 0.99),
+        total.count(),
+        total.percentile(0.5),
+        total.percentile(0.99),
+        server.percentile(0.5),
+        delivery.percentile(0.5),
+        delivery.max()
+    );
+    assert_percentiles_match("slow log", &total, &client);
+    let sum = |h: &Histogram| h.mean().unwrap_or(0.0) * h.count() as f64;
+    assert!(
+        sum(&server) >= 0.9 * sum(&total),
+        "slow log: the server's share of the requests' time is {:.0}%",
+        100.0 * sum(&server) / sum(&total).max(1.0)
+    );
+    assert_eq!(
+        ours.iter().map(|r| r.counts.retransmitted).sum::<u64>(),
+        0,
+        "slow log: a response retransmitted on loopback"
+    );
 }
 
 /// `sql_requests` records of the sessions whose client ports are `ports`.
@@ -302,9 +340,73 @@ fn per_session(records: &[SqlRequestsRecord]) -> BTreeMap<u16, (u64, u64)> {
     out
 }
 
+/// The client's oracle of one run: each request from just before the client
+/// wrote it to its kernel's receipt of the response (SO_TIMESTAMPNS), so that
+/// the client's own lateness on a busy host is not counted; by client port.
+fn client_timings(name: &str, run: &ClientReport) -> BTreeMap<u16, Vec<u64>> {
+    assert_eq!(run.errors(), 0, "sqlclient ({name}): {}", run.0);
+    let mut out = BTreeMap::new();
+    for s in run.0["sessions"].as_array().unwrap() {
+        let all = s["arrival_latencies_us"].as_array().unwrap();
+        assert_eq!(
+            all.len() as u64,
+            s["transactions"].as_u64().unwrap(),
+            "{name}: sqlclient has no receive time for some requests"
+        );
+        let port = s["client_port"].as_u64().unwrap() as u16;
+        out.insert(port, all.iter().map(|v| v.as_u64().unwrap()).collect());
+    }
+    out
+}
+
+/// The value at quantile `q` of sorted `values`, by nearest rank.
+fn nearest_rank(values: &[u64], q: f64) -> u64 {
+    let rank = (q * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// Each session's requests as stalltrace counted them equal the client's:
+/// its transactions and the `SELECT @@SPID` it asked after its login (the
+/// login itself arrives before the session has a SPID: `without_spid`), less
+/// those the kernel declared untimed (none on a kernel that skips no hook).
+fn assert_counts_match(
+    name: &str,
+    records: &[Value],
+    counted: &BTreeMap<u16, (u64, u64)>,
+    client: &BTreeMap<u16, Vec<u64>>,
+) {
+    let untimed = requests_untimed(records);
+    for (port, latencies) in client {
+        let (requests, _) = counted.get(port).copied().unwrap_or_default();
+        let theirs = latencies.len() as u64 + 1;
+        assert!(
+            requests <= theirs && theirs - requests <= untimed,
+            "{name}: requests of the session from port {port}: stalltrace {requests}, the \
+             client {theirs}, {untimed} declared untimed"
+        );
+    }
+}
+
+/// stalltrace's p50 and p99 of `total` within a bucket of the client's plus
+/// one round trip (the client's fastest request is at least one).
+fn assert_percentiles_match(name: &str, total: &Histogram, client: &[u64]) {
+    let fastest = client[0];
+    for q in [0.5, 0.99] {
+        let theirs = nearest_rank(client, q);
+        let ours = total.percentile(q).unwrap() / 1000.0;
+        let (low, high) = bucket_range(bucket_index(theirs * 1000));
+        let bound = (high - low) as f64 / 1000.0 + fastest as f64;
+        assert!(
+            (ours - theirs as f64).abs() <= bound,
+            "{name}: p{} {ours:.0} µs against the client's {theirs} µs (bound {bound:.0} µs)",
+            q * 100.0
+        );
+    }
+}
+
 /// Each request's latency, timed from the server's side of its connection,
 /// against sqlclient's own clock around each request: clean, then with 5% of
-/// what the server sends to the client dropped.
+/// what the server sends to the client dropped, in cleartext and in TLS.
 #[test]
 fn requests_are_timed_as_their_clients_timed_them() {
     require_root();
@@ -325,42 +427,34 @@ fn requests_are_timed_as_their_clients_timed_them() {
     let clean = SqlClientRun::start(&bins(), client_side(), &server, 4, 200, 6).finish();
     // The runs' requests in intervals of their own.
     std::thread::sleep(Duration::from_millis(1500));
-    let mut lossy_run = SqlClientRun::start(&bins(), client_side(), &server, 4, 100, 15);
-    lossy_run.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
     // The client's input from the server's port: responses lost, requests not
     // (a request lost on its way in is invisible from the server's side).
-    pair.drop_random(Side::A, 5, Some(sim.port));
-    let lossy = lossy_run.finish();
-    pair.clear_drops(Side::A);
-    std::thread::sleep(Duration::from_millis(1200));
+    let lossy_with = |encrypt: &str| {
+        let mut run = SqlClientRun::sqlclient(&bins(), client_side(), &server, encrypt, 4, 100, 15);
+        run.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
+        pair.drop_random(Side::A, 5, Some(sim.port));
+        let report = run.finish();
+        pair.clear_drops(Side::A);
+        std::thread::sleep(Duration::from_millis(1200));
+        report
+    };
+    let lossy = lossy_with("not-supported");
+    // TLS for the whole session, as every current Microsoft driver does: the
+    // requests are timed from the socket alone, the SPIDs from the plaintext.
+    let encrypted = lossy_with("on");
     let records = tracer.stop();
-    for (name, run) in [("clean", &clean), ("lossy", &lossy)] {
-        assert_eq!(run.errors(), 0, "sqlclient ({name}): {}", run.0);
-        let sessions = run.0["sessions"].as_array().unwrap();
-        let ports: Vec<u16> = sessions
-            .iter()
-            .map(|s| s["client_port"].as_u64().unwrap() as u16)
-            .collect();
+    for (name, run) in [
+        ("clean", &clean),
+        ("lossy", &lossy),
+        ("lossy, encrypted", &encrypted),
+    ] {
+        let timings = client_timings(name, run);
+        let ports: Vec<u16> = timings.keys().copied().collect();
         let ours = requests_of(&records, sim.worker, &ports);
         let counted = per_session(&ours);
-        // The oracle: each request from just before the client wrote it to
-        // its kernel's receipt of the response (SO_TIMESTAMPNS), so that the
-        // client's own lateness on a busy host is not counted.
-        let arrivals = |s: &Value| -> Vec<u64> {
-            let all = s["arrival_latencies_us"].as_array().unwrap();
-            assert_eq!(
-                all.len() as u64,
-                s["transactions"].as_u64().unwrap(),
-                "{name}: sqlclient has no receive time for some requests"
-            );
-            all.iter().map(|v| v.as_u64().unwrap()).collect()
-        };
-        let mut client_latencies: Vec<u64> = sessions.iter().flat_map(arrivals).collect();
+        let mut client_latencies: Vec<u64> = timings.values().flatten().copied().collect();
         client_latencies.sort_unstable();
-        let client_at = |q: f64| {
-            let rank = (q * client_latencies.len() as f64).ceil() as usize;
-            client_latencies[rank.clamp(1, client_latencies.len()) - 1]
-        };
+        let client_at = |q: f64| nearest_rank(&client_latencies, q);
         let total = merged(&ours, |r| &r.total_us);
         let fastest = client_latencies[0];
         eprintln!(
@@ -380,26 +474,14 @@ fn requests_are_timed_as_their_clients_timed_them() {
             merged(&ours, |r| &r.delivery_us).percentile(0.5),
             merged(&ours, |r| &r.delivery_us).percentile(0.99),
         );
-        // Every request of every session: its transactions, and the
-        // `SELECT @@SPID` it asked after its login (the login itself arrives
-        // before the session has a SPID: `without_spid`).
-        for s in sessions {
-            let port = s["client_port"].as_u64().unwrap() as u16;
-            let latencies = arrivals(s);
+        assert_counts_match(name, &records, &counted, &timings);
+        let untimed = requests_untimed(&records);
+        for (port, latencies) in &timings {
             let slow = latencies
                 .iter()
                 .filter(|&&v| v >= SLOW_REQUEST_MS * 1000)
                 .count() as u64;
-            let (requests, our_slow) = counted.get(&port).copied().unwrap_or_default();
-            // Less those the kernel declared untimed (none on a kernel that
-            // skips none of the hooks).
-            let theirs = s["transactions"].as_u64().unwrap() + 1;
-            let untimed = requests_untimed(&records);
-            assert!(
-                requests <= theirs && theirs - requests <= untimed,
-                "{name}: requests of the session from port {port}: stalltrace {requests}, the \
-                 client {theirs}, {untimed} declared untimed"
-            );
+            let (_, our_slow) = counted.get(port).copied().unwrap_or_default();
             // A request within an RTT of the threshold may fall either side.
             let near = latencies
                 .iter()
@@ -411,22 +493,10 @@ fn requests_are_timed_as_their_clients_timed_them() {
                 "{name}: port {port}: stalltrace has {our_slow} slow requests, the client {slow}"
             );
         }
-        // The percentiles, within a bucket of the client's plus one round trip
-        // (the client's fastest request is at least one). The client's, to its
-        // kernel's receipt as above: its own figures run to its read, which on
-        // a busy host adds the client's wait for a CPU (1838 µs there against
-        // 1710 µs to the receipt, at p50).
-        for q in [0.5, 0.99] {
-            let theirs = client_at(q);
-            let ours = total.percentile(q).unwrap() / 1000.0;
-            let (low, high) = bucket_range(bucket_index(theirs * 1000));
-            let bound = (high - low) as f64 / 1000.0 + fastest as f64;
-            assert!(
-                (ours - theirs as f64).abs() <= bound,
-                "{name}: p{} {ours:.0} µs against the client's {theirs} µs (bound {bound:.0} µs)",
-                q * 100.0
-            );
-        }
+        // The client's percentiles to its kernel's receipt, as above: its own
+        // figures run to its read, which on a busy host adds the client's wait
+        // for a CPU (1838 µs there against 1710 µs to the receipt, at p50).
+        assert_percentiles_match(name, &total, &client_latencies);
         // Every slow request is explained: a retransmission of its response,
         // or the server's own time (the simulator's log flush on a busy host).
         let slow: u64 = ours.iter().map(|r| r.counts.slow).sum();
@@ -439,7 +509,7 @@ fn requests_are_timed_as_their_clients_timed_them() {
              server that long",
             slow - slow_retransmitted
         );
-        if name == "lossy" {
+        if name.starts_with("lossy") {
             assert!(
                 slow >= 5,
                 "lossy: too little loss to judge: {slow} slow requests"

@@ -5,7 +5,9 @@
 //!   record of the disk, in an interval of the episode;
 //! - `rto_ms_max` (network): a retransmission timeout to the peer, a
 //!   `tcp_retransmit` record in the episode's window (or read in its first
-//!   interval).
+//!   interval);
+//! - `slow_io_ms_max` (requests): a `slow_io` of the instance's worker, read
+//!   in the episode's window.
 
 use serde_json::Value;
 
@@ -69,6 +71,19 @@ impl Outcome {
                 if !held {
                     wrong.push(format!(
                         "rto_ms_max {v} in no tcp_retransmit of its window: {stall}"
+                    ));
+                }
+            }
+            if let Some(v) = evidence(stall, "slow_io_ms_max") {
+                let held = of_type(&self.records, "slow_io")
+                    .into_iter()
+                    .filter(read_within)
+                    .filter(|r| r["sql"]["pid"] == stall["worker_pid"])
+                    .filter_map(|r| r["latency_us"].as_f64())
+                    .any(|us| ((us / 1000.0 * 10.0).round() / 10.0 - v).abs() < 1e-9);
+                if !held {
+                    wrong.push(format!(
+                        "slow_io_ms_max {v} in no slow_io of the worker in its window: {stall}"
                     ));
                 }
             }

@@ -13,7 +13,9 @@ pub mod backup;
 mod evidence;
 pub mod loss;
 pub mod queue_depth;
+mod requests;
 pub mod rtt;
+pub mod slow_log;
 pub mod throttle;
 
 use std::collections::BTreeMap;
@@ -22,6 +24,8 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use crate::Bins;
+use crate::net::{NetPair, Side};
+use crate::sql::ClientReport;
 use crate::tracer::parse_lines;
 
 /// With the fault, or the same load without it.
@@ -66,6 +70,11 @@ pub const ALL: &[Scenario] = &[
         about: backup::ABOUT,
         run: backup::run,
     },
+    Scenario {
+        name: "slow-log",
+        about: slow_log::ABOUT,
+        run: slow_log::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Scenario> {
@@ -73,7 +82,7 @@ pub fn find(name: &str) -> Option<&'static Scenario> {
 }
 
 /// An episode a scenario expects with its fault: `kind` and `cause` on the
-/// subject whose `field` (`dev`, `iface`, `peer`, `flow`) is `value`, in
+/// subject whose `field` (`dev`, `iface`, `peer`, `flow`, `worker_pid`) is `value`, in
 /// network namespace `netns` when given. A `flow` value matches the end of the
 /// record's `flow` (`-> daddr:dport`: the sender's port is the kernel's).
 #[derive(Clone, Debug)]
@@ -89,7 +98,11 @@ pub struct Expected {
 
 impl Expected {
     pub fn matches(&self, stall: &Value) -> bool {
-        let subject = stall[self.field].as_str().unwrap_or_default();
+        let subject = match &stall[self.field] {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => String::new(),
+        };
         let on_subject = match self.field {
             "flow" => subject.ends_with(&self.value),
             _ => subject == self.value,
@@ -100,6 +113,18 @@ impl Expected {
             && self
                 .netns
                 .is_none_or(|n| stall["netns"].as_u64() == Some(n))
+    }
+
+    /// A `requests` episode of the simulator whose worker is `worker`.
+    pub fn requests(cause: &'static str, worker: u32, sessions: Vec<Session>) -> Self {
+        Self {
+            kind: "requests",
+            cause,
+            field: "worker_pid",
+            value: worker.to_string(),
+            netns: None,
+            sessions,
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -128,6 +153,20 @@ pub struct Session {
 }
 
 impl Session {
+    /// The sessions a SQL client reported opening from `client_ip` to the
+    /// simulator whose worker is `worker`.
+    pub fn of_client(report: &ClientReport, worker: u32, client_ip: &str) -> Vec<Session> {
+        report
+            .sessions()
+            .into_iter()
+            .map(|(port, spid)| Session {
+                worker,
+                spid,
+                client: format!("{client_ip}:{port}"),
+            })
+            .collect()
+    }
+
     /// The record's `sql` tag names this session.
     pub fn is(&self, tag: &Value) -> bool {
         tag["pid"] == self.worker
@@ -187,6 +226,16 @@ impl Outcome {
             values: BTreeMap::new(),
             args: Vec::new(),
             confirmed: Vec::new(),
+        }
+    }
+
+    /// The subjects of a pair of namespaces: both ends' addresses, interfaces
+    /// and namespaces.
+    fn on_pair(&mut self, pair: &NetPair) {
+        for side in [Side::A, Side::B] {
+            self.peers.push(pair.v4(side).to_string());
+            self.ifaces.push(pair.veth(side).into());
+            self.netns.push(pair.netns_inode(side));
         }
     }
 
@@ -337,6 +386,9 @@ impl Outcome {
             Err(why) => format!("NOT as expected: {why}."),
         };
         let mut text = format!("stalltrace found: {found}. Expected: {expected}. {verdict}");
+        if let Some(requests) = self.requests_line() {
+            let _ = write!(text, " The clients' requests: {requests}.");
+        }
         for why in ours.iter().filter_map(|s| self.confirmation(s)) {
             let _ = write!(text, " Confirmed without the fault: {why}.");
         }

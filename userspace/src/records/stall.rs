@@ -181,12 +181,14 @@ pub struct StallRecord {
     /// What to check next.
     pub next_step: String,
     /// SQL Server sessions it hit (network: those whose connections retransmitted; storage: those
-    /// open on the instance whose files are on the disk). Empty when none is known.
+    /// open on the instance whose files are on the disk; requests: those with a slow request).
+    /// Empty when none is known.
     pub sessions: Vec<SqlTag>,
     /// Sessions hit but left out of `sessions` (it holds at most 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions_omitted: Option<u32>,
-    /// Storage: database files that slow I/Os of the episode touched.
+    /// Storage: database files that slow I/Os of the episode touched; requests (`server_io`): the
+    /// files of the instance's own slow I/Os the requests waited on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
 }

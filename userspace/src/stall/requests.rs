@@ -8,6 +8,7 @@
 
 use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
 use super::network::round1;
+use crate::records::block::SlowIoRecord;
 use crate::records::sql::{SessionKind, SqlTag};
 use crate::records::sql_requests::{SessionRequests, SqlRequestsRecord};
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
@@ -105,7 +106,7 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
         .unit("fraction")
         .threshold(DELIVERY_SHARE),
     );
-    let most = |a: &&Finding, b: &&Finding| a.impact_ms.total_cmp(&b.impact_ms);
+    let mut files = Vec::new();
     let (cause, next_step) = if delivery_share >= DELIVERY_SHARE {
         evidence.push(
             Evidence::new(
@@ -127,7 +128,7 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
                     o.kind == Kind::Network
                         && o.sessions.iter().any(|t| t.pid == q.pid && spids(t.spid))
                 })
-                .max_by(most)
+                .max_by(|a, b| a.impact_ms.total_cmp(&b.impact_ms))
         };
         let slow_spid = |spid: Option<u16>| slow.iter().any(|s| Some(s.spid) == spid);
         if let Some(net) = hit(&slow_spid).or_else(|| hit(&|_| true)) {
@@ -151,43 +152,7 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
             .to_string();
         (Cause::NetworkDelivery, next)
     } else {
-        let keeps_files = |o: &&Finding| {
-            o.kind == Kind::Storage
-                && o.subject
-                    .dev
-                    .as_deref()
-                    .and_then(|dev| iv.disk_key(dev))
-                    .is_some_and(|key| sql.keeps_files_on(q.pid, &key))
-        };
-        match others.iter().filter(keeps_files).max_by(most) {
-            Some(disk) => {
-                let dev = disk.subject.dev.clone().unwrap_or_default();
-                let of = disk
-                    .role
-                    .as_ref()
-                    .map(|r| format!(", which holds its {r} files"))
-                    .unwrap_or_default();
-                evidence.push(Evidence::new(
-                    "storage_episode",
-                    dev.clone(),
-                    format!("meanwhile {dev}{of} was slow: {}", disk.headline()),
-                ));
-                (
-                    Cause::ServerIo,
-                    format!(
-                        "the server took the time, waiting on {dev}{of}: see the storage episode; \
-                         the network delivered in time"
-                    ),
-                )
-            }
-            None => (
-                Cause::ServerBusy,
-                "the server took the time, and neither the network nor a disk of the instance \
-                 was slow meanwhile: look inside SQL Server (sys.dm_exec_requests and its wait \
-                 statistics for the sessions named: CPU, locks, the query's own work)"
-                    .to_string(),
-            ),
-        }
+        server_side(iv, sql, others, q.pid, &mut evidence, &mut files)
     };
     // As the session's own records describe it, where they are in the stream.
     let sessions = slow
@@ -217,9 +182,121 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
         evidence,
         next_step,
         sessions,
-        files: Vec::new(),
+        files,
         tally: Tally::default(),
     }
+}
+
+/// The server took the time: what it waited on, if stalltrace saw it. A
+/// storage episode on a disk the instance keeps files on, and the instance's
+/// own I/Os slow enough to be reported (`slow_io`) in the interval: a log
+/// disk that serves a few slow writes a second is below the storage rules'
+/// sample floor, yet every commit waited for one.
+fn server_side(
+    iv: &Interval,
+    sql: &SqlState,
+    others: &[Finding],
+    pid: u32,
+    evidence: &mut Vec<Evidence>,
+    files: &mut Vec<String>,
+) -> (Cause, String) {
+    let keeps_files = |o: &&Finding| {
+        o.kind == Kind::Storage
+            && o.subject
+                .dev
+                .as_deref()
+                .and_then(|dev| iv.disk_key(dev))
+                .is_some_and(|key| sql.keeps_files_on(pid, &key))
+    };
+    let disk = others
+        .iter()
+        .filter(keeps_files)
+        .max_by(|a, b| a.impact_ms.total_cmp(&b.impact_ms));
+    // The disk, as "loop3, which holds its log files".
+    let disk_named = disk.map(|disk| {
+        let dev = disk.subject.dev.clone().unwrap_or_default();
+        let of = disk
+            .role
+            .as_ref()
+            .map(|r| format!(", which holds its {r} files"))
+            .unwrap_or_default();
+        evidence.push(Evidence::new(
+            "storage_episode",
+            dev.clone(),
+            format!("meanwhile {dev}{of} was slow: {}", disk.headline()),
+        ));
+        format!("{dev}{of}")
+    });
+    let own = own_slow_ios(iv, pid);
+    if let Some(slowest) = own.first() {
+        let like_it = |s: &&&SlowIoRecord| {
+            s.dev == slowest.dev && s.op == slowest.op && s.file == slowest.file
+        };
+        let file = slowest.file.as_deref().unwrap_or("no file of the instance");
+        let like = own.iter().filter(like_it).count();
+        let op = slowest.op.name();
+        evidence.push(
+            Evidence::new(
+                "slow_io_ms_max",
+                round1(slowest.latency_us / 1000.0),
+                format!(
+                    "the server's own slow I/O meanwhile: {like} {op}{} to {file} on {} (of {} \
+                     slow), the slowest {:.1} ms",
+                    if like == 1 { "" } else { "s" },
+                    slowest.dev,
+                    own.len(),
+                    slowest.latency_us / 1000.0
+                ),
+            )
+            .unit("ms"),
+        );
+        let what = format!("{op}s to {file}");
+        files.extend(own.iter().filter_map(|s| s.file.clone()));
+        files.sort();
+        files.dedup();
+        let next = match disk_named {
+            Some(_) => format!(
+                "the server took the time, waiting on its {what} on {}: see the storage \
+                 episode; the network delivered in time",
+                slowest.dev
+            ),
+            None => format!(
+                "the server took the time, waiting on its {what} on {}: check that disk and \
+                 what is under it (its block records, the SAN, throttling); the network \
+                 delivered in time",
+                slowest.dev
+            ),
+        };
+        return (Cause::ServerIo, next);
+    }
+    match disk_named {
+        Some(disk) => (
+            Cause::ServerIo,
+            format!(
+                "the server took the time, waiting on {disk}: see the storage episode; the \
+                 network delivered in time"
+            ),
+        ),
+        None => (
+            Cause::ServerBusy,
+            "the server took the time, and neither the network nor a disk of the instance was \
+             slow meanwhile: look inside SQL Server (sys.dm_exec_requests and its wait \
+             statistics for the sessions named: CPU, locks, the query's own work)"
+                .to_string(),
+        ),
+    }
+}
+
+/// The instance's own slow I/Os of the interval (submitted by its worker),
+/// the slowest first.
+fn own_slow_ios(iv: &Interval, pid: u32) -> Vec<&SlowIoRecord> {
+    let mut own: Vec<&SlowIoRecord> = iv
+        .slow_ios
+        .iter()
+        .filter(|s| s.sql.as_ref().is_some_and(|t| t.pid == pid))
+        .collect();
+    own.sort_by(|a, b| b.latency_us.total_cmp(&a.latency_us));
+    own
 }
 
 #[cfg(test)]

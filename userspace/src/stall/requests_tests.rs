@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::super::fixtures::{rto, slow_disk, sql_instance, sql_requests};
+use super::super::fixtures::{rto, slow_disk, slow_io, sql_instance, sql_requests};
 use super::super::{Detector, Thresholds};
 use crate::records::stall::{Cause, Kind, Phase, StallRecord};
 
@@ -85,4 +85,48 @@ fn server_time_names_the_instance_disk_or_says_the_server_was_busy() {
     let busy = episodes(elsewhere);
     assert_eq!(busy[0].cause, Cause::ServerBusy);
     assert!(busy[0].next_step.contains("inside SQL Server"));
+}
+
+/// A log disk too little used for a storage episode (a few writes a second),
+/// each of the worker's writes to the log slow: the requests' server time is
+/// those writes, named with their file; another process's slow I/O is not.
+#[test]
+fn server_time_names_the_workers_own_slow_writes_below_the_storage_floor() {
+    let log = "/var/opt/mssql/data/sales_log.ldf";
+    let mut tagged = slow_io("loop3", 42, Some(log));
+    tagged["sql"] = json!({"pid": 42});
+    let records = vec![
+        sql_instance(json!({"7:3": "log"})),
+        tagged,
+        slow_io("loop3", 99, None),
+        sql_requests(20, &[(51, 420_000, 300, 0)]),
+    ];
+    let found = episodes(records);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].cause, Cause::ServerIo);
+    assert_eq!(evidence(&found[0], "storage_episode"), None);
+    assert_eq!(evidence(&found[0], "slow_io_ms_max"), Some(&json!(400.0)));
+    let text = &found[0]
+        .evidence
+        .iter()
+        .find(|e| e.signal == "slow_io_ms_max")
+        .unwrap()
+        .text;
+    assert!(
+        text.contains(&format!("1 write to {log} on loop3 (of 1 slow)")),
+        "{text}"
+    );
+    assert_eq!(found[0].files, vec![log.to_string()]);
+    assert!(
+        found[0].next_step.contains("loop3"),
+        "{}",
+        found[0].next_step
+    );
+    // Only another process's slow I/O: the server was busy, not waiting on it.
+    let others = vec![
+        sql_instance(json!({"7:3": "log"})),
+        slow_io("loop3", 99, None),
+        sql_requests(20, &[(51, 420_000, 300, 0)]),
+    ];
+    assert_eq!(episodes(others)[0].cause, Cause::ServerBusy);
 }
