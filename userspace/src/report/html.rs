@@ -47,7 +47,7 @@ pub fn render_html(report: &Report) -> String {
         (header(&v.header))
         (episodes(&v, axis))
         (sessions(&v))
-        (sections::requests(&v))
+        (sections::requests(&v, axis))
         (sections::storage(&v, axis))
         (sections::network(&v, axis))
         (sections::peers(&v))

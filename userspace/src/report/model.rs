@@ -421,7 +421,7 @@ impl ReportBuilder {
             "sql_requests" => match typed::<SqlRequestsRecord>(r) {
                 Some(q) => {
                     self.inference.interval(q.interval_ms);
-                    self.requests.add(&q)
+                    self.requests.add(&q, ts_us)
                 }
                 None => self.unreadable(kind),
             },

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::merge::{MergedHist, Unit};
+use super::merge::{MergedHist, Sparse, Unit};
+use super::series::{self, Point, add_sparse};
 use crate::records::sql_requests::{RequestCounts, SessionRequests, SqlRequestsRecord};
 
 /// The slowest requests the report keeps per instance.
@@ -21,6 +22,25 @@ pub struct InstanceRequests {
     pub delivery: MergedHist,
     /// The slowest requests, slowest first, each with its session.
     pub slowest: Vec<SessionRequests>,
+    /// What the clients waited for, interval by interval: the latency over time.
+    pub series: Vec<RequestPoint>,
+}
+
+/// One interval of an instance's requests (or several, merged: see `series`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestPoint {
+    /// End of the interval (the record's `ts`), µs since the epoch.
+    pub ts_us: i64,
+    pub interval_ms: u64,
+    pub total: Sparse,
+}
+
+impl Point for RequestPoint {
+    fn absorb(&mut self, next: Self) {
+        self.ts_us = next.ts_us;
+        self.interval_ms += next.interval_ms;
+        add_sparse(&mut self.total, &next.total);
+    }
 }
 
 impl InstanceRequests {
@@ -32,6 +52,7 @@ impl InstanceRequests {
             server: MergedHist::new(Unit::Micros),
             delivery: MergedHist::new(Unit::Micros),
             slowest: Vec::new(),
+            series: Vec::new(),
         }
     }
 
@@ -50,13 +71,22 @@ pub struct Requests {
 }
 
 impl Requests {
-    pub fn add(&mut self, r: &SqlRequestsRecord) {
+    /// The record of the interval that ended at `ts_us`.
+    pub fn add(&mut self, r: &SqlRequestsRecord, ts_us: i64) {
         let i = self
             .by_worker
             .entry(r.pid)
             .or_insert_with(|| InstanceRequests::new(r.pid));
         i.counts.add(&r.counts);
-        i.total.add_record(&r.total_us);
+        let total = i.total.add_record(&r.total_us);
+        series::push(
+            &mut i.series,
+            RequestPoint {
+                ts_us,
+                interval_ms: r.interval_ms,
+                total,
+            },
+        );
         i.server.add_record(&r.server_us);
         i.delivery.add_record(&r.delivery_us);
         i.slowest.extend(r.by_session.iter().cloned());
@@ -149,6 +179,21 @@ mod tests {
             flat.contains("4 requests before their session's SPID"),
             "{out}"
         );
-        assert!(render_html(&r).contains("id=\"requests-section\""));
+        // The latency over time: one column per interval, the slow one's
+        // request in its own row, the chart marked as the instance's.
+        assert_eq!(i.series.len(), 2);
+        assert_eq!(i.series[1].total.iter().map(|&(_, n)| n).sum::<u64>(), 100);
+        let html = render_html(&r);
+        assert!(html.contains("id=\"requests-section\""));
+        let chart = html
+            .split("data-worker=\"4242\"")
+            .nth(1)
+            .expect("a heatmap of the instance's requests");
+        let chart = &chart[..chart.find("</svg>").unwrap()];
+        assert!(
+            chart.contains("sqlservr 4242 request latency over time"),
+            "{chart}"
+        );
+        assert!(chart.contains("class=\"cell\""), "{chart}");
     }
 }

@@ -4,12 +4,14 @@
 use maud::{Markup, html};
 
 use super::svg::{self, Column, Subject, TimeAxis};
+use crate::report::merge::Unit;
 use crate::report::view::{self, EpisodeView, LIMITERS, LINK_OK, Stats, View};
 
 /// A host with thousands of connections: the worst are the ones to read.
 const PEERS_SHOWN: usize = 50;
 
-/// Episodes for a chart's bands: `own` when the episode is about this disk or interface.
+/// Episodes for a chart's bands: `own` when the episode is about this disk,
+/// interface or instance.
 fn bands<'v>(v: &'v View, own: impl Fn(&EpisodeView) -> bool) -> Vec<(&'v EpisodeView, bool)> {
     v.episodes.iter().map(|e| (e, own(e))).collect()
 }
@@ -204,7 +206,7 @@ pub fn flows(v: &View, axis: TimeAxis) -> Markup {
 
 /// SQL Server requests: per instance what the clients waited for, its split,
 /// and the slowest requests.
-pub(super) fn requests(v: &View) -> Markup {
+pub(super) fn requests(v: &View, axis: TimeAxis) -> Markup {
     if v.requests.is_empty() {
         return html! {};
     }
@@ -214,6 +216,23 @@ pub(super) fn requests(v: &View) -> Markup {
             p { em { "Total" } ": " (view::TOTAL_MEANS) "." }
             @for r in &v.requests {
                 h3 { (r.instance) ": " (r.requests) }
+                @let title = format!("{} request latency over time", r.instance);
+                @let columns: Vec<Column> = r.series.iter().map(|p| Column {
+                    ts_us: p.ts_us,
+                    interval_ms: p.interval_ms,
+                    buckets: &p.total,
+                }).collect();
+                figure {
+                    (svg::heatmap(
+                        &title,
+                        Unit::Micros,
+                        axis,
+                        &columns,
+                        &bands(v, |e| e.worker_pid == Some(r.pid)),
+                        Subject::Instance(r.pid),
+                    ))
+                    figcaption { (title) " — what the clients waited for (total) per interval" }
+                }
                 table class="requests" {
                     thead { tr {
                         th { "" } th class="num" { "p50" } th class="num" { "p90" }

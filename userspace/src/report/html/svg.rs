@@ -101,8 +101,13 @@ pub struct Column<'a> {
 
 /// What a heatmap is of, as its data attributes say for tests and scripts.
 pub enum Subject<'a> {
-    Disk { dev: &'a str, op: &'a str },
+    Disk {
+        dev: &'a str,
+        op: &'a str,
+    },
     Iface(&'a str),
+    /// A SQL Server instance's requests, by its worker's pid.
+    Instance(u32),
 }
 
 /// Power-of-two row of a bucket index (the log-linear geometry has 16
@@ -169,12 +174,13 @@ pub fn heatmap(
     let max = grid.iter().flatten().copied().max().unwrap_or(0);
     let height = rows as f64 * ROW_H;
     let total_h = format!("{:.0}", height + AXIS_H + 6.0);
-    let (dev, op, iface) = match subject {
-        Subject::Disk { dev, op } => (Some(dev), Some(op), None),
-        Subject::Iface(i) => (None, None, Some(i)),
+    let (dev, op, iface, worker) = match subject {
+        Subject::Disk { dev, op } => (Some(dev), Some(op), None, None),
+        Subject::Iface(i) => (None, None, Some(i), None),
+        Subject::Instance(pid) => (None, None, None, Some(pid)),
     };
     html! {
-        svg class="heatmap" data-dev=[dev] data-op=[op] data-iface=[iface]
+        svg class="heatmap" data-dev=[dev] data-op=[op] data-iface=[iface] data-worker=[worker]
             viewBox=(format!("0 0 {WIDTH:.0} {total_h}")) width=(format!("{WIDTH:.0}"))
             height=(total_h) role="img" aria-label=(title) {
             rect class="plot-bg" x=(LEFT) y="0" width=(PLOT_W) height=(px(height)) {}

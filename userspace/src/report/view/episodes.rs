@@ -68,6 +68,8 @@ pub struct EpisodeView {
     /// The disk and interface it is about, as the storage and network views name them.
     pub dev: Option<String>,
     pub iface: Option<String>,
+    /// The SQL Server instance whose requests it is about, by its worker's pid.
+    pub worker_pid: Option<u32>,
     pub evidence: Vec<EvidenceView>,
     pub next_step: String,
     /// Sessions hit, counting those the record left out.
@@ -111,6 +113,7 @@ fn episode(rank: usize, e: &Episode) -> EpisodeView {
         place: clean(&e.place()),
         dev: e.dev.as_deref().map(clean),
         iface: e.iface.as_deref().map(clean),
+        worker_pid: e.worker_pid,
         evidence: e
             .evidence
             .iter()

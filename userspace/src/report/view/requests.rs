@@ -2,6 +2,7 @@
 
 use super::{Stats, clean, count};
 use crate::report::model::Report;
+use crate::report::requests::RequestPoint;
 use crate::report::time::{latency_us, thousands};
 
 /// What `total` means, for the legend of either layout.
@@ -27,6 +28,10 @@ pub struct RequestsView {
     pub without_spid: Option<String>,
     /// The slowest requests: `SPID 53 10.0.0.9:50123 at 03:12:04.5: 244 ms = server 310 µs + delivery 244 ms (1 retransmission)`
     pub slowest: Vec<String>,
+    /// The worker's pid, as episodes name the instance.
+    pub pid: u32,
+    /// `total` interval by interval, for the chart.
+    pub series: Vec<RequestPoint>,
 }
 
 pub fn of(report: &Report) -> Vec<RequestsView> {
@@ -100,6 +105,8 @@ pub fn of(report: &Report) -> Vec<RequestsView> {
                     )
                 }),
                 slowest,
+                pid: i.pid,
+                series: i.series.clone(),
             }
         })
         .collect()
