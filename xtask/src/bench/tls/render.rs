@@ -146,6 +146,37 @@ pub fn markdown(r: &TlsResults) -> String {
           single-step, and the return to the worker. Each column is its own median over \
           rounds, so the parts need not add up exactly.\n";
 
+    s += "\n### BPF per request, without the uprobes (off)\n\n";
+    let rows: Vec<Vec<String>> = r
+        .bios
+        .iter()
+        .map(|b| {
+            vec![
+                label(b),
+                est(&b.bpf_ns_per_response_off, 0),
+                est(&b.sql_socket_ns_per_response_off, 0),
+            ]
+        })
+        .collect();
+    s += &table::markdown(
+        &[
+            "BIO (function)",
+            "every program ns per request",
+            "sqlserver socket hooks ns per request",
+        ],
+        &rows,
+    );
+    s += "\nEach request is one server send here (`SELECT @@SPID`, one TDS packet). \
+          \"sqlserver socket hooks\" are the family's programs on the send, `tcp_probe` \
+          (every segment received), `tcp_retransmit_skb` and `inet_sock_set_state`: the SPID \
+          from the send and each request's timing from its connection's turns \
+          (`sql_requests`), run at both ends of the connection (the client's sends and \
+          receipts trigger them too, and leave at the first check). \"Every program\" adds the \
+          tcp and netdev families' hooks on the same packets. Host-wide, from the accounting \
+          runs (bpf_stats), medians over rounds with a 95% interval. The client sends as fast \
+          as it can (thousands of requests a second): the cost per request does not depend on \
+          the rate.\n";
+
     s += "\n### Throughput and the daemon\n\n";
     let rows: Vec<Vec<String>> = r
         .bios

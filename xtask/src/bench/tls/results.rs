@@ -57,6 +57,10 @@ pub struct Round {
     pub bpf_ns_per_response_always: f64,
     /// The uprobe programs' runs over the responses in the accounting run.
     pub uprobe_runs_per_response: f64,
+    /// Under `off`: the sqlserver family's socket hooks (the SPID from the
+    /// send, and each request's timing from its connection's turns), per
+    /// response, host-wide: what timing the requests costs.
+    pub sql_socket_ns_per_response_off: f64,
 }
 
 fn total_ns(programs: &[ProgramCost], keep: impl Fn(&ProgramCost) -> bool) -> u64 {
@@ -69,6 +73,10 @@ fn total_ns(programs: &[ProgramCost], keep: impl Fn(&ProgramCost) -> bool) -> u6
 
 fn is_uprobe(p: &ProgramCost) -> bool {
     super::UPROBE_PROGRAMS.contains(&p.program.as_str())
+}
+
+fn is_sql_socket_hook(p: &ProgramCost) -> bool {
+    p.family == "sqlserver" && !is_uprobe(p)
 }
 
 impl Round {
@@ -115,6 +123,10 @@ impl Round {
             bpf_ns_per_response_off: all(off_stats),
             bpf_ns_per_response_always: all(always_stats),
             uprobe_runs_per_response: per(uprobe_calls, &always_stats.run),
+            sql_socket_ns_per_response_off: per(
+                total_ns(&off_stats.programs, is_sql_socket_hook),
+                &off_stats.run,
+            ),
             cpu_us,
             tps,
         }
@@ -152,6 +164,7 @@ pub struct BioResult {
     pub outside_programs_ns_per_response: Option<Estimate>,
     pub bpf_ns_per_response_off: Option<Estimate>,
     pub bpf_ns_per_response_always: Option<Estimate>,
+    pub sql_socket_ns_per_response_off: Option<Estimate>,
     /// The uprobe programs' runs over the responses, every accounting run
     /// under `always` (1 when each response trapped once).
     pub uprobe_runs_per_response: Summary,
@@ -226,6 +239,7 @@ impl BioResult {
             }),
             bpf_ns_per_response_off: estimate(&rounds, |r| r.bpf_ns_per_response_off),
             bpf_ns_per_response_always: estimate(&rounds, |r| r.bpf_ns_per_response_always),
+            sql_socket_ns_per_response_off: estimate(&rounds, |r| r.sql_socket_ns_per_response_off),
             uprobe_runs_per_response: summary(rounds.iter().map(|r| r.uprobe_runs_per_response)),
             daemon_cpu_pct_off: summary(b.off.iter().map(|r| r.usage.cpu_pct_of_one_cpu())),
             daemon_cpu_pct_always: summary(b.always.iter().map(|r| r.usage.cpu_pct_of_one_cpu())),
@@ -404,6 +418,9 @@ mod tests {
         // the rest outside any program.
         assert!(near(r.outside_programs_ns_per_response, 8800.0));
         assert!(near(r.bpf_ns_per_response_off, 700.0));
+        // Every program here is the sqlserver family's; the uprobes are not
+        // socket hooks.
+        assert!(near(r.sql_socket_ns_per_response_off, 700.0));
         assert!(near(r.bpf_ns_per_response_always, 1900.0));
         assert!(near(r.uprobe_runs_per_response, 1.0));
 
