@@ -23,6 +23,19 @@ fn label(b: &BioResult) -> String {
     format!("{} (`{}`)", b.bio.arg(), b.symbol)
 }
 
+/// A table with a row per BIO style: its label, then `cells` under `headers`.
+fn per_bio(r: &TlsResults, headers: &[&str], cells: impl Fn(&BioResult) -> Vec<String>) -> String {
+    let heads: Vec<&str> = std::iter::once("BIO (function)")
+        .chain(headers.iter().copied())
+        .collect();
+    let rows: Vec<Vec<String>> = r
+        .bios
+        .iter()
+        .map(|b| std::iter::once(label(b)).chain(cells(b)).collect())
+        .collect();
+    table::markdown(&heads, &rows)
+}
+
 pub fn markdown(r: &TlsResults) -> String {
     let mut s = String::new();
     // Writing to a String cannot fail.
@@ -73,25 +86,9 @@ pub fn markdown(r: &TlsResults) -> String {
     );
 
     s += "### Worker CPU per server send\n\n";
-    let rows: Vec<Vec<String>> = r
-        .bios
-        .iter()
-        .map(|b| {
-            vec![
-                label(b),
-                own(&b.cpu_us.none, 2),
-                own(&b.cpu_us.off, 2),
-                own(&b.cpu_us.always, 2),
-                est(&b.uprobe_us, 2),
-                est(&b.uprobe_pct_of_off, 1),
-                est(&b.off_over_none, 3),
-                est(&b.always_over_none, 3),
-            ]
-        })
-        .collect();
-    s += &table::markdown(
+    s += &per_bio(
+        r,
         &[
-            "BIO (function)",
             "none µs",
             "off µs",
             "always µs",
@@ -100,7 +97,17 @@ pub fn markdown(r: &TlsResults) -> String {
             "off / none",
             "always / none",
         ],
-        &rows,
+        |b| {
+            vec![
+                own(&b.cpu_us.none, 2),
+                own(&b.cpu_us.off, 2),
+                own(&b.cpu_us.always, 2),
+                est(&b.uprobe_us, 2),
+                est(&b.uprobe_pct_of_off, 1),
+                est(&b.off_over_none, 3),
+                est(&b.always_over_none, 3),
+            ]
+        },
     );
     s += "\n\"always − off\" is the uprobes' cost per send, round by round (the same round's \
           runs as deployed); \"% of off\" is that over the worker's CPU per send under off; \
@@ -112,12 +119,17 @@ pub fn markdown(r: &TlsResults) -> String {
           TDS responses (one per request, more for a result over the packet size).\n";
 
     s += "\n### Where the uprobes' cost goes (per server send)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .bios
-        .iter()
-        .map(|b| {
+    s += &per_bio(
+        r,
+        &[
+            "always − off ns",
+            "uprobe program ns per call",
+            "uprobe programs ns per send",
+            "other programs' extra ns per send",
+            "outside any program ns per send",
+        ],
+        |b| {
             vec![
-                label(b),
                 b.uprobe_us
                     .map_or("–".into(), |e| e.scaled(|x| x * 1e3).text(0)),
                 est(&b.uprobe_program_ns_per_call, 0),
@@ -125,18 +137,7 @@ pub fn markdown(r: &TlsResults) -> String {
                 est(&b.other_programs_extra_ns_per_response, 0),
                 est(&b.outside_programs_ns_per_response, 0),
             ]
-        })
-        .collect();
-    s += &table::markdown(
-        &[
-            "BIO (function)",
-            "always − off ns",
-            "uprobe program ns per call",
-            "uprobe programs ns per send",
-            "other programs' extra ns per send",
-            "outside any program ns per send",
-        ],
-        &rows,
+        },
     );
     s += "\nThe program figures come from the runs with the accounting on (kernel bpf_stats: \
           run time inside the program, per round); \"other programs' extra\" is every other \
@@ -147,24 +148,18 @@ pub fn markdown(r: &TlsResults) -> String {
           rounds, so the parts need not add up exactly.\n";
 
     s += "\n### BPF per request, without the uprobes (off)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .bios
-        .iter()
-        .map(|b| {
-            vec![
-                label(b),
-                est(&b.bpf_ns_per_response_off, 0),
-                est(&b.sql_socket_ns_per_response_off, 0),
-            ]
-        })
-        .collect();
-    s += &table::markdown(
+    s += &per_bio(
+        r,
         &[
-            "BIO (function)",
             "every program ns per request",
             "sqlserver socket hooks ns per request",
         ],
-        &rows,
+        |b| {
+            vec![
+                est(&b.bpf_ns_per_response_off, 0),
+                est(&b.sql_socket_ns_per_response_off, 0),
+            ]
+        },
     );
     s += "\nEach request is one server send here (`SELECT @@SPID`, one TDS packet). \
           \"sqlserver socket hooks\" are the family's programs on the send, `tcp_probe` \
@@ -178,12 +173,19 @@ pub fn markdown(r: &TlsResults) -> String {
           the rate.\n";
 
     s += "\n### Throughput and the daemon\n\n";
-    let rows: Vec<Vec<String>> = r
-        .bios
-        .iter()
-        .map(|b| {
+    s += &per_bio(
+        r,
+        &[
+            "tps none",
+            "tps off",
+            "tps always",
+            "tps off / none",
+            "tps always / off",
+            "p50 µs none / off / always",
+            "daemon CPU % off / always",
+        ],
+        |b| {
             vec![
-                label(b),
                 own(&b.tps.none, 0),
                 own(&b.tps.off, 0),
                 own(&b.tps.always, 0),
@@ -198,20 +200,7 @@ pub fn markdown(r: &TlsResults) -> String {
                     b.daemon_cpu_pct_off.median, b.daemon_cpu_pct_always.median
                 ),
             ]
-        })
-        .collect();
-    s += &table::markdown(
-        &[
-            "BIO (function)",
-            "tps none",
-            "tps off",
-            "tps always",
-            "tps off / none",
-            "tps always / off",
-            "p50 µs none / off / always",
-            "daemon CPU % off / always",
-        ],
-        &rows,
+        },
     );
     s += "\nThe client and the worker share one CPU and the client sends as fast as it can, \
           so throughput is what that CPU does over the time both ends spend per request: it \
