@@ -408,7 +408,6 @@ impl Outcome {
     }
 }
 
-/// One episode in a line: kind, cause, subject, duration, sessions.
 /// The scenario's `requests` episodes that its SQL client's own clock
 /// confirms: the client saw a request take at least the episode's threshold
 /// in the run (`client_max_us`; the client keeps no per-request times, so
@@ -440,6 +439,7 @@ pub fn slow_requests_seen_by_client(
         .collect()
 }
 
+/// One episode in a line: kind, cause, subject, duration, sessions.
 pub fn summary(stall: &Value) -> String {
     let subject = ["dev", "iface", "peer", "flow"]
         .iter()

@@ -27,11 +27,10 @@ impl Outcome {
             .filter_map(|r| r["interval_ms"].as_f64())
             .sum::<f64>()
             / 1000.0;
-        let most = |path: &[&str]| -> f64 {
-            ours.iter()
-                .filter_map(|r| path.iter().fold(*r, |v, k| &v[*k]).as_f64())
-                .fold(0.0, f64::max)
-        };
+        let worst_p99_us = ours
+            .iter()
+            .filter_map(|r| r["total_us"]["p99"].as_f64())
+            .fold(0.0, f64::max);
         // Time summed over every request: count × mean, per interval.
         let time = |part: &str| -> f64 {
             ours.iter()
@@ -51,7 +50,7 @@ impl Outcome {
              a response retransmitted; {:.0}% of all their time was the network's delivery",
             requests as f64 / secs.max(0.001),
             secs,
-            most(&["total_us", "p99"]) / 1000.0,
+            worst_p99_us / 1000.0,
             sum("slow"),
             ours[0]["slow_ms"],
             sum("slow_retransmitted"),
@@ -68,5 +67,39 @@ impl Outcome {
             ));
         }
         Some(line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Fault, Outcome, Session};
+
+    const TWO_INTERVALS: &str = r#"{"type":"sql_requests","pid":7,"interval_ms":500,"requests":6,"slow":1,"slow_retransmitted":1,"slow_ms":200,"total_us":{"count":6,"mean":50000.0,"p99":250000.0},"delivery_us":{"count":6,"mean":40000.0},"by_session":[{"spid":51,"slowest":{"total_us":250000,"server_us":300,"delivery_us":249700}}]}
+{"type":"sql_requests","pid":7,"interval_ms":500,"requests":4,"slow":0,"slow_retransmitted":0,"slow_ms":200,"total_us":{"count":4,"mean":1000.0,"p99":1500.0},"delivery_us":{"count":4,"mean":100.0},"by_session":[]}
+{"type":"sql_requests","pid":8,"interval_ms":500,"requests":99,"slow":0,"slow_retransmitted":0,"slow_ms":200,"total_us":{"count":99,"mean":1.0},"delivery_us":{"count":99,"mean":1.0},"by_session":[]}
+"#;
+
+    /// The scenario's instance only, summed over its intervals; the slowest
+    /// request with its split.
+    #[test]
+    fn the_line_sums_the_scenarios_requests_over_their_intervals() {
+        let mut o = Outcome::new("loss", Fault::Injected, TWO_INTERVALS.into());
+        assert_eq!(o.requests_line(), None, "no sessions: no instance of ours");
+        o.sessions = vec![Session {
+            worker: 7,
+            spid: 51,
+            client: "10.0.0.1:50000".into(),
+        }];
+        let line = o.requests_line().unwrap();
+        for part in [
+            "timed 10 requests of the simulator (10/s over the 1.0 s they ran in)",
+            "p99 of an interval up to 250.0 ms",
+            "1 of 200 ms or longer, 1 of them with a response retransmitted",
+            // (6 × 40 ms + 4 × 0.1 ms) of (6 × 50 ms + 4 × 1 ms)
+            "79% of all their time was the network's delivery",
+            "the slowest, SPID 51: 250.0 ms, server 0.3 ms, delivery 249.7 ms",
+        ] {
+            assert!(line.contains(part), "{part:?} not in {line}");
+        }
     }
 }
