@@ -167,18 +167,24 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
     // After the files are written: 5 writes a second, fewer than the client
     // commits, so every log write waits its turn.
     log_disk.slow_down(&cgroup, 5);
-    let client = SqlClientRun::start(
-        &bins(),
-        Placement::default(),
-        &format!("127.0.0.1:{}", sim.port),
-        2,
-        10,
-        5,
-    );
-    let report = client.finish();
+    // In the clear, then in TLS (the requests' oracle below takes both).
+    let commits = |encrypt: &str| {
+        let server = format!("127.0.0.1:{}", sim.port);
+        let client =
+            SqlClientRun::sqlclient(&bins(), Placement::default(), &server, encrypt, 2, 10, 5);
+        let report = client.finish();
+        assert_eq!(
+            report.errors(),
+            0,
+            "sqlclient --encrypt {encrypt}: {}",
+            report.0
+        );
+        report
+    };
+    let report = commits("not-supported");
+    let encrypted = commits("on");
     std::thread::sleep(Duration::from_millis(1200));
     let records = tracer.stop();
-    assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
 
     let key = |d: &LoopDevice| format!("{}:{}", d.major, d.minor);
     let (data, log, under_log) = (&data_disk.disk, &log_disk.upper.disk, &log_disk.lower.disk);
@@ -254,10 +260,17 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
 
     // The requests, timed from the server's side, as the client timed them,
     // and the time the server's: nothing was lost on the way.
-    let timings = client_timings("slow log", &report);
+    assert_server_time("slow log", &records, sim.worker, &report);
+    assert_server_time("slow log, encrypted", &records, sim.worker, &encrypted);
+}
+
+/// A run's requests against its client's clock, all but the network's time
+/// the server's, with no response sent again.
+fn assert_server_time(name: &str, records: &[Value], worker: u32, report: &ClientReport) {
+    let timings = client_timings(name, report);
     let ports: Vec<u16> = timings.keys().copied().collect();
-    let ours = requests_of(&records, sim.worker, &ports);
-    assert_counts_match("slow log", &records, &per_session(&ours), &timings);
+    let ours = requests_of(records, worker, &ports);
+    assert_counts_match(name, records, &per_session(&ours), &timings);
     let mut client: Vec<u64> = timings.values().flatten().copied().collect();
     client.sort_unstable();
     let (total, server, delivery) = (
@@ -266,7 +279,7 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
         merged(&ours, |r| &r.delivery_us),
     );
     eprintln!(
-        "slow log: client p50 {} µs p99 {} µs; stalltrace {} requests, total p50 {:?} p99 {:?}, \
+        "{name}: client p50 {} µs p99 {} µs; stalltrace {} requests, total p50 {:?} p99 {:?}, \
          server p50 {:?}, delivery p50 {:?} max {:?}",
         nearest_rank(&client, 0.5),
         nearest_rank(&client, 0.99),
@@ -277,17 +290,17 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
         delivery.percentile(0.5),
         delivery.max()
     );
-    assert_percentiles_match("slow log", &total, &client);
+    assert_percentiles_match(name, &total, &client);
     let sum = |h: &Histogram| h.mean().unwrap_or(0.0) * h.count() as f64;
     assert!(
         sum(&server) >= 0.9 * sum(&total),
-        "slow log: the server's share of the requests' time is {:.0}%",
+        "{name}: the server's share of the requests' time is {:.0}%",
         100.0 * sum(&server) / sum(&total).max(1.0)
     );
     assert_eq!(
         ours.iter().map(|r| r.counts.retransmitted).sum::<u64>(),
         0,
-        "slow log: a response retransmitted on loopback"
+        "{name}: a response retransmitted on loopback"
     );
 }
 
@@ -404,9 +417,81 @@ fn assert_percentiles_match(name: &str, total: &Histogram, client: &[u64]) {
     }
 }
 
+/// A lossy run's retransmissions of its sessions' responses, as the SQL
+/// Server side judged them, against the client. The loss began after the
+/// logins, so each of data before the close came during a timed request and
+/// is judged; only the server's sends were dropped, so the client had a whole
+/// response before it sent its next request, and each held up the response then open, for no
+/// longer than the client waited (its slowest request, plus a round trip for
+/// a tail probe racing its ACK). Every request the client waited 200 ms or
+/// more for met one, the kernel's untimed requests aside.
+fn assert_retransmits_held_up(
+    name: &str,
+    records: &[Value],
+    server_port: u16,
+    client: &BTreeMap<u16, Vec<u64>>,
+) {
+    let untimed = requests_untimed(records);
+    for (&port, latencies) in client {
+        let ours: Vec<&Value> = of_type(records, "tcp_retransmit")
+            .into_iter()
+            .filter(|r| r["sport"] == server_port && r["dport"] == port)
+            .collect();
+        // A FIN sent again after the close held up nothing, and has no verdict.
+        let open = |r: &Value| r["state"] == "ESTABLISHED" && r["bytes"] != 0;
+        let wrong: Vec<&&Value> = ours
+            .iter()
+            .filter(|r| (r["held_up_response"] == true) != open(r))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{name}: port {port}: {} of {} retransmissions not judged to hold up a response: {:?}",
+            wrong.len(),
+            ours.len(),
+            &wrong[..wrong.len().min(3)]
+        );
+        let (fastest, slowest) = (latencies.iter().min(), latencies.iter().max());
+        let longest_ms = (slowest.unwrap() + fastest.unwrap()) as f64 / 1000.0;
+        // Each request the retransmissions held up, by its arrival (ns):
+        // one session's requests are milliseconds apart.
+        let mut arrivals: Vec<i64> = ours
+            .iter()
+            .filter(|r| open(r))
+            .map(|r| {
+                let waited = r["request_waited_ms"].as_f64().unwrap();
+                assert!(
+                    waited <= longest_ms,
+                    "{name}: port {port}: a request waited {waited} ms for a retransmission, \
+                     the client's slowest {longest_ms} ms: {r}"
+                );
+                let ts = chrono::DateTime::parse_from_rfc3339(r["ts"].as_str().unwrap()).unwrap();
+                ts.timestamp_nanos_opt().unwrap() - (waited * 1e6) as i64
+            })
+            .collect();
+        arrivals.sort_unstable();
+        let held_up = (0..arrivals.len())
+            .filter(|&i| i == 0 || arrivals[i] - arrivals[i - 1] > 1_000_000)
+            .count() as u64;
+        let slow = latencies
+            .iter()
+            .filter(|&&v| v >= SLOW_REQUEST_MS * 1000)
+            .count() as u64;
+        assert!(
+            held_up + untimed >= slow,
+            "{name}: port {port}: retransmissions held up {held_up} requests, the client waited \
+             200 ms or more for {slow} ({untimed} untimed)"
+        );
+        eprintln!(
+            "{name}: port {port}: {} retransmissions held up {held_up} requests; the client \
+             waited 200 ms or more for {slow}",
+            ours.len()
+        );
+    }
+}
+
 /// Each request's latency, timed from the server's side of its connection,
 /// against sqlclient's own clock around each request: clean, then with 5% of
-/// what the server sends to the client dropped, in cleartext and in TLS.
+/// what the server sends to the client dropped, each in cleartext and in TLS.
 #[test]
 fn requests_are_timed_as_their_clients_timed_them() {
     require_root();
@@ -424,9 +509,15 @@ fn requests_are_timed_as_their_clients_timed_them() {
     });
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let client_side = || Placement::in_netns(pair.netns(Side::A));
-    let clean = SqlClientRun::start(&bins(), client_side(), &server, 4, 200, 6).finish();
-    // The runs' requests in intervals of their own.
-    std::thread::sleep(Duration::from_millis(1500));
+    let clean_with = |encrypt: &str| {
+        let run = SqlClientRun::sqlclient(&bins(), client_side(), &server, encrypt, 4, 200, 6);
+        let report = run.finish();
+        // The runs' requests in intervals of their own.
+        std::thread::sleep(Duration::from_millis(1500));
+        report
+    };
+    let clean = clean_with("not-supported");
+    let clean_encrypted = clean_with("on");
     // The client's input from the server's port: responses lost, requests not
     // (a request lost on its way in is invisible from the server's side).
     let lossy_with = |encrypt: &str| {
@@ -445,6 +536,7 @@ fn requests_are_timed_as_their_clients_timed_them() {
     let records = tracer.stop();
     for (name, run) in [
         ("clean", &clean),
+        ("clean, encrypted", &clean_encrypted),
         ("lossy", &lossy),
         ("lossy, encrypted", &encrypted),
     ] {
@@ -514,6 +606,7 @@ fn requests_are_timed_as_their_clients_timed_them() {
                 slow >= 5,
                 "lossy: too little loss to judge: {slow} slow requests"
             );
+            assert_retransmits_held_up(name, &records, sim.port, &timings);
             // A retransmission timeout's wait is in `delivery`.
             let delivery = merged(&ours, |r| &r.delivery_us);
             assert!(

@@ -355,6 +355,24 @@ struct sql_request {
 	__u16 flags;          /* enum sql_request_flags */
 };
 
+/*
+ * A retransmission on a worker socket whose requests are timed, as the
+ * sqlserver family judged it, keyed for the tcp family's record of the same
+ * segment (its socket inode and first sequence number): userspace joins the
+ * two when it enriches that record.
+ */
+struct tds_retransmit_key {
+	__u64 ino; /* the socket's inode */
+	__u32 seq; /* the segment's first sequence number */
+	__u32 pad;
+};
+
+struct tds_retransmit_mark {
+	__u64 request_at; /* bpf_ktime_get_ns() when the request then open arrived */
+	__u8 held_up;     /* the segment was data of that request's response */
+	__u8 pad[7];
+};
+
 /* ---- loss accounting ----------------------------------------------------- */
 
 /*

@@ -15,7 +15,10 @@
  *                        byte is the earliest proof it was delivered
  *   tcp_sendmsg_locked   the worker hands response bytes to TCP (the
  *                        family's send hook): the last one ends `server`
- *   tcp_retransmit_skb   a segment of the response sent again
+ *   tcp_retransmit_skb   a segment of the response sent again; every
+ *                        retransmission during a timed request is marked,
+ *                        held up the response or not, for the tcp family's
+ *                        record of it (tds_retransmits)
  *   inet_sock_set_state  the connection leaves ESTABLISHED: its last request
  *                        ends
  *
@@ -80,6 +83,19 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1024 * 1024);
 } sql_requests SEC(".maps");
+
+/*
+ * The verdict on each retransmission of a timed worker socket, for userspace
+ * to put on the tcp family's record of it. Read within a poll (100 ms) of
+ * the retransmission; 4096 hold the retransmissions of several seconds of
+ * heavy loss on every session, and the oldest give way.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct tds_retransmit_key);
+	__type(value, struct tds_retransmit_mark);
+} tds_retransmits SEC(".maps");
 
 static __always_inline bool seq_before(__u32 a, __u32 b)
 {
@@ -232,22 +248,39 @@ static __always_inline void turn_on_receive(const struct sock *sk, const struct 
 	begin_request(turn, write_seq, now);
 }
 
-/* A retransmission on a worker's socket: of its response's data, or not. */
+/*
+ * A retransmission on a worker's socket: of its response's data, or not.
+ * Judged only while a timed request is open: before the socket's first
+ * timed request (the login's answers, a socket older than the daemon) the
+ * client's wait is unknown, and the segment gets no verdict. Data of an
+ * answered request's response whose ACK was lost counts as held up: the
+ * server cannot tell a lost ACK from lost data.
+ */
 static __always_inline void turn_on_retransmit(const struct sock *sk, const struct sk_buff *skb)
 {
 	const struct tcp_skb_cb *cb = (const struct tcp_skb_cb *)&skb->cb[0];
+	struct tds_retransmit_mark mark = {};
+	struct tds_retransmit_key mark_key = {};
 	__u64 key = (__u64)sk;
 	struct tds_turn *turn;
+	__u32 seq;
 
 	if (!control_set(SQL_CTL_WORKERS_KNOWN))
 		return;
 	turn = bpf_map_lookup_elem(&tds_turns, &key);
-	if (!turn || !turn->last_send_at)
+	if (!turn || !turn->request_at)
 		return;
-	if (seq_before(KREAD(cb, seq), turn->response_end) && seq_after(KREAD(cb, end_seq), turn->response_start)) {
+	seq = KREAD(cb, seq);
+	if (turn->last_send_at && seq_before(seq, turn->response_end) &&
+	    seq_after(KREAD(cb, end_seq), turn->response_start)) {
 		turn->retransmits++;
 		turn->last_tx_at = bpf_ktime_get_ns();
+		mark.held_up = 1;
 	}
+	mark.request_at = turn->request_at;
+	mark_key.ino = turn->ino;
+	mark_key.seq = seq;
+	bpf_map_update_elem(&tds_retransmits, &mark_key, &mark, BPF_ANY);
 }
 
 /* The connection leaves ESTABLISHED: its last request ends, and its turns with it. */

@@ -22,3 +22,5 @@ unsafe impl aya::Pod for tcp_peer_stats {}
 unsafe impl aya::Pod for netdev_key {}
 unsafe impl aya::Pod for netdev_stats {}
 unsafe impl aya::Pod for tds_session {}
+unsafe impl aya::Pod for tds_retransmit_key {}
+unsafe impl aya::Pod for tds_retransmit_mark {}

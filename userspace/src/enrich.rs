@@ -14,6 +14,15 @@ use std::path::Path;
 /// The `sql` object a record carries (the one place its path is named).
 pub use crate::records::sql::SqlTag;
 
+/// Whether a retransmission on a SQL Server session held up a response.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetransmitVerdict {
+    /// The segment was data of the response to the request then open.
+    pub held_up_response: bool,
+    /// How long that request had waited, since its arrival, when the segment went out.
+    pub request_waited_ms: f64,
+}
+
 /// Tags for the records of the block, tcp and netdev families.
 pub trait Tagger {
     /// The session of a socket, by inode (0: unknown); or by its tuple.
@@ -24,6 +33,11 @@ pub trait Tagger {
         local_port: u16,
         remote: SocketAddr,
     ) -> Option<SqlTag>;
+
+    /// The SQL Server side's verdict on a retransmission of the segment
+    /// starting at `seq` on socket `sock_ino`, sent at `ts_ns` (monotonic):
+    /// None where no request of that socket was being timed.
+    fn retransmit_verdict(&self, sock_ino: u64, seq: u32, ts_ns: u64) -> Option<RetransmitVerdict>;
 
     /// Tag for something a process did (a slow I/O): the instance when it is a worker.
     fn tag_process(&self, pid: u32) -> Option<SqlTag>;

@@ -83,6 +83,14 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         reports: Vec::new(),
         hooks: Vec::new(),
     };
+    // SQL Server's programs attach first: the programs on one tracepoint run
+    // in the order they attached, so its verdict on a retransmission of a
+    // session's segment (tcp_retransmit_skb, hooked by both) is in its map
+    // before the tcp family's record of the segment is in the ring.
+    let sql = match SqlServer::attach(args.probe_mode, plan.sql.clone(), plan.sql_tls, &btf) {
+        Err(failure) if !args.degrade => return Err(failure.error),
+        sql => sql,
+    };
     let block = BlockProbe::attach(
         &BlockOptions {
             slow_io: plan.slow_io,
@@ -131,13 +139,12 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         netdev.map(|p| Box::new(p) as Box<dyn Family>),
         args.degrade,
     )?;
-    match SqlServer::attach(args.probe_mode, plan.sql.clone(), plan.sql_tls, &btf) {
+    match sql {
         Ok(sql) => {
             report_attached(&mut out, "sqlserver", sql.attached());
             out.sql = Some(sql);
         }
-        Err(failure) if args.degrade => report_failed(&mut out, "sqlserver", failure),
-        Err(failure) => return Err(failure.error),
+        Err(failure) => report_failed(&mut out, "sqlserver", failure),
     }
     if out.families.is_empty() {
         return Err(UserError::new(

@@ -267,7 +267,7 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             report,
         })
         .collect();
-    judge_requests(judge, &records, &timed);
+    judge_requests(judge, &records, &timed, &retransmits);
     judge.note(format!(
         "{}; {} retransmit records, {counted} counted segments vs server RetransSegs {kernel}",
         figures.join(", "),

@@ -21,7 +21,13 @@ pub struct Session<'a> {
     pub report: &'a ClientReport,
 }
 
-pub fn judge_requests(judge: &mut Judge, records: &[Value], sessions: &[Session]) {
+/// `retransmits`: the server namespace's `tcp_retransmit` records.
+pub fn judge_requests(
+    judge: &mut Judge,
+    records: &[Value],
+    sessions: &[Session],
+    retransmits: &[&Value],
+) {
     let requests = of_type(records, "sql_requests");
     let untimed = requests_untimed(records);
     let mut figures = vec![format!(
@@ -80,6 +86,30 @@ pub fn judge_requests(judge: &mut Judge, records: &[Value], sessions: &[Session]
                 )
             });
         }
+        // Loss began after the logins and only the server's sends were
+        // dropped: each data segment sent again before the close held up the
+        // response of the request then open.
+        let data: Vec<&&Value> = retransmits
+            .iter()
+            .filter(|r| r["dport"] == port && r["state"] == "ESTABLISHED" && r["bytes"] != 0)
+            .collect();
+        let held_up = data
+            .iter()
+            .filter(|r| r["held_up_response"] == true)
+            .count();
+        figures.push(format!(
+            "{held_up} of its {} data retransmissions held up a response",
+            data.len()
+        ));
+        judge.expect(held_up == data.len(), || {
+            format!(
+                "{} session from port {port}: {} of {} data retransmissions not judged to hold \
+                 up a response",
+                s.encrypt,
+                data.len() - held_up,
+                data.len()
+            )
+        });
         judge.expect(arrivals.len() as u64 == transactions, || {
             format!(
                 "sqlclient gave receive times for {} of {transactions} requests",

@@ -66,6 +66,20 @@ impl Outcome {
                 ms("delivery_us")
             ));
         }
+        let retransmits: Vec<&Value> = of_type(&self.records, "tcp_retransmit")
+            .into_iter()
+            .filter(|r| self.sessions.iter().any(|s| r["sql"]["pid"] == s.worker))
+            .collect();
+        if !retransmits.is_empty() {
+            let held_up = retransmits
+                .iter()
+                .filter(|r| r["held_up_response"] == true)
+                .count();
+            line.push_str(&format!(
+                "; {held_up} of the sessions' {} retransmissions held up a response",
+                retransmits.len()
+            ));
+        }
         Some(line)
     }
 }
@@ -76,6 +90,9 @@ mod tests {
 
     const TWO_INTERVALS: &str = r#"{"type":"sql_requests","pid":7,"interval_ms":500,"requests":6,"slow":1,"slow_retransmitted":1,"slow_ms":200,"total_us":{"count":6,"mean":50000.0,"p99":250000.0},"delivery_us":{"count":6,"mean":40000.0},"by_session":[{"spid":51,"slowest":{"total_us":250000,"server_us":300,"delivery_us":249700}}]}
 {"type":"sql_requests","pid":7,"interval_ms":500,"requests":4,"slow":0,"slow_retransmitted":0,"slow_ms":200,"total_us":{"count":4,"mean":1000.0,"p99":1500.0},"delivery_us":{"count":4,"mean":100.0},"by_session":[]}
+{"type":"tcp_retransmit","sql":{"pid":7,"spid":51},"held_up_response":true}
+{"type":"tcp_retransmit","sql":{"pid":7,"spid":51}}
+{"type":"tcp_retransmit","sql":{"pid":8,"spid":51},"held_up_response":true}
 {"type":"sql_requests","pid":8,"interval_ms":500,"requests":99,"slow":0,"slow_retransmitted":0,"slow_ms":200,"total_us":{"count":99,"mean":1.0},"delivery_us":{"count":99,"mean":1.0},"by_session":[]}
 "#;
 
@@ -98,6 +115,7 @@ mod tests {
             // (6 × 40 ms + 4 × 0.1 ms) of (6 × 50 ms + 4 × 1 ms)
             "79% of all their time was the network's delivery",
             "the slowest, SPID 51: 250.0 ms, server 0.3 ms, delivery 249.7 ms",
+            "1 of the sessions' 2 retransmissions held up a response",
         ] {
             assert!(line.contains(part), "{part:?} not in {line}");
         }

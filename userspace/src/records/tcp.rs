@@ -241,6 +241,18 @@ pub struct TcpRetransmitRecord {
     /// The SQL Server session the connection is, when it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
+    /// On a SQL Server session whose requests are timed: whether the segment
+    /// was data of the response to the request then open, i.e. whether the
+    /// client waited for this retransmission. Absent where no request was
+    /// open: before the session's first timed request (the login's first
+    /// answer, a connection older than the run) and after it left
+    /// ESTABLISHED.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_up_response: Option<bool>,
+    /// With `held_up_response`: how long that request had waited, since its
+    /// first byte arrived, when the segment went out (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_waited_ms: Option<f64>,
 }
 
 impl TcpRetransmitRecord {
@@ -276,6 +288,8 @@ impl TcpRetransmitRecord {
             comm: owner.then(|| String::from_utf8_lossy(&comm).into_owned()),
             sock_ino: (e.sock_ino != 0).then_some(e.sock_ino),
             sql: None,
+            held_up_response: None,
+            request_waited_ms: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use super::inventory::{Discovery, Inventory, Session};
 use super::requests::Requests;
 use super::tls::{self, TlsHooks, TlsPolicy, TlsSpids, TlsSpidsState};
 use crate::abi::{self, tds_session};
-use crate::enrich::Tagger;
+use crate::enrich::{RetransmitVerdict, Tagger};
 use crate::error::UserError;
 use crate::host::procfs;
 use crate::output::JsonWriter;
@@ -83,17 +83,18 @@ impl SqlServer {
                 probes::take_map(ebpf, "sql_control")?,
                 probes::take_map(ebpf, "tds_sessions")?,
                 probes::take_map(ebpf, "sql_requests")?,
+                probes::take_map(ebpf, "tds_retransmits")?,
                 LostCounters::take("sqlserver", ebpf)?,
             ))
         })();
         let tls = TlsHooks::load(&mut family.ebpf, tls);
         match maps {
-            Ok((workers, control, tds, requests, lost)) => Ok(Self {
+            Ok((workers, control, tds, requests, retransmits, lost)) => Ok(Self {
                 family,
                 workers,
                 control,
                 tds,
-                requests: Requests::new(requests),
+                requests: Requests::new(requests, retransmits),
                 lost,
                 inventory: Inventory::new(discovery),
                 pushed: HashSet::new(),
@@ -483,6 +484,10 @@ impl Tagger for SqlServer {
             }
         }
         Some(tag)
+    }
+
+    fn retransmit_verdict(&self, sock_ino: u64, seq: u32, ts_ns: u64) -> Option<RetransmitVerdict> {
+        self.requests.retransmit_verdict(sock_ino, seq, ts_ns)
     }
 
     fn tag_process(&self, pid: u32) -> Option<SqlTag> {

@@ -4,10 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 
 use super::inventory::Inventory;
-use crate::abi::{self, sql_request};
+use crate::abi::{self, sql_request, tds_retransmit_key, tds_retransmit_mark};
+use crate::enrich::RetransmitVerdict;
 use crate::hist::Histogram;
 use crate::host::clock::Clock;
 use crate::probes::ring;
@@ -23,6 +24,8 @@ const SESSIONS_LISTED: usize = 16;
 
 pub struct Requests {
     ring: RingBuf<MapData>,
+    /// The kernel's verdict on each retransmission during a timed request.
+    retransmits: BpfHashMap<MapData, tds_retransmit_key, tds_retransmit_mark>,
     clock: Clock,
     by_worker: BTreeMap<u32, Tally>,
 }
@@ -47,12 +50,37 @@ struct Followed {
 }
 
 impl Requests {
-    pub fn new(ring: RingBuf<MapData>) -> Self {
+    pub fn new(
+        ring: RingBuf<MapData>,
+        retransmits: BpfHashMap<MapData, tds_retransmit_key, tds_retransmit_mark>,
+    ) -> Self {
         Self {
             ring,
+            retransmits,
             clock: Clock::new(),
             by_worker: BTreeMap::new(),
         }
+    }
+
+    /// What the kernel judged of the retransmission of `seq` on `sock_ino`
+    /// at `ts_ns`: made before the tcp family's record of the segment was
+    /// written, as this family attaches first (run::attach_all).
+    pub fn retransmit_verdict(
+        &self,
+        sock_ino: u64,
+        seq: u32,
+        ts_ns: u64,
+    ) -> Option<RetransmitVerdict> {
+        let key = tds_retransmit_key {
+            ino: sock_ino,
+            seq,
+            pad: 0,
+        };
+        let mark = self.retransmits.get(&key, 0).ok()?;
+        Some(RetransmitVerdict {
+            held_up_response: mark.held_up != 0,
+            request_waited_ms: ts_ns.saturating_sub(mark.request_at) as f64 / 1e6,
+        })
     }
 
     /// Take what the kernel sent (every poll: the ring holds about 18,000

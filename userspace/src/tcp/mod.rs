@@ -149,6 +149,13 @@ impl Family for TcpProbe {
                     sql.missed(record.pid, &ts);
                 }
                 record.sql = tag(sql);
+                if record.sql.is_some()
+                    && let Some(v) = sql.retransmit_verdict(e.sock_ino, e.seq, e.ts_ns)
+                {
+                    record.held_up_response = Some(v.held_up_response);
+                    record.request_waited_ms =
+                        Some((v.request_waited_ms * 1000.0).round() / 1000.0);
+                }
             }
             out.emit(&ts, &record)?;
         }

@@ -59,6 +59,8 @@ pub(super) fn tcp_retransmit(w: &mut JsonWriter, ts: &str) {
         ts,
         &TcpRetransmitRecord {
             sql: Some(session_tag()),
+            held_up_response: Some(true),
+            request_waited_ms: Some(204.5),
             ..TcpRetransmitRecord::from_event(&rto, 250)
         },
     )
