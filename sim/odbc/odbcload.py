@@ -8,8 +8,10 @@ once, then at its share of the total rate a parameterised UPDATE (an RPC) and
 a commit, one outstanding request at a time. Prints one JSON line with the
 shape of sqlclient's: transactions, errors by kind, tps, latency percentiles
 in microseconds, and per session its SPID (from SELECT @@SPID), its client
-TCP port (from the kernel: /proc/self/fd against /proc/self/net/tcp{,6}) and
-the Encrypt= mode. Exits 1 if no transaction succeeded.
+TCP port (from the kernel: /proc/self/fd against /proc/self/net/tcp{,6}), the
+Encrypt= mode and each call's time (`request_latencies_us`: the SELECT, each
+UPDATE and each commit, one request each). Exits 1 if no transaction
+succeeded.
 
 The password is taken from SQLCLIENT_PASSWORD (as sqlclient does), never argv.
 """
@@ -158,18 +160,29 @@ def login(a, slot, res):
         inode, client_port = next(iter(new.items()))
         CLAIMED.add(inode)
     conn.timeout = max(1, int(a.timeout))
+    timed = []
     try:
         cur = conn.cursor()
-        cur.execute("SELECT @@SPID")
-        spid = int(cur.fetchone()[0])
-        conn.commit()
+        spid = int(timed_call(timed, lambda: (cur.execute("SELECT @@SPID"), cur.fetchone())[1])[0])
+        timed_call(timed, conn.commit)
     except Exception as exc:  # noqa: BLE001
         res.error("connect", exc, counted=False)
         conn.close()
         return None
     res.logins.append({"session": slot, "spid": spid, "client_port": client_port,
-                       "encrypt": a.encrypt, "transactions": 0, "errors": 0})
+                       "encrypt": a.encrypt, "transactions": 0, "errors": 0,
+                       "request_latencies_us": timed})
     return conn, cur
+
+
+def timed_call(timed, call):
+    """call(), with its time in microseconds appended to `timed`: one
+    request and its response, as this client waited for it (the driver's
+    own time and Python's included)."""
+    t0 = time.perf_counter_ns()
+    out = call()
+    timed.append((time.perf_counter_ns() - t0) // 1000)
+    return out
 
 
 def run_slot(a, slot, barrier, res):
@@ -198,9 +211,10 @@ def run_slot(a, slot, barrier, res):
             continue
         conn, cur = session
         t0 = time.perf_counter()
+        timed = res.logins[-1]["request_latencies_us"]
         try:
-            cur.execute("UPDATE t SET v = v + 1 WHERE id = ?", slot + 1)
-            conn.commit()
+            timed_call(timed, lambda: cur.execute("UPDATE t SET v = v + 1 WHERE id = ?", slot + 1))
+            timed_call(timed, conn.commit)
         except Exception as exc:  # noqa: BLE001
             kind = error_kind(exc)
             res.error(kind, exc)

@@ -23,6 +23,9 @@ pub mod netlab {
     pub use stalltrace_lab::net::*;
 }
 
+/// The request-latency oracle of the SQL Server tests.
+pub mod requests;
+
 /// The SQL Server lab: the simulator, filesystems on loop devices, a slow disk.
 pub mod sqllab {
     pub use stalltrace_lab::sql::*;
