@@ -82,19 +82,35 @@ pub fn kernel_skipped(source: &str) -> bool {
 /// for their arrival or answer), and those whose close it skipped (their
 /// last request is never ended).
 pub fn requests_untimed(records: &[Value]) -> u64 {
-    [
-        "sqlserver.request_untimed",
-        "sqlserver.recursion_miss.on_inet_sock_set_state",
-    ]
-    .iter()
-    .map(|source| {
-        records
-            .iter()
-            .filter(|r| r["type"] == "lost")
-            .filter_map(|r| r["by_source"][*source].as_u64())
-            .sum::<u64>()
-    })
-    .sum()
+    lost_from(
+        records,
+        &[
+            "sqlserver.request_untimed",
+            "sqlserver.recursion_miss.on_inet_sock_set_state",
+        ],
+    )
+}
+
+/// Retransmissions of a SQL Server session that may lack their record or the
+/// sqlserver family's verdict on them: those whose hook the kernel skipped,
+/// in either family.
+pub fn retransmits_unjudged(records: &[Value]) -> u64 {
+    lost_from(
+        records,
+        &[
+            "tcp.retransmit_unseen_segs",
+            "sqlserver.recursion_miss.on_tcp_retransmit_skb",
+        ],
+    )
+}
+
+/// What the run's `lost` records counted from `sources`.
+fn lost_from(records: &[Value], sources: &[&str]) -> u64 {
+    records
+        .iter()
+        .filter(|r| r["type"] == "lost")
+        .flat_map(|r| sources.iter().filter_map(|s| r["by_source"][*s].as_u64()))
+        .sum()
 }
 
 /// A histogram rebuilt from the buckets of many records, keyed by each

@@ -26,7 +26,9 @@ use super::run::lost_by_family;
 use super::sql_requests::{Session, judge_requests};
 use super::{Judge, Opts, Run};
 use crate::net::{NetPair, Side, delta};
-use crate::sql::{ClientReport, Placement, SqlClientRun, SqlServerSim};
+use crate::sql::{
+    ClientReport, LOGGED_IN_SEGS, Placement, SqlClientRun, SqlServerSim, segments_in,
+};
 use crate::util::unique;
 use crate::{SqlSide, of_type, retransmits_in};
 
@@ -44,11 +46,6 @@ const RATE_PER_SESSION: u32 = 50;
 const SECS: u32 = 20;
 /// The loss on the client's link once every session has logged in.
 const LOSS_PERCENT: u8 = 10;
-/// Data segments the server has received on a connection once its client is
-/// past its login and querying: sqlclient logs in with 4 at most (PRELOGIN
-/// and LOGIN7; with TLS, its ClientHello and Finished flights between them:
-/// tshark on the host, each mode), then sends `SELECT @@SPID` and its load.
-const LOGGED_IN_SEGS: u64 = 12;
 /// How long the sessions may take to connect and log in (TLS under TCG).
 const LOGIN_WITHIN: Duration = Duration::from_secs(60);
 
@@ -379,31 +376,4 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             wrong.first().map_or(String::new(), |r| r.to_string())
         )
     });
-}
-
-/// Client port -> data segments the server side has received on each
-/// established connection to `port` (`ss -ti`'s data_segs_in).
-fn segments_in(pair: &NetPair, port: u16) -> BTreeMap<u16, u64> {
-    let filter = format!("( sport = :{port} )");
-    let out = pair.exec(Side::B, &["ss", "-Htin", "state", "established", &filter]);
-    let mut segments = BTreeMap::new();
-    let mut peer = None;
-    for line in out.lines() {
-        if !line.starts_with(char::is_whitespace) {
-            // "Recv-Q Send-Q local:port peer:port"
-            peer = line
-                .split_whitespace()
-                .nth(3)
-                .and_then(|p| p.rsplit(':').next()?.parse::<u16>().ok());
-            continue;
-        }
-        let n = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("data_segs_in:")?.parse::<u64>().ok())
-            .unwrap_or(0);
-        if let Some(peer) = peer.take() {
-            segments.insert(peer, n);
-        }
-    }
-    segments
 }

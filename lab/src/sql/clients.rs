@@ -5,6 +5,7 @@
 //! the kernel) and the SPID the server gave it, which the tests match to
 //! what stalltrace saw.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
@@ -152,20 +153,40 @@ impl SqlClientRun {
         n: usize,
         within: Duration,
     ) {
-        let filter = format!("( sport = :{port} )");
+        self.wait_for_segments(pair, port, n, 0, within);
+    }
+
+    /// Wait until `n` sessions on `port` are past their login and querying
+    /// (`LOGGED_IN_SEGS`): loss begun before would hit the login's first
+    /// answer, which no request's timing covers.
+    pub fn wait_for_logins(
+        &mut self,
+        pair: &crate::net::NetPair,
+        port: u16,
+        n: usize,
+        within: Duration,
+    ) {
+        self.wait_for_segments(pair, port, n, LOGGED_IN_SEGS, within);
+    }
+
+    fn wait_for_segments(
+        &mut self,
+        pair: &crate::net::NetPair,
+        port: u16,
+        n: usize,
+        segments: u64,
+        within: Duration,
+    ) {
         let deadline = Instant::now() + within;
         loop {
-            let out = pair.exec(
-                crate::net::Side::B,
-                &["ss", "-Htn", "state", "established", &filter],
-            );
-            if out.lines().count() >= n {
+            let now = segments_in(pair, port);
+            if now.values().filter(|&&s| s >= segments).count() >= n {
                 return;
             }
             assert!(self.is_running(), "{} ended early", self.what);
             assert!(
                 Instant::now() < deadline,
-                "{n} sessions did not connect within {within:?}:\n{out}"
+                "{n} sessions did not reach {segments} data segments in within {within:?}: {now:?}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -359,4 +380,39 @@ impl Drop for FreeTds {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.conf);
     }
+}
+
+/// Data segments the server has received on a connection once its client is
+/// past its login and querying (enough for ODBC Driver 18 too): sqlclient logs in with 4 at most (PRELOGIN
+/// and LOGIN7; with TLS, its ClientHello and Finished flights between them:
+/// tshark on the host, each mode), then sends `SELECT @@SPID` and its load.
+pub const LOGGED_IN_SEGS: u64 = 12;
+/// Client port -> data segments the server side has received on each
+/// established connection to `port` (`ss -ti`'s data_segs_in).
+pub fn segments_in(pair: &crate::net::NetPair, port: u16) -> BTreeMap<u16, u64> {
+    let filter = format!("( sport = :{port} )");
+    let out = pair.exec(
+        crate::net::Side::B,
+        &["ss", "-Htin", "state", "established", &filter],
+    );
+    let mut segments = BTreeMap::new();
+    let mut peer = None;
+    for line in out.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            // "Recv-Q Send-Q local:port peer:port"
+            peer = line
+                .split_whitespace()
+                .nth(3)
+                .and_then(|p| p.rsplit(':').next()?.parse::<u16>().ok());
+            continue;
+        }
+        let n = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("data_segs_in:")?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if let Some(peer) = peer.take() {
+            segments.insert(peer, n);
+        }
+    }
+    segments
 }

@@ -6,6 +6,8 @@ mod clients;
 mod sim;
 mod storage;
 
-pub use clients::{ClientReport, FreeTds, MSSQL_PYTHON, Odbc, SqlClientRun};
+pub use clients::{
+    ClientReport, FreeTds, LOGGED_IN_SEGS, MSSQL_PYTHON, Odbc, SqlClientRun, segments_in,
+};
 pub use sim::{Placement, SMALL_FILES, SqlServerSim};
 pub use storage::{Cgroup, Mounted, SlowDisk};
