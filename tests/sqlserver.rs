@@ -269,18 +269,8 @@ fn slow_log_disk_is_the_log_and_names_the_file() {
 #[test]
 fn requests_are_timed_as_their_clients_timed_them() {
     require_root();
-    let pair = NetPair::new();
-    let files = ScratchDir::new("/var/tmp");
-    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let sim = SqlServerSim::start_small(
-        &bins(),
-        Placement::in_netns(pair.netns(Side::B)),
-        &files.0,
-        &[],
-    );
-    tracer.wait_for(Duration::from_secs(10), |r| {
-        r["type"] == "sql_instance" && r["pid"] == sim.worker
-    });
+    // Dropped in reverse: the simulator, the tracer, the files, the pair.
+    let (pair, _files, tracer, sim) = traced_sim(&[]);
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let client_side = || Placement::in_netns(pair.netns(Side::A));
     let clean_with = |encrypt: &str| {

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::netlab::{NetPair, Side, delta};
+use common::netlab::{Side, delta};
 use common::requests::*;
 use common::sqllab::{FreeTds, Odbc, Placement, SqlClientRun, SqlServerSim};
 use common::*;
@@ -71,18 +71,7 @@ impl Clients {
 fn encrypted_retransmits_name_their_session(bio: &str) {
     require_root();
     let odbc = Odbc::installed();
-    let pair = NetPair::new();
-    let files = ScratchDir::new("/var/tmp");
-    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let sim = SqlServerSim::start_small(
-        &bins(),
-        Placement::in_netns(pair.netns(Side::B)),
-        &files.0,
-        &["--tls-bio", bio],
-    );
-    tracer.wait_for(Duration::from_secs(10), |r| {
-        r["type"] == "sql_instance" && r["pid"] == sim.worker
-    });
+    let (pair, _files, tracer, sim) = traced_sim(&["--tls-bio", bio]);
     let host = pair.v4(Side::B).to_string();
     let server = format!("{host}:{}", sim.port);
     let client_side = Placement::in_netns(pair.netns(Side::A));
@@ -235,18 +224,8 @@ fn socket_bio_sessions_are_named_under_loss() {
 fn odbc_requests_are_timed_as_the_driver_timed_them() {
     require_root();
     let odbc = Odbc::installed();
-    let pair = NetPair::new();
-    let files = ScratchDir::new("/var/tmp");
-    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let sim = SqlServerSim::start_small(
-        &bins(),
-        Placement::in_netns(pair.netns(Side::B)),
-        &files.0,
-        &[],
-    );
-    tracer.wait_for(Duration::from_secs(10), |r| {
-        r["type"] == "sql_instance" && r["pid"] == sim.worker
-    });
+    // Dropped in reverse: the simulator, the tracer, the files, the pair.
+    let (pair, _files, tracer, sim) = traced_sim(&[]);
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let client_side = Placement::in_netns(pair.netns(Side::A));
     let clean = SqlClientRun::odbc(&odbc, client_side, &sim, &server, "yes", 4, 100, 6).finish();

@@ -4,13 +4,36 @@
 //! odbcload).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use super::{Tracer, bins};
 use serde::Deserialize;
 use serde_json::Value;
 use stalltrace::hist::{Histogram, HistogramRecord, bucket_index, bucket_range};
 use stalltrace::records::sql_requests::{SLOW_REQUEST_MS, SqlRequestsRecord};
-use stalltrace_lab::sql::ClientReport;
+use stalltrace_lab::net::{NetPair, Side};
+use stalltrace_lab::scenario::ScratchDir;
+use stalltrace_lab::sql::{ClientReport, Placement, SqlServerSim};
 use stalltrace_lab::{of_type, requests_untimed, retransmits_unjudged};
+
+/// The simulator in the B namespace of its own veth pair, its files in a
+/// scratch directory, started with `sim_args`, under a tracer that has found
+/// it: the setup of the tests that drive it over the pair.
+pub fn traced_sim(sim_args: &[&str]) -> (NetPair, ScratchDir, Tracer, SqlServerSim) {
+    let pair = NetPair::new();
+    let files = ScratchDir::new("/var/tmp");
+    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
+    let sim = SqlServerSim::start_small(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        sim_args,
+    );
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    (pair, files, tracer, sim)
+}
 
 /// `sql_requests` records of the sessions whose client ports are `ports`.
 pub fn requests_of(records: &[Value], worker: u32, ports: &[u16]) -> Vec<SqlRequestsRecord> {
