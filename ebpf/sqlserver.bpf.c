@@ -26,8 +26,13 @@
  *
  * Only those 8 header bytes are ever read, and only from the server's side:
  * never a byte of SQL text or result data, and nothing of a send shorter than
- * a header. Once a socket's SPID is known, its sends cost one map lookup. A
- * TLS record instead of a header marks the session encrypted. What the 8
+ * a header. With MARS, SMP begins after the login response: each TDS packet
+ * then follows a 16-byte SMP header, whose first 8 bytes say so, and the TDS
+ * header after it is read instead. So the first response after the one that
+ * named the SPID is read too: inside SMP, the session is marked MARS (its
+ * requests are not timed: several can be in flight, and turns would pair
+ * them wrongly). After that a cleartext socket's sends cost one map lookup.
+ * A TLS record instead of a header marks the session encrypted. What the 8
  * bytes are is decided in tds.h, which the Rust tests run on the host.
  *
  * Measured assumption (simulator; not verified against real SQL Server): the
@@ -191,13 +196,37 @@ static __always_inline __u8 current_worker(__u32 *tgid)
 
 #include "tds_turns.bpf.h"
 
+/* Whether the header just read left its message open (no EOM). */
+static __always_inline void message_open(struct tds_session *session, bool open)
+{
+	if (open)
+		session->flags |= TDS_F_MESSAGE_OPEN;
+	else
+		session->flags &= ~TDS_F_MESSAGE_OPEN;
+}
+
+/*
+ * A header read on a session whose SPID is known. With MARS, SMP begins
+ * after the login response (as Microsoft's drivers do it): so the first
+ * message after the one that named the SPID says, inside SMP or not,
+ * whether the session is a MARS one; a header that continues an open
+ * message (the login response's next packet) says nothing yet.
+ */
+static __always_inline void after_login_header(struct tds_session *session, bool open)
+{
+	if (!(session->flags & TDS_F_MESSAGE_OPEN))
+		session->flags |= TDS_F_MARS_KNOWN;
+	message_open(session, open);
+}
+
 /*
  * A TLS send of the current thread: it carries the record of the thread's
  * pending SSL_write*, which it consumes whether it fits or not (the next
  * write starts afresh). A fit names the socket's SPID, or, on a socket that
  * has one from TLS already, must name the same one.
  */
-static __always_inline void pair_tls_write(struct tds_session *session, const __u8 *hdr, __u64 len)
+static __always_inline void pair_tls_write(const struct sock *sk, struct tds_session *session,
+					   const __u8 *hdr, __u64 len)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct tls_write *pending = bpf_map_lookup_elem(&tls_writes, &id);
@@ -214,17 +243,23 @@ static __always_inline void pair_tls_write(struct tds_session *session, const __
 		count_lost(LOST_TLS_UNPAIRED);
 		return;
 	}
+	if (write.mars && !(session->flags & TDS_F_MARS)) {
+		session->flags |= TDS_F_MARS;
+		turn_forget(sk);
+	}
 	if (session->flags & TDS_F_SPID) {
 		if (session->spid != write.spid && !(session->flags & TDS_F_TLS_CONFLICT)) {
 			session->flags |= TDS_F_TLS_CONFLICT;
 			count_lost(LOST_TLS_CONFLICT);
 		}
+		after_login_header(session, write.open);
 		return;
 	}
 	session->headers++;
 	session->last_type = TDS_TYPE_TABULAR_RESULT;
 	session->spid = write.spid;
 	session->flags |= TDS_F_SPID | TDS_F_SPID_TLS;
+	message_open(session, write.open);
 }
 
 /* A watched send of an encrypted session that still has no SPID: one try fewer. */
@@ -247,8 +282,11 @@ static __always_inline bool tls_send_worth_reading(struct tds_session *session, 
 {
 	__u64 id = bpf_get_current_pid_tgid();
 
-	if (session->flags & TDS_F_SPID) /* from TLS: each further pairing must agree */
+	if (session->flags & TDS_F_SPID) { /* from TLS: each further pairing must agree */
+		if (!tls_on && !(session->flags & TDS_F_MARS_KNOWN))
+			control_raise(SQL_CTL_TLS_WANTED); /* whether it is MARS is still to be read */
 		return tls_on && bpf_map_lookup_elem(&tls_writes, &id);
+	}
 	if (session->flags & TDS_F_TLS_GAVE_UP)
 		return false;
 	if (!tls_on) {
@@ -262,6 +300,28 @@ static __always_inline bool tls_send_worth_reading(struct tds_session *session, 
 	return false;
 }
 
+/*
+ * What a worker's send (or SSL_write plaintext) starting at `buf` is, its
+ * first 8 bytes in `hdr`. With MARS a TDS packet travels after an SMP
+ * header: then the 8 bytes after that are read into `hdr` and decide, and
+ * *mars says so. Still only a header: SMP's framing, then TDS's.
+ */
+static __always_inline enum tds_verdict classify_send(const void *buf, __u8 *hdr, __u64 len, __u16 *spid,
+						      bool *mars)
+{
+	enum tds_verdict verdict = tds_classify_send(hdr, len, spid);
+
+	*mars = false;
+	if (verdict != TDS_SMP_DATA)
+		return verdict;
+	if (len < SMP_HEADER_LEN + TDS_HEADER_LEN ||
+	    bpf_probe_read_user(hdr, TDS_HEADER_LEN, buf + SMP_HEADER_LEN) ||
+	    tds_classify_send(hdr, len - SMP_HEADER_LEN, spid) != TDS_SERVER_HEADER)
+		return TDS_NOT_A_HEADER;
+	*mars = true;
+	return TDS_SERVER_HEADER;
+}
+
 static __always_inline int read_tds_header(const struct sock *sk, const struct msghdr *msg)
 {
 	struct tds_session fresh = {}, *session;
@@ -272,17 +332,21 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	__u32 tgid = 0;
 	__u8 worker = current_worker(&tgid);
 	bool tls_on = worker & SQL_WORKER_TLS_WATCHED;
+	bool mars;
 
 	if (!worker)
 		return 0;
 	ino = sock_inode(sk);
 	if (!ino)
 		return 0;
-	turn_on_send(sk, msg, ino, tgid);
 	session = bpf_map_lookup_elem(&tds_sessions, &ino);
+	/* MARS: several requests in flight, so turns would pair them wrongly. */
+	if (!session || !(session->flags & TDS_F_MARS))
+		turn_on_send(sk, msg, ino, tgid);
 	if (session) {
-		/* Known from a header on the wire: done. */
-		if ((session->flags & TDS_F_SPID) && !(session->flags & TDS_F_SPID_TLS))
+		/* Known from a header on the wire, and whether it is MARS: done. */
+		if ((session->flags & TDS_F_SPID) && !(session->flags & TDS_F_SPID_TLS) &&
+		    (session->flags & TDS_F_MARS_KNOWN))
 			return 0;
 		if ((session->flags & TDS_F_ENCRYPTED) && !tls_send_worth_reading(session, tls_on))
 			return 0;
@@ -297,14 +361,14 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 		if (!session)
 			return 0;
 	}
-	switch (tds_classify_send(hdr, len, &spid)) {
+	switch (classify_send(buf, hdr, len, &spid, &mars)) {
 	case TDS_TLS_RECORD:
 		session->flags |= TDS_F_ENCRYPTED;
 		if (!tls_on) {
 			control_raise(SQL_CTL_TLS_WANTED);
 			return 0;
 		}
-		pair_tls_write(session, hdr, len);
+		pair_tls_write(sk, session, hdr, len);
 		tls_try_failed(session);
 		return 0;
 	case TDS_SERVER_HEADER:
@@ -312,13 +376,22 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
 	default:
 		return 0; /* not a server packet header: leave it */
 	}
-	if (session->flags & (TDS_F_SPID | TDS_F_ENCRYPTED))
+	if (mars) {
+		session->flags |= TDS_F_MARS;
+		turn_forget(sk);
+	}
+	if (session->flags & TDS_F_SPID) {
+		after_login_header(session, !(hdr[1] & TDS_STATUS_EOM));
+		return 0;
+	}
+	if (session->flags & TDS_F_ENCRYPTED)
 		return 0;
 	session->headers++;
 	session->last_type = hdr[0];
 	session->spid = spid;
 	if (spid)
 		session->flags |= TDS_F_SPID; /* pre-login responses carry SPID 0 */
+	message_open(session, !(hdr[1] & TDS_STATUS_EOM));
 	return 0;
 }
 
@@ -336,6 +409,7 @@ static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 	__u16 spid = 0;
 	__u8 hdr[TDS_HEADER_LEN];
 	__u32 tgid;
+	bool mars;
 
 	if (!(current_worker(&tgid) & SQL_WORKER_TLS_WATCHED))
 		return 0;
@@ -355,8 +429,11 @@ static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 	if (pending && pending->spid && !pending->ambiguous)
 		count_lost(LOST_TLS_UNPAIRED); /* never sent by this thread within the window */
 	if (num >= TDS_HEADER_LEN && !bpf_probe_read_user(hdr, sizeof(hdr), buf) &&
-	    tds_classify_send(hdr, num, &spid) == TDS_SERVER_HEADER)
+	    classify_send(buf, hdr, num, &spid, &mars) == TDS_SERVER_HEADER) {
 		write.spid = spid; /* 0 for a pre-login packet: a write all the same */
+		write.mars = mars;
+		write.open = !(hdr[1] & TDS_STATUS_EOM);
+	}
 	write.ssl = ssl;
 	write.at_ns = now;
 	write.plain_len = num;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::netlab::{NetPair, Side, delta};
 use common::requests::*;
 use common::sqllab::{
-    Cgroup, Mounted, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
+    Cgroup, Mounted, Odbc, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim,
 };
 use common::*;
 use serde_json::Value;
@@ -378,4 +378,77 @@ fn requests_are_timed_as_their_clients_timed_them() {
             );
         }
     }
+}
+
+/// MARS: several requests in flight on one connection, which turn-taking
+/// would pair wrongly. Each connection's SPID is still named (its login
+/// response comes before SMP begins), its first response after the login,
+/// inside SMP, says it is MARS (on the wire, and in the TLS plaintext, where
+/// the uprobes stay until it comes), and none of its requests is timed; a
+/// plain session beside them is timed as ever. The oracle: the client's own
+/// SPIDs and request counts.
+#[test]
+fn mars_sessions_are_named_and_said_to_be_mars_and_never_timed() {
+    require_root();
+    let (pair, _files, tracer, sim) = traced_sim(&[]);
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let side = || Placement::in_netns(pair.netns(Side::A));
+    let odbc = Odbc::installed();
+    // Microsoft's driver turns SMP on after the login, as the simulator's
+    // client does; it runs longer, as Python takes a second to start, so
+    // that every client's connection is open at once for a while.
+    let driver = SqlClientRun::odbc_mars(&odbc, side(), &sim, &server, [2, 20, 6]);
+    let plain = SqlClientRun::start(&bins(), side(), &server, 1, 20, 4);
+    let clear = SqlClientRun::sqlclient_mars(&bins(), side(), &server, "not-supported", [2, 40, 4]);
+    let tls = SqlClientRun::sqlclient_mars(&bins(), side(), &server, "on", [2, 40, 4]);
+    let (plain, clear, tls) = (plain.finish(), clear.finish(), tls.finish());
+    let driver = driver.finish();
+    std::thread::sleep(Duration::from_millis(1200));
+    let records = tracer.stop();
+
+    let client_ip = pair.v4(Side::A).to_string();
+    let sessions = of_type(&records, "sql_session");
+    let of_port = |port: u16| -> Vec<&&Value> {
+        let remote = format!("{client_ip}:{port}");
+        sessions
+            .iter()
+            .filter(|r| r["pid"] == sim.worker && r["remote"] == remote.as_str())
+            .collect()
+    };
+    for (name, run, mars) in [
+        ("MARS, cleartext", &clear, true),
+        ("MARS, TLS", &tls, true),
+        ("ODBC Driver 18, MARS, Encrypt=yes", &driver, true),
+        ("plain", &plain, false),
+    ] {
+        assert_eq!(run.errors(), 0, "{name}: {}", run.0);
+        let pairs = run.sessions();
+        assert_eq!(pairs.len(), if mars { 2 } else { 1 }, "{name}: {}", run.0);
+        for (port, spid) in pairs {
+            let seen = of_port(port);
+            let last = seen
+                .last()
+                .unwrap_or_else(|| panic!("{name}: no sql_session for {port}"));
+            eprintln!("{name}: port {port} SPID {spid}: {last}");
+            assert_eq!(last["spid"], spid, "{name}: {seen:?}");
+            assert_eq!(last["mars"] == true, mars, "{name}: {seen:?}");
+            let timed = per_session(&requests_of(&records, sim.worker, &[port]));
+            let counted = timed.get(&port).map_or(0, |&(requests, _)| requests);
+            // The plain session: its transactions and its SELECT @@SPID.
+            let expected = if mars { 0 } else { run.transactions() + 1 };
+            assert_eq!(counted, expected, "{name}: requests timed on port {port}");
+        }
+    }
+    // The instance's records say how many sessions their figures leave out:
+    // the six MARS connections while every client ran.
+    let said: Vec<u64> = of_type(&records, "sql_requests")
+        .iter()
+        .filter(|r| r["pid"] == sim.worker)
+        .map(|r| r["mars_sessions"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        said.iter().max(),
+        Some(&6),
+        "mars_sessions per interval: {said:?}"
+    );
 }

@@ -281,6 +281,9 @@ enum tds_session_flags {
 	TDS_F_SPID_TLS = 4,     /* with TDS_F_SPID: the header was read in the TLS plaintext (SSL_write) */
 	TDS_F_TLS_CONFLICT = 8, /* a later TLS pairing named another SPID: the pairing is not to be trusted */
 	TDS_F_TLS_GAVE_UP = 16, /* TLS_GIVE_UP_SENDS watched sends named no SPID: no more tries */
+	TDS_F_MARS = 32,        /* the server sends TDS inside SMP (MARS): its requests are not timed */
+	TDS_F_MARS_KNOWN = 64,  /* a response after the login's was read: MARS (SMP begins after the login) or not */
+	TDS_F_MESSAGE_OPEN = 128, /* the last header read did not end its message: more of it follows */
 };
 
 /*
@@ -328,7 +331,9 @@ struct tls_write {
 	__u64 plain_len; /* the call's length argument */
 	__u16 spid;
 	__u8 ambiguous;  /* the thread wrote to another connection before sending: pair nothing */
-	__u8 pad[5];
+	__u8 mars;       /* the plaintext was an SMP DATA packet (MARS) around the header */
+	__u8 open;       /* the header did not end its message (no EOM) */
+	__u8 pad[3];
 };
 
 /*

@@ -2,7 +2,8 @@
 /*
  * tds.h - the TDS constants, and the kernel's decision on the first bytes of
  * a SQL Server worker's send: a server TDS packet header (with the session's
- * SPID), a TLS record (the session is encrypted), or neither.
+ * SPID), a TLS record (the session is encrypted), the SMP header MARS wraps
+ * a TDS packet in, or neither.
  *
  * Written once, in C, for both sides: sqlserver.bpf.c calls
  * tds_classify_send() on the bytes it read; userspace/build.rs compiles this
@@ -14,7 +15,8 @@
  * to these).
  *
  * No BPF helpers, no kernel types, no loops: it is a pure function of at
- * most 8 bytes, and the verifier sees only constant-offset stack reads.
+ * most 8 bytes (MARS: of 8, then of the 8 after the SMP header), and the
+ * verifier sees only constant-offset stack reads.
  */
 #ifndef STALLTRACE_TDS_H
 #define STALLTRACE_TDS_H
@@ -80,16 +82,30 @@
 #define TLS_MAX_EXPANSION 320
 #define TLS_MAX_FRAGMENT 16384
 
+/*
+ * MARS (MS-SMP 2.2.1): once PRELOGIN agreed on it, every TDS packet travels
+ * in an SMP DATA packet of the logical session it belongs to, after a
+ * 16-byte header: SMID 0x53, flags, little-endian SID, little-endian Length
+ * (header included), sequence number, window. 0x53 is none of TDS's packet
+ * types nor a TLS content type.
+ */
+#define SMP_SMID 0x53
+#define SMP_HEADER_LEN 16
+#define SMP_FLAG_DATA 0x08
+
 enum tds_verdict {
 	TDS_NOT_A_HEADER = 0,  /* mid-packet bytes, a client packet, anything else */
 	TDS_SERVER_HEADER = 1, /* a tabular result or pre-login header: *spid is set */
 	TDS_TLS_RECORD = 2,    /* a TLS record: the session is encrypted */
+	TDS_SMP_DATA = 3,      /* an SMP DATA header (MARS): a TDS header follows at SMP_HEADER_LEN */
 };
 
 /*
  * What the first bytes of a send are. `b` holds the send's first
  * min(send_len, 8) bytes, and only those are read: a send too short for a
- * header is not one, whatever follows it in memory.
+ * header is not one, whatever follows it in memory. For an SMP DATA header
+ * the caller classifies the 8 bytes at SMP_HEADER_LEN in turn: only a server
+ * TDS header there makes the send a MARS one.
  *
  * A header counts only when every field is one a server can send: a server
  * type (tabular result, pre-login), status bits the spec defines in a
@@ -115,6 +131,15 @@ static __always_inline enum tds_verdict tds_classify_send(const __u8 *b, __u64 s
 	}
 	if (send_len < TDS_HEADER_LEN)
 		return TDS_NOT_A_HEADER;
+	if (b[0] == SMP_SMID) {
+		/* SYN, ACK and FIN carry no TDS; a DATA packet carries one TDS packet. */
+		__u32 smp_len = b[4] | ((__u32)b[5] << 8) | ((__u32)b[6] << 16) | ((__u32)b[7] << 24);
+
+		if (b[1] == SMP_FLAG_DATA && smp_len >= SMP_HEADER_LEN + TDS_HEADER_LEN &&
+		    smp_len <= SMP_HEADER_LEN + TDS_MAX_PACKET_LEN)
+			return TDS_SMP_DATA;
+		return TDS_NOT_A_HEADER;
+	}
 	if (b[0] != TDS_TYPE_TABULAR_RESULT && b[0] != TDS_TYPE_PRELOGIN)
 		return TDS_NOT_A_HEADER;
 	status = b[1];

@@ -40,8 +40,12 @@
  * its wait before that is invisible here (docs/sqlserver.md).
  *
  * A request is sent to userspace when it ends: at the next request's arrival
- * or at the close. Requests that arrive while the worker is answering (MARS,
- * an attention) are taken for a new request.
+ * or at the close. Bytes that arrive while the worker is answering (an
+ * attention, i.e. a cancel) begin a new request: the cancelled one ends
+ * there, and the attention's own answer is timed as a request. A MARS
+ * session (several requests in flight) is not followed once its TDS is seen
+ * inside SMP (turn_forget), in its first response after the login: the
+ * request that response answers is dropped, not timed.
  *
  * Every update happens under the socket's lock (softirq receive, the send
  * call, the retransmit timer, state changes), so a turn is never written by
@@ -281,6 +285,14 @@ static __always_inline void turn_on_retransmit(const struct sock *sk, const stru
 	mark_key.ino = turn->ino;
 	mark_key.seq = seq;
 	bpf_map_update_elem(&tds_retransmits, &mark_key, &mark, BPF_ANY);
+}
+
+/* The session turned out to be a MARS one: its turns are not followed. */
+static __always_inline void turn_forget(const struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+
+	bpf_map_delete_elem(&tds_turns, &key);
 }
 
 /* The connection leaves ESTABLISHED: its last request ends, and its turns with it. */

@@ -10,8 +10,10 @@ shape of sqlclient's: transactions, errors by kind, tps, latency percentiles
 in microseconds, and per session its SPID (from SELECT @@SPID), its client
 TCP port (from the kernel: /proc/self/fd against /proc/self/net/tcp{,6}), the
 Encrypt= mode and each call's time (`request_latencies_us`: the SELECT, each
-UPDATE and each commit, one request each). Exits 1 if no transaction
-succeeded.
+UPDATE and each commit, one request each). With --mars the connections
+turn MARS on (SQL_COPT_SS_MARS_ENABLED: mssql-python takes no
+MARS_Connection= keyword), so everything after the login travels inside SMP.
+Exits 1 if no transaction succeeded.
 
 The password is taken from SQLCLIENT_PASSWORD (as sqlclient does), never argv.
 """
@@ -51,6 +53,8 @@ def parse_args(argv):
     p.add_argument("--server-certificate",
                    help="the server's certificate (PEM), for Encrypt=strict, where the "
                         "driver ignores TrustServerCertificate (sqlservr --certificate-out)")
+    p.add_argument("--mars", action="store_true",
+                   help="turn MARS on for each connection (SQL_COPT_SS_MARS_ENABLED)")
     p.add_argument("--user", default="stalltrace")
     p.add_argument("--database", default="stalltrace")
     a = p.parse_args(argv)
@@ -67,6 +71,15 @@ def parse_args(argv):
         p.error("--server must be HOST:PORT")
     a.host, a.port = host.strip("[]"), int(port)
     return a
+
+
+# msodbcsql's SQL_COPT_SS_MARS_ENABLED and SQL_MARS_ENABLED_YES (msodbcsql.h).
+SQL_COPT_SS_MARS_ENABLED = 1224
+SQL_MARS_ENABLED_YES = 1
+
+
+def connection_attributes(a):
+    return {SQL_COPT_SS_MARS_ENABLED: SQL_MARS_ENABLED_YES} if a.mars else None
 
 
 def connection_string(a):
@@ -146,7 +159,8 @@ CLAIMED = set()
 def login(a, slot, res):
     with CONNECT_LOCK:
         try:
-            conn = mssql_python.connect(connection_string(a), timeout=max(1, int(a.timeout)))
+            conn = mssql_python.connect(connection_string(a), timeout=max(1, int(a.timeout)),
+                                        attrs_before=connection_attributes(a))
         except Exception as exc:  # noqa: BLE001 (every failure is a connect error)
             res.error("connect", exc, counted=False)
             return None

@@ -37,6 +37,8 @@ pub struct ClientConfig {
     pub timeout: Duration,
     pub packet_size: u32,
     pub encrypt: Encrypt,
+    /// MARS: each request sent on two logical sessions of the connection at once.
+    pub mars: bool,
 }
 
 /// Why a request or login failed; the JSON counts errors by these names.
@@ -371,6 +373,7 @@ mod tests {
             timeout: Duration::from_millis(300),
             packet_size: 4096,
             encrypt: Encrypt::NotSupported,
+            mars: false,
         };
         let t0 = Instant::now();
         let e = Connection::open(addr, &cfg, 0).err().expect("must fail");

@@ -80,7 +80,7 @@ fn conversation_decodes_and_server_packets_carry_the_spid_from_the_login_respons
 
     let r = c.exchange(
         packet_type::PRELOGIN,
-        &prelogin::client_request(prelogin::ENCRYPT_NOT_SUP, 1),
+        &prelogin::client_request(prelogin::ENCRYPT_NOT_SUP, 1, false),
     );
     assert_eq!(r.packet_type, packet_type::TABULAR_RESULT);
     assert_eq!(

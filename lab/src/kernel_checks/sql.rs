@@ -9,7 +9,10 @@
 //! The loss begins once every session has logged in (the kernel's count of
 //! data segments from each client says so): before its login response, a
 //! session has no SPID on the wire to name.
-//! Each session's requests are timed (sql_requests.rs).
+//! Each session's requests are timed (sql_requests.rs). Two MARS sessions
+//! beside them (cleartext and `on`, to the first server): named from the TDS
+//! header after the SMP one, on the wire and in the TLS plaintext, said to be
+//! MARS, and never timed.
 //! Bounds of tests/sqlserver.rs and tests/sqltls.rs (there: more sessions,
 //! FreeTDS and Microsoft's ODBC driver; here: one sqlclient session of each
 //! kind at 50 tps for 20 s, for the slow guest).
@@ -40,6 +43,9 @@ const SESSIONS: [(&str, &str); 4] = [
     ("socket", "strict"),
 ];
 const RATE_PER_SESSION: u32 = 50;
+/// The MARS sessions' `--encrypt`, to the memory-BIO server, at half the
+/// rate: each of their transactions is two requests.
+const MARS_SESSIONS: [&str; 2] = ["not-supported", "on"];
 /// How long each client runs. The loss lasts from the last login to the
 /// clients' end, and a guest's logins took 4 s or more: with 12 s, a 6.1 and
 /// a 7.3 guest in one CI run saw 16 and 19 segments lost, too few to judge.
@@ -146,6 +152,20 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             (bio, encrypt, client)
         })
         .collect();
+    let mars_clients: Vec<(&str, SqlClientRun)> = MARS_SESSIONS
+        .iter()
+        .map(|&encrypt| {
+            let server = format!("{}:{}", pair.v4(Side::B), port_of("memory"));
+            let client = SqlClientRun::sqlclient_mars(
+                &opts.bins,
+                client_side,
+                &server,
+                encrypt,
+                [1, RATE_PER_SESSION / 2, SECS],
+            );
+            (encrypt, client)
+        })
+        .collect();
     // Loss once every session has logged in. What the server sends before
     // its login response (the SYN-ACK, the pre-login answer, the TLS
     // handshake, TLS 1.3's session tickets) carries no SPID, in the clear or
@@ -160,7 +180,12 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             let per_port: Vec<(usize, BTreeMap<u16, u64>)> = ["memory", "socket"]
                 .iter()
                 .map(|bio| {
-                    let expected = SESSIONS.iter().filter(|(b, _)| b == bio).count();
+                    let mars = if *bio == "memory" {
+                        MARS_SESSIONS.len()
+                    } else {
+                        0
+                    };
+                    let expected = SESSIONS.iter().filter(|(b, _)| b == bio).count() + mars;
                     (expected, segments_in(&pair, port_of(bio)))
                 })
                 .collect();
@@ -196,6 +221,10 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
     let reports: Vec<(&str, &str, ClientReport)> = clients
         .into_iter()
         .map(|(bio, encrypt, client)| (bio, encrypt, client.finish()))
+        .collect();
+    let mars_reports: Vec<(&str, ClientReport)> = mars_clients
+        .into_iter()
+        .map(|(encrypt, client)| (encrypt, client.finish()))
         .collect();
     pair.clear_drops(Side::A);
     let after = pair.counters(Side::B);
@@ -255,6 +284,49 @@ pub fn spid(opts: &Opts, judge: &mut Judge) {
             report.0["p99_us"]
         ));
         by_bio.entry(bio).or_default().insert(port, spid);
+    }
+    let memory_worker = servers
+        .iter()
+        .find(|(b, _)| *b == "memory")
+        .unwrap()
+        .1
+        .worker;
+    for (encrypt, report) in &mars_reports {
+        let Some(&(port, spid)) = report.sessions().first() else {
+            judge.fail(format!(
+                "sqlclient --mars --encrypt {encrypt}: no session: {}",
+                report.0
+            ));
+            continue;
+        };
+        judge.expect(report.errors() == 0, || {
+            format!("sqlclient --mars --encrypt {encrypt}: {}", report.0)
+        });
+        let remote = format!("{client_ip}:{port}");
+        let said = session_records.iter().any(|r| {
+            r["pid"] == memory_worker
+                && r["remote"] == remote.as_str()
+                && r["spid"] == spid
+                && r["mars"] == true
+        });
+        judge.expect(said, || {
+            format!("no sql_session for {remote} (MARS, {encrypt}) with SPID {spid} and mars")
+        });
+        let timed = of_type(&records, "sql_requests")
+            .iter()
+            .filter_map(|r| r["by_session"].as_array())
+            .flatten()
+            .filter(|s| s["client"] == remote.as_str())
+            .count();
+        judge.expect(timed == 0, || {
+            format!("{remote} (MARS, {encrypt}): requests timed in {timed} sql_requests records")
+        });
+        figures.push(format!(
+            "MARS {encrypt}: SPID {spid}, {} transactions, {} retransmit records",
+            report.transactions(),
+            retransmits.iter().filter(|r| r["dport"] == port).count()
+        ));
+        by_bio.entry("memory").or_default().insert(port, spid);
     }
     let timed: Vec<Session> = reports
         .iter()

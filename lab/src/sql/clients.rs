@@ -84,15 +84,35 @@ impl SqlClientRun {
         rate: u32,
         secs: u32,
     ) -> Self {
+        let args = ["--encrypt", encrypt];
+        Self::sqlclient_with(bins, place, server, &args, [sessions, rate, secs])
+    }
+
+    /// `sqlclient --encrypt MODE --mars` at `[sessions, rate, secs]`: each
+    /// request on two MARS sessions of its connection at once.
+    pub fn sqlclient_mars(
+        bins: &Bins,
+        place: Placement,
+        server: &str,
+        encrypt: &str,
+        load: [u32; 3],
+    ) -> Self {
+        let args = ["--encrypt", encrypt, "--mars"];
+        Self::sqlclient_with(bins, place, server, &args, load)
+    }
+
+    /// `sqlclient` with `args`, at `[sessions, rate, secs]`.
+    fn sqlclient_with(
+        bins: &Bins,
+        place: Placement,
+        server: &str,
+        args: &[&str],
+        [sessions, rate, secs]: [u32; 3],
+    ) -> Self {
         let mut cmd = place.command(&bins.sqlclient);
-        cmd.args(["--server", server, "--encrypt", encrypt]);
-        Self::spawn(
-            cmd,
-            format!("sqlclient --encrypt {encrypt}"),
-            sessions,
-            rate,
-            secs,
-        )
+        cmd.args(["--server", server]).args(args);
+        let what = format!("sqlclient {}", args.join(" "));
+        Self::spawn(cmd, what, sessions, rate, secs)
     }
 
     /// ODBC Driver 18 with `Encrypt=MODE` (`yes`, its default; `strict`;
@@ -109,19 +129,40 @@ impl SqlClientRun {
         rate: u32,
         secs: u32,
     ) -> Self {
+        let cmd = Self::odbc_command(odbc, place, sim, server, encrypt);
+        let what = format!("ODBC Driver 18 Encrypt={encrypt}");
+        Self::spawn(cmd, what, sessions, rate, secs)
+    }
+
+    /// ODBC Driver 18 with its default `Encrypt=yes` and MARS on for each
+    /// connection, at `[sessions, rate, secs]`.
+    pub fn odbc_mars(
+        odbc: &Odbc,
+        place: Placement,
+        sim: &super::SqlServerSim,
+        server: &str,
+        [sessions, rate, secs]: [u32; 3],
+    ) -> Self {
+        let mut cmd = Self::odbc_command(odbc, place, sim, server, "yes");
+        cmd.arg("--mars");
+        let what = "ODBC Driver 18 Encrypt=yes with MARS".to_string();
+        Self::spawn(cmd, what, sessions, rate, secs)
+    }
+
+    fn odbc_command(
+        odbc: &Odbc,
+        place: Placement,
+        sim: &super::SqlServerSim,
+        server: &str,
+        encrypt: &str,
+    ) -> std::process::Command {
         let mut cmd = place.command(&odbc.python);
         cmd.arg(&odbc.script)
             .args(["--server", server, "--encrypt", encrypt])
             // Strict verifies it whatever TrustServerCertificate says.
             .arg("--server-certificate")
             .arg(&sim.certificate);
-        Self::spawn(
-            cmd,
-            format!("ODBC Driver 18 Encrypt={encrypt}"),
-            sessions,
-            rate,
-            secs,
-        )
+        cmd
     }
 
     fn spawn(

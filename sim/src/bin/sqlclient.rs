@@ -48,6 +48,10 @@ struct Args {
     /// login only), on (the whole session), strict (TDS 8.0: TLS first)
     #[arg(long, value_enum, default_value_t = Encrypt::NotSupported)]
     encrypt: Encrypt,
+    /// MARS: every request on two logical sessions of its connection at
+    /// once (`SELECT @@SPID` too, not the login): two requests in flight
+    #[arg(long)]
+    mars: bool,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         timeout: Duration::from_secs_f64(a.timeout),
         packet_size: a.packet_size,
         encrypt: a.encrypt,
+        mars: a.mars,
     };
     match run(&cfg) {
         Ok(report) => {

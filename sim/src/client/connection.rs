@@ -1,5 +1,10 @@
 //! One TDS connection of the load driver: connect, PRELOGIN (and TLS as
 //! agreed), LOGIN7, `SELECT @@SPID`, then SQL batches.
+//!
+//! With `--mars`, everything after the login response travels inside SMP
+//! (as Microsoft's ODBC Driver 18 does it): every request is sent twice, on
+//! logical sessions 0 and 1, both before either answer is read: two requests
+//! in flight on one connection, as a MARS application has them.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -10,6 +15,7 @@ use openssl::ssl::SslStream;
 use super::{ClientConfig, ErrorKind, SessionError, protocol};
 use crate::tds::login7::{self, Login7};
 use crate::tds::prelogin::{self, ENCRYPT_NOT_SUP, ENCRYPT_OFF, ENCRYPT_ON, ENCRYPT_REQ};
+use crate::tds::smp::Mux;
 use crate::tds::tokens::{self, Token};
 use crate::tds::{self, DEFAULT_PACKET_SIZE, TDS_7_4, batch, packet_type};
 use crate::tls::client::{self as tls, Wire};
@@ -96,6 +102,9 @@ pub struct Connection {
     pub encryption: InForce,
     packet_size: usize,
     timeout: Duration,
+    /// MARS: SMP's state, and whether the second logical session is open.
+    mars: Option<Mux>,
+    pair: bool,
 }
 
 impl Connection {
@@ -122,15 +131,44 @@ impl Connection {
             encryption: InForce::None,
             packet_size: DEFAULT_PACKET_SIZE,
             timeout: cfg.timeout,
+            mars: None,
+            pair: false,
         };
-        c.negotiate(cfg.encrypt, thread_id)?;
+        c.negotiate(cfg.encrypt, thread_id, cfg.mars)?;
         c.login(addr, cfg)?;
+        if cfg.mars {
+            let mut mux = Mux::default();
+            let mut syns = mux.syn(0).to_vec();
+            syns.extend_from_slice(&mux.syn(1));
+            c.stream.write_all(&syns)?;
+            c.mars = Some(mux);
+            c.pair = true;
+        }
         c.spid_selected = c.select_spid()?;
         Ok(c)
     }
 
     /// PRELOGIN and the TLS it leads to.
-    fn negotiate(&mut self, encrypt: Encrypt, thread_id: u32) -> Result<(), SessionError> {
+    fn negotiate(
+        &mut self,
+        encrypt: Encrypt,
+        thread_id: u32,
+        mars: bool,
+    ) -> Result<(), SessionError> {
+        let reply = self.prelogin(encrypt, thread_id, mars)?;
+        if mars && !prelogin::mars(&reply) {
+            return Err(protocol("PRELOGIN: asked for MARS, the server refused it"));
+        }
+        Ok(())
+    }
+
+    /// PRELOGIN and the TLS it leads to; the server's PRELOGIN options.
+    fn prelogin(
+        &mut self,
+        encrypt: Encrypt,
+        thread_id: u32,
+        mars: bool,
+    ) -> Result<Vec<prelogin::PreloginOption>, SessionError> {
         if encrypt == Encrypt::Strict {
             self.start_tls(true)?;
             self.encryption = InForce::Strict;
@@ -138,10 +176,9 @@ impl Connection {
             // value negotiates nothing; ODBC Driver 18 sends ENCRYPT_NOT_SUP.
             let reply = self.request(
                 packet_type::PRELOGIN,
-                &prelogin::client_request(ENCRYPT_NOT_SUP, thread_id),
+                &prelogin::client_request(ENCRYPT_NOT_SUP, thread_id, mars),
             )?;
-            prelogin::decode(&reply.payload)?;
-            return Ok(());
+            return Ok(prelogin::decode(&reply.payload)?);
         }
         let asked = match encrypt {
             Encrypt::NotSupported => ENCRYPT_NOT_SUP,
@@ -150,9 +187,10 @@ impl Connection {
         };
         let reply = self.request(
             packet_type::PRELOGIN,
-            &prelogin::client_request(asked, thread_id),
+            &prelogin::client_request(asked, thread_id, mars),
         )?;
-        let answer = prelogin::encryption(&prelogin::decode(&reply.payload)?);
+        let options = prelogin::decode(&reply.payload)?;
+        let answer = prelogin::encryption(&options);
         // The client's half of MS-TDS's encryption table.
         self.encryption = match (asked, answer) {
             (ENCRYPT_NOT_SUP, Some(ENCRYPT_NOT_SUP)) => InForce::None,
@@ -169,7 +207,7 @@ impl Connection {
         if self.encryption != InForce::None {
             self.start_tls(false)?;
         }
-        Ok(())
+        Ok(options)
     }
 
     fn start_tls(&mut self, strict: bool) -> Result<(), SessionError> {
@@ -204,7 +242,7 @@ impl Connection {
             database: cfg.database.clone(),
             ..Login7::default()
         };
-        self.send(packet_type::LOGIN7, &login.encode())?;
+        self.send(0, packet_type::LOGIN7, &login.encode())?;
         if self.encryption == InForce::LoginOnly {
             // Login-only: TLS carried LOGIN7 alone; the response comes in
             // cleartext on the same socket.
@@ -245,8 +283,11 @@ impl Connection {
         Ok(())
     }
 
-    fn send(&mut self, ptype: u8, payload: &[u8]) -> Result<(), SessionError> {
-        let wire = tds::encode_message(ptype, 0, payload, self.packet_size);
+    fn send(&mut self, sid: u16, ptype: u8, payload: &[u8]) -> Result<(), SessionError> {
+        let mut wire = tds::encode_message(ptype, 0, payload, self.packet_size);
+        if let Some(mux) = &mut self.mars {
+            wire = mux.wrap(sid, &wire);
+        }
         self.stream.write_all(&wire)?;
         self.stream.flush()?;
         Ok(())
@@ -255,7 +296,11 @@ impl Connection {
     /// Reads one whole response (a tabular result) before the deadline.
     fn receive(&mut self) -> Result<tds::Message, SessionError> {
         self.stream.wire().deadline = Instant::now() + self.timeout;
-        let reply = tds::read_message(&mut self.stream)?.ok_or_else(|| SessionError {
+        let reply = match &mut self.mars {
+            None => tds::read_message(&mut self.stream)?,
+            Some(mux) => tds::read_message(&mut mux.reader(&mut self.stream))?,
+        };
+        let reply = reply.ok_or_else(|| SessionError {
             kind: ErrorKind::Disconnected,
             detail: "server closed the connection".into(),
         })?;
@@ -274,9 +319,17 @@ impl Connection {
         Ok(reply)
     }
 
+    /// One request and its response; with MARS, the same request on both
+    /// logical sessions at once, and session 0's response.
     fn request(&mut self, ptype: u8, payload: &[u8]) -> Result<tds::Message, SessionError> {
-        self.send(ptype, payload)?;
-        self.receive()
+        self.send(0, ptype, payload)?;
+        if !self.pair {
+            return self.receive();
+        }
+        self.send(1, ptype, payload)?;
+        let first = self.receive()?;
+        self.receive()?;
+        Ok(first)
     }
 
     /// [`Self::execute`], and the time from just before the request was

@@ -9,6 +9,11 @@
 //!    response: in cleartext after a login-only exchange, else in TLS;
 //! 4. requests until the client leaves.
 //!
+//! With MARS (asked for in PRELOGIN, granted as SQL Server does), everything
+//! after the login response travels inside SMP (LOGIN7 and its response do
+//! not, as Microsoft's ODBC Driver 18 sends them), and each request is
+//! answered on the logical session it came on, in the order requests arrive.
+//!
 //! Every packet before the login response carries SPID 0, as SQL Server's
 //! do; the login response and everything after carry the session's SPID.
 
@@ -20,6 +25,7 @@ use super::{Shared, login_response, negotiated_packet_size, seed};
 use crate::storage::Rng;
 use crate::tds::login7::Login7;
 use crate::tds::prelogin::{self, Encryption};
+use crate::tds::smp::Mux;
 use crate::tds::{self, DEFAULT_PACKET_SIZE, Message, TDS_7_4, packet_type};
 use crate::tls::TLS_HANDSHAKE;
 use crate::tls::channel::TlsChannel;
@@ -32,21 +38,57 @@ enum Link<'a> {
     Tls(TlsChannel<'a>),
 }
 
+impl io::Read for Link<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Link::Clear(r, _) => r.read(buf),
+            Link::Tls(c) => c.read(buf),
+        }
+    }
+}
+
 impl Link<'_> {
     fn read(&mut self) -> io::Result<Option<Message>> {
-        match self {
-            Link::Clear(r, _) => tds::read_message(r),
-            Link::Tls(c) => tds::read_message(c),
-        }
+        tds::read_message(self)
     }
 
     /// One whole message: one `write()` in cleartext, one libssl write call
     /// in TLS.
     fn send(&mut self, ptype: u8, spid: u16, payload: &[u8], packet_size: usize) -> io::Result<()> {
-        let wire = tds::encode_message(ptype, spid, payload, packet_size);
+        self.write_wire(&tds::encode_message(ptype, spid, payload, packet_size))
+    }
+
+    fn write_wire(&mut self, wire: &[u8]) -> io::Result<()> {
         match self {
-            Link::Clear(_, s) => (&mut &**s).write_all(&wire),
-            Link::Tls(c) => c.send(&wire),
+            Link::Clear(_, s) => (&mut &**s).write_all(wire),
+            Link::Tls(c) => c.send(wire),
+        }
+    }
+}
+
+/// A link with MARS on or off: messages read with the logical session they
+/// came on (0 without MARS), and answered on it.
+struct Sessions<'a> {
+    link: Link<'a>,
+    mars: Option<Mux>,
+}
+
+impl Sessions<'_> {
+    fn read(&mut self) -> io::Result<Option<(Message, u16)>> {
+        match &mut self.mars {
+            None => Ok(self.link.read()?.map(|m| (m, 0))),
+            Some(mux) => {
+                let msg = tds::read_message(&mut mux.reader(&mut self.link))?;
+                Ok(msg.map(|m| (m, mux.last_sid())))
+            }
+        }
+    }
+
+    fn send(&mut self, sid: u16, spid: u16, payload: &[u8], packet_size: usize) -> io::Result<()> {
+        let wire = tds::encode_message(packet_type::TABULAR_RESULT, spid, payload, packet_size);
+        match &mut self.mars {
+            None => self.link.write_wire(&wire),
+            Some(mux) => self.link.write_wire(&mux.wrap(sid, &wire)),
         }
     }
 }
@@ -56,7 +98,7 @@ pub fn serve(shared: &Shared, stream: &TcpStream, spid: u16) -> io::Result<()> {
     let Some(first) = peek_first_byte(stream)? else {
         return Ok(());
     };
-    let (mut link, login_only) = if first == TLS_HANDSHAKE {
+    let (link, login_only, mars) = if first == TLS_HANDSHAKE {
         let Some(tls) = &shared.tls else {
             return Err(tds::invalid(
                 "a TLS handshake first (TDS 8.0 strict), but this server runs with --no-tls",
@@ -68,47 +110,46 @@ pub fn serve(shared: &Shared, stream: &TcpStream, spid: u16) -> io::Result<()> {
             return Ok(());
         };
         if msg.packet_type != packet_type::PRELOGIN {
-            return refuse_before_login(&mut link, shared, msg.packet_type);
+            let mut plain = Sessions { link, mars: None };
+            return refuse_before_login(&mut plain, shared, msg.packet_type);
         }
         let opts = prelogin::decode(&msg.payload)?;
         let (answer, _) = prelogin::negotiate(prelogin::encryption(&opts), true, false);
-        let reply = prelogin::server_response(answer);
+        let mars = prelogin::mars(&opts);
+        let reply = prelogin::server_response(answer, mars);
         link.send(packet_type::TABULAR_RESULT, 0, &reply, DEFAULT_PACKET_SIZE)?;
-        (link, false)
+        (link, false, mars)
     } else {
         match prelogin_7x(shared, stream)? {
             Some(l) => l,
             None => return Ok(()),
         }
     };
+    let mut conn = Sessions { link, mars: None };
 
-    let Some(msg) = link.read()? else {
+    let Some((msg, sid)) = conn.read()? else {
         return Ok(());
     };
     if msg.packet_type != packet_type::LOGIN7 {
-        return refuse_before_login(&mut link, shared, msg.packet_type);
+        return refuse_before_login(&mut conn, shared, msg.packet_type);
     }
     let login = Login7::decode(&msg.payload)?;
     if login_only {
         // Login-only encryption: TLS ends with the LOGIN7 packet; the login
         // response and everything after it go in cleartext.
-        link = Link::Clear(BufReader::with_capacity(64 << 10, stream), stream);
+        conn.link = Link::Clear(BufReader::with_capacity(64 << 10, stream), stream);
     }
     let version = login.tds_version.min(TDS_7_4);
     let mut reply = Vec::with_capacity(256);
     login_response(&mut reply, shared, version, login.packet_size);
     // The response still goes at the old packet size; the new one applies
     // from the next message on.
-    link.send(
-        packet_type::TABULAR_RESULT,
-        spid,
-        &reply,
-        DEFAULT_PACKET_SIZE,
-    )?;
+    conn.send(sid, spid, &reply, DEFAULT_PACKET_SIZE)?;
     let packet_size = negotiated_packet_size(login.packet_size);
+    conn.mars = mars.then(Mux::default);
 
     let mut session = Session::new(spid, version, Rng::new(seed(spid)));
-    while let Some(msg) = link.read()? {
+    while let Some((msg, sid)) = conn.read()? {
         let reply = match msg.packet_type {
             packet_type::SQL_BATCH => session.sql_batch(shared, &msg.payload)?,
             packet_type::RPC => session.rpc(shared, &msg.payload),
@@ -122,29 +163,38 @@ pub fn serve(shared: &Shared, stream: &TcpStream, spid: u16) -> io::Result<()> {
             }
             t => session.unsupported(shared, t),
         };
-        link.send(packet_type::TABULAR_RESULT, spid, &reply, packet_size)?;
+        conn.send(sid, spid, &reply, packet_size)?;
     }
     Ok(())
 }
 
 /// TDS 7.x's PRELOGIN in cleartext, read exactly (a TLS handshake may
 /// follow), answered per MS-TDS's encryption table; then the handshake if
-/// encryption was agreed. The link LOGIN7 comes on, and whether TLS ends
-/// after it (login-only encryption); None when the session ends here.
-fn prelogin_7x<'a>(shared: &Shared, stream: &'a TcpStream) -> io::Result<Option<(Link<'a>, bool)>> {
+/// encryption was agreed. The link LOGIN7 comes on, whether TLS ends after
+/// it (login-only encryption) and whether MARS is on; None when the session
+/// ends here.
+fn prelogin_7x<'a>(
+    shared: &Shared,
+    stream: &'a TcpStream,
+) -> io::Result<Option<(Link<'a>, bool, bool)>> {
     let Some(msg) = tds::read_message(&mut &*stream)? else {
         return Ok(None);
     };
-    let mut clear = Link::Clear(BufReader::new(stream), stream);
+    let clear = Link::Clear(BufReader::new(stream), stream);
     if msg.packet_type != packet_type::PRELOGIN {
-        refuse_before_login(&mut clear, shared, msg.packet_type)?;
+        let mut plain = Sessions {
+            link: clear,
+            mars: None,
+        };
+        refuse_before_login(&mut plain, shared, msg.packet_type)?;
         return Ok(None);
     }
     let opts = prelogin::decode(&msg.payload)?;
     let forced = shared.tls.as_ref().is_some_and(|t| t.force_encryption);
     let (answer, mode) =
         prelogin::negotiate(prelogin::encryption(&opts), shared.tls.is_some(), forced);
-    let reply = prelogin::server_response(answer);
+    let mars = prelogin::mars(&opts);
+    let reply = prelogin::server_response(answer, mars);
     tds::write_message(
         &mut &*stream,
         packet_type::TABULAR_RESULT,
@@ -153,7 +203,7 @@ fn prelogin_7x<'a>(shared: &Shared, stream: &'a TcpStream) -> io::Result<Option<
         DEFAULT_PACKET_SIZE,
     )?;
     let tls = match (mode, &shared.tls) {
-        (Encryption::None, _) | (_, None) => return Ok(Some((clear, false))),
+        (Encryption::None, _) | (_, None) => return Ok(Some((clear, false, mars))),
         (Encryption::Refuse, _) => {
             eprintln!(
                 "sqlservr: {}: the client cannot encrypt and --force-encryption is set: closing",
@@ -164,16 +214,20 @@ fn prelogin_7x<'a>(shared: &Shared, stream: &'a TcpStream) -> io::Result<Option<
         (_, Some(tls)) => tls,
     };
     let channel = TlsChannel::accept_wrapped(&tls.wrapped, stream, tls.bio)?;
-    Ok(Some((Link::Tls(channel), mode == Encryption::LoginOnly)))
+    Ok(Some((
+        Link::Tls(channel),
+        mode == Encryption::LoginOnly,
+        mars,
+    )))
 }
 
 /// Anything but PRELOGIN or LOGIN7 before login: SQL Server says why (with
 /// SPID 0, there being no session yet) and drops the client.
-fn refuse_before_login(link: &mut Link, shared: &Shared, ptype: u8) -> io::Result<()> {
+fn refuse_before_login(conn: &mut Sessions, shared: &Shared, ptype: u8) -> io::Result<()> {
     let mut reply = Vec::new();
     let text = format!("Unexpected request type {ptype:#04x} before login.");
     requests::error(&mut reply, shared, 4002, &text, tds::tokens::DONE);
-    link.send(packet_type::TABULAR_RESULT, 0, &reply, DEFAULT_PACKET_SIZE)
+    conn.send(0, 0, &reply, DEFAULT_PACKET_SIZE)
 }
 
 /// The connection's first byte, left in the socket; None if the client

@@ -1,20 +1,21 @@
-//! The subset of TDS 7.x (MS-TDS) that a client and `sqlservr` need to log in and
-//! run SQL batches, with no TLS:
+//! The subset of TDS 7.x and 8.0 (MS-TDS) that a client and `sqlservr` need to
+//! log in and run requests:
 //!
 //! - packet framing (8-byte header: type, status, big-endian length and SPID,
 //!   packet id, window), messages split over packets of the negotiated size;
-//! - PRELOGIN request and response (VERSION, ENCRYPTION, INSTOPT, THREADID, MARS);
-//!   the server always answers ENCRYPT_NOT_SUP, so nothing is ever encrypted;
+//! - PRELOGIN request and response (VERSION, ENCRYPTION, INSTOPT, THREADID, MARS),
+//!   with MS-TDS's encryption table (TLS itself is `crate::tls`);
+//! - MARS: TDS inside MS-SMP's session packets (`smp`);
 //! - LOGIN7 (fixed part, UCS-2 strings, password obfuscation; no SSPI, no
 //!   feature extensions);
-//! - SQL batch (type 1) with the ALL_HEADERS transaction descriptor of TDS 7.2+;
+//! - SQL batch (type 1) with the ALL_HEADERS transaction descriptor of TDS 7.2+,
+//!   RPC requests and transaction manager requests as ODBC drivers send them;
 //! - response tokens: LOGINACK, ENVCHANGE (database, language, collation, packet
 //!   size), INFO, ERROR, COLMETADATA and ROW for integer columns, DONE;
 //!   attention (type 6) is acknowledged with DONE_ATTN.
 //!
-//! Not implemented: RPC requests, TLS, MARS (SMP), bulk load, transaction
-//! manager requests, federated authentication, session recovery, and any column
-//! type but the integers.
+//! Not implemented: bulk load, federated authentication, session recovery, and
+//! any column type but the integers.
 //!
 //! Integers inside messages are little-endian; the header's length and SPID,
 //! and PRELOGIN's option table, are big-endian (network order).
@@ -23,6 +24,7 @@ pub mod batch;
 pub mod login7;
 pub mod prelogin;
 pub mod rpc;
+pub mod smp;
 pub mod sql;
 pub mod tm;
 pub mod tokens;

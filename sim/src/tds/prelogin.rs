@@ -76,6 +76,11 @@ pub fn encryption(options: &[PreloginOption]) -> Option<u8> {
     option(options, ENCRYPTION).and_then(|v| v.first().copied())
 }
 
+/// Whether the MARS option asks for (or grants) MARS: its value is 1.
+pub fn mars(options: &[PreloginOption]) -> bool {
+    option(options, MARS) == Some(&[1][..])
+}
+
 /// What the session does after PRELOGIN, from the two ENCRYPTION values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encryption {
@@ -115,26 +120,27 @@ pub fn negotiate(client: Option<u8>, tls: bool, forced: bool) -> (u8, Encryption
 }
 
 /// A client's PRELOGIN: driver version, the given ENCRYPTION value, default
-/// instance, its thread id, no MARS.
-pub fn client_request(encryption: u8, thread_id: u32) -> Vec<u8> {
+/// instance, its thread id, and whether it asks for MARS.
+pub fn client_request(encryption: u8, thread_id: u32, mars: bool) -> Vec<u8> {
     encode(&[
         (VERSION, vec![0x01, 0x00, 0x00, 0x00, 0x00, 0x00]),
         (ENCRYPTION, vec![encryption]),
         (INSTOPT, vec![0x00]),
         (THREADID, thread_id.to_be_bytes().to_vec()),
-        (MARS, vec![0x00]),
+        (MARS, vec![u8::from(mars)]),
     ])
 }
 
 /// The server's answer: its version, the negotiated ENCRYPTION value,
-/// instance ok, no MARS.
-pub fn server_response(encryption: u8) -> Vec<u8> {
+/// instance ok, and whether MARS is on (as SQL Server, whenever the client
+/// asks).
+pub fn server_response(encryption: u8, mars: bool) -> Vec<u8> {
     encode(&[
         (VERSION, SERVER_VERSION.to_vec()),
         (ENCRYPTION, vec![encryption]),
         (INSTOPT, vec![0x00]),
         (THREADID, Vec::new()),
-        (MARS, vec![0x00]),
+        (MARS, vec![u8::from(mars)]),
     ])
 }
 
@@ -144,7 +150,7 @@ mod tests {
 
     #[test]
     fn server_response_layout() {
-        let b = server_response(ENCRYPT_NOT_SUP);
+        let b = server_response(ENCRYPT_NOT_SUP, false);
         // 5 entries of 5 bytes + terminator = 26; VERSION's 6 bytes start there.
         assert_eq!(&b[..5], &[VERSION, 0, 26, 0, 6]);
         assert_eq!(&b[5..10], &[ENCRYPTION, 0, 32, 0, 1]);
@@ -157,11 +163,11 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let opts = decode(&client_request(ENCRYPT_NOT_SUP, 0x0102_0304)).unwrap();
+        let opts = decode(&client_request(ENCRYPT_NOT_SUP, 0x0102_0304, false)).unwrap();
         assert_eq!(encryption(&opts), Some(ENCRYPT_NOT_SUP));
         assert_eq!(option(&opts, THREADID), Some(&[1u8, 2, 3, 4][..]));
         assert_eq!(opts.len(), 5);
-        let opts = decode(&server_response(ENCRYPT_NOT_SUP)).unwrap();
+        let opts = decode(&server_response(ENCRYPT_NOT_SUP, false)).unwrap();
         assert_eq!(option(&opts, VERSION), Some(&SERVER_VERSION[..]));
         assert_eq!(option(&opts, THREADID), Some(&[][..]));
     }

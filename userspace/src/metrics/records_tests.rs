@@ -308,6 +308,7 @@ fn sql_requests_are_histograms_per_instance_and_part() {
         server_us: hist_of(&[1_050, 1_050, 500]),
         delivery_us: hist_of(&[0, 0, 3_000_000_000]),
         sessions: 2,
+        mars_sessions: 0,
         by_session: Vec::new(),
     };
     let line = typed(&record);

@@ -214,6 +214,11 @@ pub struct Session {
     /// Its TDS stream is TLS on the wire: its SPID, if any, came from the TLS plaintext or the
     /// DMVs.
     pub encrypted: bool,
+    /// Present for a connection using MARS (its TDS travels inside SMP, seen in what the server
+    /// sends): several requests can be in flight on it, so none of them is timed in
+    /// `sql_requests`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mars: bool,
     /// DMV enrichment (`--sql-dmv`): the sessions on this connection, its own first, then MARS
     /// sessions. An `identified` record follows when they change. What SQL Server's DMVs say
     /// about the sessions on this connection.

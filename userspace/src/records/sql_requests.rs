@@ -17,7 +17,7 @@ pub const SLOW_REQUEST_MS: u64 = 200;
 /// the turns its connection takes (the client's bytes arrive, the worker answers, the client's
 /// next bytes arrive), with no payload read, so encrypted sessions are timed as plain ones. It
 /// ends, and is counted, when the session's next request arrives or the connection closes.
-/// Written only for an instance that had requests in the interval.
+/// Written only for an instance that had requests in the interval or has MARS sessions.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[schemars(deny_unknown_fields)]
 pub struct SqlRequestsRecord {
@@ -40,9 +40,18 @@ pub struct SqlRequestsRecord {
     pub delivery_us: HistogramRecord,
     /// Sessions with requests in the interval.
     pub sessions: u64,
+    /// The instance's open sessions that use MARS (`sql_session` `mars`): several requests can be
+    /// in flight on such a connection, so none of theirs is in any figure here. Present when
+    /// there are any; an instance with such sessions gets a record every interval.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mars_sessions: u64,
     /// The sessions whose slowest requests were the slowest of the interval, slowest first: at
     /// most 16 of `sessions`.
     pub by_session: Vec<SessionRequests>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How many requests, and of what kind.

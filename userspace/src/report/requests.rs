@@ -24,6 +24,8 @@ pub struct InstanceRequests {
     pub slowest: Vec<SessionRequests>,
     /// What the clients waited for, interval by interval: the latency over time.
     pub series: Vec<RequestPoint>,
+    /// The most sessions using MARS at once: their requests are in none of the figures.
+    pub mars_sessions: u64,
 }
 
 /// One interval of an instance's requests (or several, merged: see `series`).
@@ -53,6 +55,7 @@ impl InstanceRequests {
             delivery: MergedHist::new(Unit::Micros),
             slowest: Vec::new(),
             series: Vec::new(),
+            mars_sessions: 0,
         }
     }
 
@@ -78,6 +81,7 @@ impl Requests {
             .entry(r.pid)
             .or_insert_with(|| InstanceRequests::new(r.pid));
         i.counts.add(&r.counts);
+        i.mars_sessions = i.mars_sessions.max(r.mars_sessions);
         let total = i.total.add_record(&r.total_us);
         series::push(
             &mut i.series,
@@ -99,7 +103,7 @@ impl Requests {
     pub fn finish(self) -> Vec<InstanceRequests> {
         self.by_worker
             .into_values()
-            .filter(|i| i.counts.requests > 0)
+            .filter(|i| i.counts.requests > 0 || i.mars_sessions > 0)
             .collect()
     }
 }
@@ -195,5 +199,26 @@ mod tests {
             "{chart}"
         );
         assert!(chart.contains("class=\"cell\""), "{chart}");
+    }
+
+    #[test]
+    fn sessions_left_out_for_mars_are_said() {
+        let mut mars = requests(2.0, 54, 2_000, 0);
+        mars["mars_sessions"] = json!(3);
+        let text = lines(&[
+            start(),
+            requests(1.0, 53, 2_000, 0),
+            mars,
+            stop(2.0, json!({"start": 1, "sql_requests": 2}), json!({})),
+        ]);
+        let r = Report::from_text(&text).expect("a valid stream");
+        assert_eq!(r.requests[0].mars_sessions, 3);
+        let out = render_text(&r, 120);
+        let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("up to 3 sessions used MARS: their requests are not in these figures"),
+            "{out}"
+        );
+        assert!(render_html(&r).contains("up to 3 sessions used MARS"));
     }
 }

@@ -294,6 +294,7 @@ mod tests {
                 spid: Some(51),
                 spid_source: None,
                 encrypted: false,
+                mars: false,
                 dmv: vec![DmvSession {
                     session_id: 51,
                     connect_time_ms: 1_795_341_600_000,

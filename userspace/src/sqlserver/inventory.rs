@@ -111,6 +111,15 @@ impl Inventory {
         })
     }
 
+    /// Each worker's open sessions that use MARS, by its pid.
+    pub fn mars_sessions(&self) -> BTreeMap<u32, u64> {
+        let mut by_pid = BTreeMap::new();
+        for s in self.sessions.values().filter(|s| s.mars) {
+            *by_pid.entry(s.pid).or_default() += 1;
+        }
+        by_pid
+    }
+
     pub fn sessions_mut(&mut self) -> impl Iterator<Item = &mut Session> {
         self.sessions.values_mut()
     }
@@ -202,6 +211,7 @@ impl Inventory {
                         spid: None,
                         spid_source: None,
                         encrypted: false,
+                        mars: false,
                         dmv: Vec::new(),
                         absent_at_ms: self.last_refresh_ms,
                     };
@@ -391,6 +401,7 @@ mod tests {
             spid: Some(51),
             spid_source: None,
             encrypted: false,
+            mars: false,
             dmv: Vec::new(),
             absent_at_ms: None,
         };

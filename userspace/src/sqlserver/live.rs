@@ -302,6 +302,7 @@ impl SqlServer {
         for session in self.inventory.sessions_mut() {
             let kernel = self.tds.get(&session.sock_ino, 0).ok();
             let encrypted = kernel.is_some_and(|t| t.flags & abi::TDS_F_ENCRYPTED as u8 != 0);
+            let mars = kernel.is_some_and(|t| t.flags & abi::TDS_F_MARS as u8 != 0);
             let from_kernel = kernel.and_then(|t| kernel_spid(&t, self.tls.trusted(session.pid)));
             let own = session.dmv.first().map(|d| (d.session_id, SpidSource::Dmv));
             let (spid, source) = from_kernel.or(own).unzip();
@@ -315,13 +316,22 @@ impl SqlServer {
                 }
                 tries.insert(session.sock_ino, t.tls_unpaired);
             }
+            // Named from TLS, MARS or not still unread (its first response
+            // after the login says): the uprobes stay until it answers.
+            if kernel.is_some_and(|t| t.flags & abi::TDS_F_MARS_KNOWN as u8 == 0)
+                && source == Some(SpidSource::TlsPlaintext)
+            {
+                need_tls.insert(session.pid);
+            }
             if spid != session.spid
                 || source != session.spid_source
                 || encrypted != session.encrypted
+                || mars != session.mars
             {
                 session.spid = spid;
                 session.spid_source = source;
                 session.encrypted = encrypted;
+                session.mars = mars;
                 identified.retain(|s| s.sock_ino != session.sock_ino);
                 identified.push(session.clone());
             }
@@ -542,6 +552,7 @@ mod tests {
             spid: None,
             spid_source: None,
             encrypted: true,
+            mars: false,
             dmv: Vec::new(),
             absent_at_ms: None,
         }

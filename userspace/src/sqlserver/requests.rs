@@ -93,12 +93,21 @@ impl Requests {
         }
     }
 
-    /// One record per instance that had requests since the last call.
+    /// One record per instance that had requests since the last call or has
+    /// MARS sessions (whose requests are not timed: the record says so).
     pub fn records(&mut self, interval_ms: u64, inventory: &Inventory) -> Vec<SqlRequestsRecord> {
         self.drain(inventory);
+        let mars = inventory.mars_sessions();
+        for &pid in mars.keys() {
+            self.by_worker.entry(pid).or_default();
+        }
         std::mem::take(&mut self.by_worker)
             .into_iter()
-            .map(|(pid, tally)| tally.record(pid, interval_ms, inventory, &self.clock))
+            .map(|(pid, tally)| {
+                let mut r = tally.record(pid, interval_ms, inventory, &self.clock);
+                r.mars_sessions = mars.get(&pid).copied().unwrap_or(0);
+                r
+            })
             .collect()
     }
 }
@@ -195,6 +204,7 @@ impl Tally {
             server_us: self.server.to_record(1e-3),
             delivery_us: self.delivery.to_record(1e-3),
             sessions: self.sessions,
+            mars_sessions: 0,
             by_session,
         }
     }

@@ -82,6 +82,7 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
         spid: None,
         spid_source: None,
         encrypted: false,
+        mars: false,
         dmv: Vec::new(),
         absent_at_ms: None,
     };
@@ -97,6 +98,7 @@ pub(super) fn sql_session(w: &mut JsonWriter, ts: &str) {
             spid: Some(58),
             spid_source: Some(SpidSource::TlsPlaintext),
             encrypted: true,
+            mars: true,
             ..session.clone()
         },
     };
@@ -177,6 +179,7 @@ pub(super) fn sql_requests(w: &mut JsonWriter, ts: &str) {
         server_us: us(&[(310, 200)]),
         delivery_us: us(&[(110, 199), (212_170, 1)]),
         sessions: 4,
+        mars_sessions: 2,
         // A session whose client discovery had not seen.
         by_session: vec![
             session.clone(),
@@ -207,6 +210,7 @@ pub(super) fn sql_requests(w: &mut JsonWriter, ts: &str) {
         server_us: us(&[]),
         delivery_us: us(&[]),
         sessions: 0,
+        mars_sessions: 0,
         by_session: Vec::new(),
         ..record
     };

@@ -248,7 +248,7 @@ pub(super) fn requests(v: &View, axis: TimeAxis) -> Markup {
                     }
                 }
                 p { (r.split) ". " (r.slow) "." }
-                @if let Some(w) = &r.without_spid { p { (w) "." } }
+                @for w in r.without_spid.iter().chain(&r.mars) { p { (w) "." } }
                 @if !r.slowest.is_empty() {
                     details { summary { "slowest requests" }
                         ul { @for s in &r.slowest { li { (s) } } }

@@ -38,7 +38,7 @@ pub(super) fn requests(o: &mut String, v: &View, width: usize) {
         o.push_str(&table(&rows, &[false, true, true, true, true, true], 4));
         o.push_str(&wrap(&r.split, width, "    ", "    "));
         o.push_str(&wrap(&r.slow, width, "    ", "    "));
-        if let Some(w) = &r.without_spid {
+        for w in r.without_spid.iter().chain(&r.mars) {
             o.push_str(&wrap(w, width, "    ", "    "));
         }
         if !r.slowest.is_empty() {

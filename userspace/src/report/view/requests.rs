@@ -26,6 +26,8 @@ pub struct RequestsView {
     pub slow: String,
     /// `4 requests before their session's SPID was known (logins) are not counted`
     pub without_spid: Option<String>,
+    /// `up to 2 sessions used MARS: their requests are not in these figures (...)`
+    pub mars: Option<String>,
     /// The slowest requests: `SPID 53 10.0.0.9:50123 at 03:12:04.5: 244 ms = server 310 µs + delivery 244 ms (1 retransmission)`
     pub slowest: Vec<String>,
     /// The worker's pid, as episodes name the instance.
@@ -102,6 +104,13 @@ pub fn of(report: &Report) -> Vec<RequestsView> {
                     format!(
                         "{} before their session's SPID was known (logins) are not in these figures",
                         count(c.without_spid, "request", "requests")
+                    )
+                }),
+                mars: (i.mars_sessions > 0).then(|| {
+                    format!(
+                        "up to {} used MARS: their requests are not in these figures (several in \
+                         flight on one connection cannot be told apart from its turns)",
+                        count(i.mars_sessions, "session", "sessions")
                     )
                 }),
                 slowest,

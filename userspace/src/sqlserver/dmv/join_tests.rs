@@ -251,6 +251,7 @@ fn a_socket_from_the_inventory() {
         spid: None,
         spid_source: None,
         encrypted: false,
+        mars: false,
         dmv: Vec::new(),
         absent_at_ms: None,
     };
