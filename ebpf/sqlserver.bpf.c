@@ -283,8 +283,11 @@ static __always_inline bool tls_send_worth_reading(struct tds_session *session, 
 	__u64 id = bpf_get_current_pid_tgid();
 
 	if (session->flags & TDS_F_SPID) { /* from TLS: each further pairing must agree */
-		if (!tls_on && !(session->flags & TDS_F_MARS_KNOWN))
-			control_raise(SQL_CTL_TLS_WANTED); /* whether it is MARS is still to be read */
+		if (!tls_on && !(session->flags & TDS_F_MARS_KNOWN)) {
+			/* Whether it is MARS is still to be read: it sends, so watch again. */
+			session->tls_unpaired++;
+			control_raise(SQL_CTL_TLS_WANTED);
+		}
 		return tls_on && bpf_map_lookup_elem(&tls_writes, &id);
 	}
 	if (session->flags & TDS_F_TLS_GAVE_UP)

@@ -384,3 +384,68 @@ fn a_session_after_the_uprobes_left_brings_them_back() {
         );
     }
 }
+
+/// An encrypted MARS session that sits idle after its login, as a pooled
+/// connection opened ahead of use does: named at its login, whether it is
+/// MARS is still unread, yet it keeps the uprobes no longer than the grace
+/// after it stopped sending (each costs every SSL_write of the worker); its
+/// first response brings them back, and they read that it is MARS.
+#[test]
+fn an_idle_session_keeps_no_uprobe_and_is_still_found_to_be_mars() {
+    require_root();
+    let files = ScratchDir::new("/var/tmp");
+    let mut tracer = Tracer::start_with_env(
+        &["--interval", "300ms", "--slow-io-ms", "0"],
+        &[("STALLTRACE_TEST_TLS_GRACE_MS", "1500")],
+    );
+    let sim = SqlServerSim::start_small(&bins(), Placement::default(), &files.0, &[]);
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    let server = format!("127.0.0.1:{}", sim.port);
+    let here = Placement::default();
+    // A busy session first: the uprobes are on (for the grace after it was
+    // named) when the idle one logs in.
+    let busy = SqlClientRun::sqlclient(&bins(), here, &server, "on", 1, 20, 3);
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_session" && r["spid_source"] == "tls_plaintext"
+    });
+    let args = ["--encrypt", "on", "--mars", "--idle-after-login-ms", "8000"];
+    let idle = SqlClientRun::sqlclient_with(&bins(), here, &server, &args, [1, 10, 2]);
+    let busy = busy.finish();
+    // Past the grace, with only the idle session left.
+    std::thread::sleep(Duration::from_secs(2));
+    let ssl_write = ["on_ssl_write", "on_ssl_write_ex"];
+    let links = kernel_objects::perf_event_links_of(tracer.pid(), &ssl_write);
+    let idle = idle.finish();
+    std::thread::sleep(Duration::from_millis(1000));
+    let records = tracer.stop();
+    for (name, run, mars) in [("busy", &busy, false), ("idle, MARS", &idle, true)] {
+        assert_eq!(run.errors(), 0, "{name}: {}", run.0);
+        for (port, spid) in run.sessions() {
+            let remote = format!("127.0.0.1:{port}");
+            let seen: Vec<&Value> = of_type(&records, "sql_session")
+                .into_iter()
+                .filter(|r| r["remote"] == remote.as_str())
+                .collect();
+            for r in &seen {
+                let (ts, event) = (&r["ts"], &r["event"]);
+                eprintln!("{name}: {ts} {event} spid {} mars {}", r["spid"], r["mars"]);
+            }
+            let named = |r: &&Value| r["spid"] == spid && r["mars"].is_null();
+            assert!(
+                seen.iter().any(named),
+                "{name}: named before its first request: {seen:?}"
+            );
+            let last = seen
+                .last()
+                .unwrap_or_else(|| panic!("{name}: no sql_session"));
+            assert_eq!(last["spid"], spid, "{name}: {seen:?}");
+            assert_eq!(last["mars"] == true, mars, "{name}: {seen:?}");
+        }
+    }
+    assert_eq!(
+        links, 0,
+        "the uprobes stayed past the grace for an idle session"
+    );
+}

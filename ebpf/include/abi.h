@@ -300,7 +300,8 @@ struct tds_session {
 	__u8 flags;         /* enum tds_session_flags */
 	__u8 last_type;     /* TDS packet type of the last header read */
 	__u32 headers;      /* headers read (sends that started a TDS packet) */
-	__u32 tls_unpaired; /* encrypted, no SPID: sends while watched that named none */
+	__u32 tls_unpaired; /* encrypted: sends that left the TLS plaintext still to read (no SPID while
+			     * watched; named, MARS or not unknown, while unwatched) */
 };
 
 /*

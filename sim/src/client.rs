@@ -39,6 +39,9 @@ pub struct ClientConfig {
     pub encrypt: Encrypt,
     /// MARS: each request sent on two logical sessions of the connection at once.
     pub mars: bool,
+    /// How long a session waits after its login before its first request,
+    /// as a pooled connection opened ahead of use does.
+    pub idle_after_login: Duration,
 }
 
 /// Why a request or login failed; the JSON counts errors by these names.
@@ -374,6 +377,7 @@ mod tests {
             packet_size: 4096,
             encrypt: Encrypt::NotSupported,
             mars: false,
+            idle_after_login: Duration::ZERO,
         };
         let t0 = Instant::now();
         let e = Connection::open(addr, &cfg, 0).err().expect("must fail");

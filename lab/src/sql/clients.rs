@@ -102,7 +102,7 @@ impl SqlClientRun {
     }
 
     /// `sqlclient` with `args`, at `[sessions, rate, secs]`.
-    fn sqlclient_with(
+    pub fn sqlclient_with(
         bins: &Bins,
         place: Placement,
         server: &str,

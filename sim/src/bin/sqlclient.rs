@@ -52,6 +52,10 @@ struct Args {
     /// once (`SELECT @@SPID` too, not the login): two requests in flight
     #[arg(long)]
     mars: bool,
+    /// Milliseconds each session waits after its login before its first
+    /// request, as a pooled connection opened ahead of use does
+    #[arg(long, default_value_t = 0)]
+    idle_after_login_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         packet_size: a.packet_size,
         encrypt: a.encrypt,
         mars: a.mars,
+        idle_after_login: Duration::from_millis(a.idle_after_login_ms),
     };
     match run(&cfg) {
         Ok(report) => {

@@ -144,6 +144,7 @@ impl Connection {
             c.mars = Some(mux);
             c.pair = true;
         }
+        std::thread::sleep(cfg.idle_after_login);
         c.spid_selected = c.select_spid()?;
         Ok(c)
     }

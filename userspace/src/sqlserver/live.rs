@@ -306,22 +306,23 @@ impl SqlServer {
             let from_kernel = kernel.and_then(|t| kernel_spid(&t, self.tls.trusted(session.pid)));
             let own = session.dmv.first().map(|d| (d.session_id, SpidSource::Dmv));
             let (spid, source) = from_kernel.or(own).unzip();
-            // Still trying, and sending since the last refresh: the uprobes stay.
-            if let Some(t) = kernel.filter(|t| t.flags & abi::TDS_F_TLS_GAVE_UP as u8 == 0)
-                && encrypted
-                && from_kernel.is_none()
-            {
+            // Still to be read from TLS (its SPID; or, named, whether it is
+            // MARS: its first response after the login says), and sending
+            // since the last refresh: the uprobes stay. An idle one lets them
+            // go, and its next send brings them back (the kernel counts it).
+            let unread = |t: &&tds_session| {
+                if from_kernel.is_none() {
+                    encrypted && t.flags & abi::TDS_F_TLS_GAVE_UP as u8 == 0
+                } else {
+                    source == Some(SpidSource::TlsPlaintext)
+                        && t.flags & abi::TDS_F_MARS_KNOWN as u8 == 0
+                }
+            };
+            if let Some(t) = kernel.as_ref().filter(unread) {
                 if self.tls_tries.get(&session.sock_ino) != Some(&t.tls_unpaired) {
                     need_tls.insert(session.pid);
                 }
                 tries.insert(session.sock_ino, t.tls_unpaired);
-            }
-            // Named from TLS, MARS or not still unread (its first response
-            // after the login says): the uprobes stay until it answers.
-            if kernel.is_some_and(|t| t.flags & abi::TDS_F_MARS_KNOWN as u8 == 0)
-                && source == Some(SpidSource::TlsPlaintext)
-            {
-                need_tls.insert(session.pid);
             }
             if spid != session.spid
                 || source != session.spid_source

@@ -5,10 +5,12 @@
 //! session's TDS headers are plaintext only inside `SSL_write*`. A uprobe
 //! traps on every call of the worker, whatever the program then does, so by
 //! default (`--sql-tls on-demand`) they are attached only while a worker has
-//! encrypted sessions without a SPID: at its discovery (its sessions are
-//! unknown then), when the kernel rings that one of its sockets turned to
-//! TLS, and until `ON_DEMAND_GRACE` after the last such session was
-//! identified. `always` keeps them attached; `off` never attaches them.
+//! encrypted sessions without a SPID (or named, whose first response after
+//! the login, which says whether they use MARS, is still unread) that send:
+//! at its discovery (its sessions are unknown then), when the kernel rings
+//! that one of its sockets turned to TLS or that such a session sent while
+//! they were off, and until `ON_DEMAND_GRACE` after the last such session
+//! was identified or last sent. `always` keeps them attached; `off` never attaches them.
 //!
 //! A uprobe is scoped to the worker's process (perf_event pid), so no other
 //! process mapping the same libssl traps; the program checks the worker
