@@ -93,6 +93,18 @@ impl Inventory {
         self.sessions.get(&ino)
     }
 
+    /// The session on this socket, live or closed lately: a request that ends
+    /// at its connection's close may be read after discovery saw it close.
+    pub fn session_seen(&self, ino: u64) -> Option<&Session> {
+        self.session_by_inode(ino).or_else(|| {
+            self.recently_closed
+                .iter()
+                .rev()
+                .map(|(_, s)| s)
+                .find(|s| s.sock_ino == ino)
+        })
+    }
+
     /// The session on `netns` with this local port and remote end.
     pub fn session_by_tuple(
         &self,
@@ -417,6 +429,7 @@ mod tests {
             "another netns"
         );
         assert!(inv.session_by_inode(1).is_none(), "closed: no longer live");
+        assert_eq!(inv.session_seen(1).map(|s| s.remote), Some(remote));
         // Bounded: the oldest go first.
         let many: Vec<Session> = (0..RECENTLY_CLOSED_MAX as u64)
             .map(|i| session(i + 2, 1 + i as u16))

@@ -152,7 +152,7 @@ impl Tally {
         if self.by_session.len() < SESSIONS_FOLLOWED {
             let session = SessionRequests {
                 spid: r.spid,
-                client: inventory.session_by_inode(r.ino).map(|s| s.remote),
+                client: inventory.session_seen(r.ino).map(|s| s.remote),
                 requests: 1,
                 retransmitted,
                 slow,
@@ -185,10 +185,11 @@ impl Tally {
             .into_iter()
             .map(|(ino, f)| {
                 let mut s = f.requests;
-                // A session's first requests may end before discovery has seen it.
+                // A session's first requests may end before discovery has seen it,
+                // its last after discovery saw it close.
                 s.client = s
                     .client
-                    .or_else(|| inventory.session_by_inode(ino).map(|s| s.remote));
+                    .or_else(|| inventory.session_seen(ino).map(|s| s.remote));
                 s.slowest.arrived = clock.monotonic_to_rfc3339(f.slowest_arrived_ns);
                 s
             })
