@@ -306,29 +306,22 @@ impl SqlServer {
             let from_kernel = kernel.and_then(|t| kernel_spid(&t, self.tls.trusted(session.pid)));
             let own = session.dmv.first().map(|d| (d.session_id, SpidSource::Dmv));
             let (spid, source) = from_kernel.or(own).unzip();
-            // Still to be read from TLS (its SPID; or, named, whether it is
-            // MARS: its first response after the login says), and sending
-            // since the last refresh: the uprobes stay. An idle one lets them
-            // go, and its next send brings them back (the kernel counts it).
-            let unread = |t: &&tds_session| {
-                if from_kernel.is_none() {
-                    encrypted && t.flags & abi::TDS_F_TLS_GAVE_UP as u8 == 0
-                } else {
-                    source == Some(SpidSource::TlsPlaintext)
-                        && t.flags & abi::TDS_F_MARS_KNOWN as u8 == 0
-                }
+            // Its SPID, or whether it is MARS, still to be read from TLS, and
+            // sending since the last refresh: the uprobes stay (an idle one's
+            // next send, counted by the kernel, brings them back).
+            let tls_named = source == Some(SpidSource::TlsPlaintext);
+            let (flag, still) = match from_kernel {
+                None => (abi::TDS_F_TLS_GAVE_UP, encrypted),
+                Some(_) => (abi::TDS_F_MARS_KNOWN, tls_named),
             };
-            if let Some(t) = kernel.as_ref().filter(unread) {
+            if let Some(t) = kernel.filter(|t| still && t.flags & flag as u8 == 0) {
                 if self.tls_tries.get(&session.sock_ino) != Some(&t.tls_unpaired) {
                     need_tls.insert(session.pid);
                 }
                 tries.insert(session.sock_ino, t.tls_unpaired);
             }
-            if spid != session.spid
-                || source != session.spid_source
-                || encrypted != session.encrypted
-                || mars != session.mars
-            {
+            let was = (session.spid, session.spid_source);
+            if (spid, source) != was || (encrypted, mars) != (session.encrypted, session.mars) {
                 session.spid = spid;
                 session.spid_source = source;
                 session.encrypted = encrypted;
