@@ -65,13 +65,53 @@ struct {
 	__type(value, __u32);
 } sql_control SEC(".maps");
 
-/* Per worker thread: its last SSL_write* whose record it has not sent yet. */
+/*
+ * Per worker thread: its last SSL_write* (`at_ns` 0 once its record was sent).
+ * The entry is made once per thread and then written in place, never built
+ * on the stack: the uprobe programs keep their stack under 64 bytes, so that
+ * kernels from 6.13 give them no private stack. That stack is per CPU, and a
+ * uprobe program, unlike the other kinds, can be preempted (PREEMPT_LAZY is
+ * the default from 7.x) and run again by another thread on the same CPU: the
+ * kernel matrix caught one thread's write stored under another's key, which
+ * named the wrong SPID. tests/ebpf_stack.rs holds the limit.
+ * An LRU map may also evict an entry and hand its memory to another thread's
+ * at any time: so each read checks the entry's owner.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u64); /* pid_tgid of the thread */
 	__type(value, struct tls_write);
 } tls_writes SEC(".maps");
+
+/* What a thread's entry starts as (a map value, so no stack is needed to insert one). */
+static const struct tls_write no_write;
+
+/* The current thread's entry (made if it has none), or NULL; one of another thread's is counted. */
+static __always_inline struct tls_write *thread_entry(__u64 *id)
+{
+	struct tls_write *entry = bpf_map_lookup_elem(&tls_writes, id);
+
+	if (!entry) {
+		bpf_map_update_elem(&tls_writes, id, &no_write, BPF_NOEXIST);
+		entry = bpf_map_lookup_elem(&tls_writes, id);
+		if (!entry)
+			return NULL;
+		entry->thread = *id;
+	}
+	if (entry->thread == *id)
+		return entry;
+	count_lost(LOST_TLS_WRITE_EVICTED);
+	return NULL;
+}
+
+/* The current thread's write still waiting for its send, or NULL. */
+static __always_inline struct tls_write *pending_write(__u64 *id)
+{
+	struct tls_write *entry = bpf_map_lookup_elem(&tls_writes, id);
+
+	return entry && entry->thread == *id && entry->at_ns ? entry : NULL;
+}
 
 /* A write waits this long at most for its send (a busy host may preempt the thread in between). */
 #define TLS_PAIR_WINDOW_NS (1000ULL * 1000 * 1000)
@@ -229,13 +269,15 @@ static __always_inline void pair_tls_write(const struct sock *sk, struct tds_ses
 					   const __u8 *hdr, __u64 len)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct tls_write *pending = bpf_map_lookup_elem(&tls_writes, &id);
+	struct tls_write *pending = pending_write(&id);
 	struct tls_write write;
 
 	if (!pending)
 		return;
 	write = *pending;
-	bpf_map_delete_elem(&tls_writes, &id);
+	pending->at_ns = 0;
+	if (write.thread != id)
+		return; /* evicted and reused while read: no SPID from it */
 	if (write.ambiguous || !write.spid)
 		return; /* counted when it became ambiguous; no SPID to give */
 	if (bpf_ktime_get_ns() - write.at_ns > TLS_PAIR_WINDOW_NS ||
@@ -288,7 +330,7 @@ static __always_inline bool tls_send_worth_reading(struct tds_session *session, 
 			session->tls_unpaired++;
 			control_raise(SQL_CTL_TLS_WANTED);
 		}
-		return tls_on && bpf_map_lookup_elem(&tls_writes, &id);
+		return tls_on && pending_write(&id);
 	}
 	if (session->flags & TDS_F_TLS_GAVE_UP)
 		return false;
@@ -297,7 +339,7 @@ static __always_inline bool tls_send_worth_reading(struct tds_session *session, 
 		control_raise(SQL_CTL_TLS_WANTED);
 		return false;
 	}
-	if (bpf_map_lookup_elem(&tls_writes, &id))
+	if (pending_write(&id))
 		return true;
 	tls_try_failed(session);
 	return false;
@@ -407,7 +449,7 @@ static __always_inline int read_tds_header(const struct sock *sk, const struct m
  */
 static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 {
-	struct tls_write write = {}, *pending;
+	struct tls_write *entry;
 	__u64 id, now;
 	__u16 spid = 0;
 	__u8 hdr[TDS_HEADER_LEN];
@@ -417,30 +459,33 @@ static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 	if (!(current_worker(&tgid) & SQL_WORKER_TLS_WATCHED))
 		return 0;
 	id = bpf_get_current_pid_tgid();
+	entry = thread_entry(&id);
+	if (!entry)
+		return 0;
 	now = bpf_ktime_get_ns();
-	pending = bpf_map_lookup_elem(&tls_writes, &id);
-	if (pending && now - pending->at_ns <= TLS_PAIR_WINDOW_NS) {
+	if (entry->at_ns && now - entry->at_ns <= TLS_PAIR_WINDOW_NS) {
 		/* Its next record carries the earliest unsent write of a connection. */
-		if (pending->ssl == ssl)
-			return 0;
-		if (!pending->ambiguous) {
-			pending->ambiguous = 1;
+		if (entry->ssl != ssl && !entry->ambiguous) {
+			entry->ambiguous = 1;
 			count_lost(LOST_TLS_AMBIGUOUS);
 		}
 		return 0;
 	}
-	if (pending && pending->spid && !pending->ambiguous)
+	if (entry->at_ns && entry->spid && !entry->ambiguous)
 		count_lost(LOST_TLS_UNPAIRED); /* never sent by this thread within the window */
+	entry->spid = 0; /* 0 for a pre-login packet or no header: a write all the same */
+	entry->mars = 0;
+	entry->open = 0;
 	if (num >= TDS_HEADER_LEN && !bpf_probe_read_user(hdr, sizeof(hdr), buf) &&
 	    classify_send(buf, hdr, num, &spid, &mars) == TDS_SERVER_HEADER) {
-		write.spid = spid; /* 0 for a pre-login packet: a write all the same */
-		write.mars = mars;
-		write.open = !(hdr[1] & TDS_STATUS_EOM);
+		entry->spid = spid;
+		entry->mars = mars;
+		entry->open = !(hdr[1] & TDS_STATUS_EOM);
 	}
-	write.ssl = ssl;
-	write.at_ns = now;
-	write.plain_len = num;
-	bpf_map_update_elem(&tls_writes, &id, &write, BPF_ANY);
+	entry->ambiguous = 0;
+	entry->ssl = ssl;
+	entry->plain_len = num;
+	entry->at_ns = now;
 	return 0;
 }
 

@@ -327,8 +327,9 @@ enum sql_worker_flags {
  * BIOs). The SSL* is only a key: none of OpenSSL's structs is ever read.
  */
 struct tls_write {
+	__u64 thread;    /* pid_tgid of the thread whose entry it is: a read checks it (an LRU map may reuse it) */
 	__u64 ssl;
-	__u64 at_ns;     /* bpf_ktime_get_ns() at the call */
+	__u64 at_ns;     /* bpf_ktime_get_ns() at the call; 0 once its record was sent */
 	__u64 plain_len; /* the call's length argument */
 	__u16 spid;
 	__u8 ambiguous;  /* the thread wrote to another connection before sending: pair nothing */
@@ -403,7 +404,8 @@ enum lost_source {
 	LOST_TLS_GAVE_UP = 13,     /* an encrypted session whose SPID TLS_GIVE_UP_SENDS watched sends did not name: no more tries */
 	LOST_SQL_REQUEST_RINGBUF = 14, /* sql_request event: ring buffer full (the request is not in any figure) */
 	LOST_SQL_REQUEST_UNTIMED = 15, /* a request whose arrival or answer the kernel did not run a hook for (a recursion miss): counted here only */
-	LOST_SOURCE_COUNT = 16,
+	LOST_TLS_WRITE_EVICTED = 16, /* a thread's TLS write entry held another thread's (the LRU map reused it): no SPID from that write */
+	LOST_SOURCE_COUNT = 17,
 };
 
 #endif /* STALLTRACE_ABI_H */

@@ -29,6 +29,7 @@ pub fn source_name(source: u32) -> &'static str {
         abi::LOST_TLS_GAVE_UP => "tls_session_given_up",
         abi::LOST_SQL_REQUEST_RINGBUF => "request_ringbuf_full",
         abi::LOST_SQL_REQUEST_UNTIMED => "request_untimed",
+        abi::LOST_TLS_WRITE_EVICTED => "tls_write_evicted",
         _ => "unknown",
     }
 }
