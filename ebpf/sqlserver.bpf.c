@@ -70,12 +70,14 @@ struct {
  * The entry is made once per thread and then written in place, never built
  * on the stack: the uprobe programs keep their stack under 64 bytes, so that
  * kernels from 6.13 give them no private stack. That stack is per CPU, and a
- * uprobe program, unlike the other kinds, can be preempted (PREEMPT_LAZY is
- * the default from 7.x) and run again by another thread on the same CPU: the
+ * uprobe program, unlike the other kinds, can be preempted (PREEMPT_LAZY, as
+ * Debian's 7.x kernels are built) and run again by another thread on the same CPU: the
  * kernel matrix caught one thread's write stored under another's key, which
  * named the wrong SPID. tests/ebpf_stack.rs holds the limit.
  * An LRU map may also evict an entry and hand its memory to another thread's
- * at any time: so each read checks the entry's owner.
+ * at any time: the owner is checked before a read and after a write, which
+ * narrows that window to a program preempted between the two, not to nothing
+ * (per-task storage would close it, from 5.11).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -97,7 +99,8 @@ static __always_inline struct tls_write *thread_entry(__u64 *id)
 		entry = bpf_map_lookup_elem(&tls_writes, id);
 		if (!entry)
 			return NULL;
-		entry->thread = *id;
+		if (!entry->thread) /* fresh, not already another thread's again */
+			entry->thread = *id;
 	}
 	if (entry->thread == *id)
 		return entry;
@@ -275,9 +278,9 @@ static __always_inline void pair_tls_write(const struct sock *sk, struct tds_ses
 	if (!pending)
 		return;
 	write = *pending;
-	pending->at_ns = 0;
 	if (write.thread != id)
-		return; /* evicted and reused while read: no SPID from it */
+		return; /* evicted and reused while read: not ours to consume */
+	pending->at_ns = 0;
 	if (write.ambiguous || !write.spid)
 		return; /* counted when it became ambiguous; no SPID to give */
 	if (bpf_ktime_get_ns() - write.at_ns > TLS_PAIR_WINDOW_NS ||
@@ -486,6 +489,11 @@ static __always_inline int on_tls_write(__u64 ssl, const void *buf, __u64 num)
 	entry->ssl = ssl;
 	entry->plain_len = num;
 	entry->at_ns = now;
+	if (entry->thread != id) {
+		/* Evicted and given to another thread while written: that write is void too. */
+		entry->at_ns = 0;
+		count_lost(LOST_TLS_WRITE_EVICTED);
+	}
 	return 0;
 }
 

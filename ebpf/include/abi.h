@@ -321,15 +321,16 @@ enum sql_worker_flags {
 };
 
 /*
- * An SSL_write / SSL_write_ex of a worker thread whose plaintext began with a
- * server TDS header, waiting for the send of the TLS record it became: the
- * thread's next TLS send, inside the call (a socket BIO) or after it (memory
- * BIOs). The SSL* is only a key: none of OpenSSL's structs is ever read.
+ * A worker thread's last SSL_write / SSL_write_ex (one entry per thread, kept
+ * for its life): while `at_ns` is set, it waits for the send of the TLS record
+ * it became, the thread's next TLS send, inside the call (a socket BIO) or
+ * after it (memory BIOs). `spid` is set when its plaintext began with a server
+ * TDS header. The SSL* is only a key: none of OpenSSL's structs is ever read.
  */
 struct tls_write {
 	__u64 thread;    /* pid_tgid of the thread whose entry it is: a read checks it (an LRU map may reuse it) */
 	__u64 ssl;
-	__u64 at_ns;     /* bpf_ktime_get_ns() at the call; 0 once its record was sent */
+	__u64 at_ns;     /* bpf_ktime_get_ns() at its last call; 0 before the first and once its record was sent */
 	__u64 plain_len; /* the call's length argument */
 	__u16 spid;
 	__u8 ambiguous;  /* the thread wrote to another connection before sending: pair nothing */
