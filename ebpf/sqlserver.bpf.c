@@ -71,9 +71,10 @@ struct {
  * on the stack: the uprobe programs keep their stack under 64 bytes, so that
  * kernels from 6.13 give them no private stack. That stack is per CPU, and a
  * uprobe program, unlike the other kinds, can be preempted (PREEMPT_LAZY, as
- * Debian's 7.x kernels are built) and run again by another thread on the same CPU: the
- * kernel matrix caught one thread's write stored under another's key, which
- * named the wrong SPID. tests/ebpf_stack.rs holds the limit.
+ * Debian's 7.x kernels are built) and run again by another thread on the same
+ * CPU: the kernel matrix caught one thread's write stored under another's
+ * key, which named the wrong SPID. userspace/tests/ebpf_stack.rs holds the
+ * limit.
  * An LRU map may also evict an entry and hand its memory to another thread's
  * at any time: the owner is checked before a read and after a write, which
  * narrows that window to a program preempted between the two, not to nothing
