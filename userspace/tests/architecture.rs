@@ -1,8 +1,10 @@
 //! The layering docs/ARCHITECTURE.md describes ("What each module may
 //! import"), checked on the source: every `crate::X` path in a module's
 //! non-test code names a module of a layer it may import, so the crate's
-//! top-level modules have no import cycle. A reviewer's check, made on every
-//! test run instead of by eye.
+//! top-level modules have no import cycle; the doc's table and this file's
+//! say the same; and inside every module of every crate of the workspace,
+//! the files import each other without a cycle either. A reviewer's check,
+//! made on every test run instead of by eye.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("abi", &[]),
     ("error", &[]),
-    ("hist", &["abi"]),
+    ("hist", &["abi", "error"]),
     ("host", &["abi", "error"]),
     ("records", &["abi", "error", "hist", "host"]),
     ("output", &["abi", "error", "hist", "host", "records"]),
@@ -166,8 +168,231 @@ fn every_module_imports_only_what_its_layer_may() {
 
 #[test]
 fn the_modules_have_no_import_cycle() {
-    let graph = imports();
-    // Depth-first search for a back edge, over the modules as they are (not the table).
+    // Over the modules as they are (not the table).
+    if let Some(cycle) = find_cycle(&imports()) {
+        panic!("import cycle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_table_names_every_module_of_the_crate() {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+    let declared: BTreeSet<&str> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';'))
+        .collect();
+    let listed: BTreeSet<&str> = LAYERS
+        .iter()
+        .map(|(m, _)| *m)
+        .chain(COMMANDS.iter().copied())
+        .collect();
+    assert_eq!(
+        declared, listed,
+        "lib.rs's modules and LAYERS + COMMANDS differ"
+    );
+}
+
+/// Each module's allowance as docs/ARCHITECTURE.md's table states it: the
+/// "may import" column up to its first `:` or `;` (the rest is prose), read
+/// as layer numbers ("layer 1", "1–3"), modules named in backticks, "nothing
+/// of the crate" or "anything".
+fn documented_layers() -> BTreeMap<String, BTreeSet<String>> {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ARCHITECTURE.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("docs/ARCHITECTURE.md");
+    let rows: Vec<(u32, Vec<String>, String)> = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("| layer | modules | may import |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let layer = cells[1].parse().expect("a layer number");
+            let may = cells[3].split([':', ';']).next().unwrap_or("").to_string();
+            // Other names in backticks there are prose (`enrich` (the `Tagger` trait)).
+            let modules = backticked(cells[2])
+                .into_iter()
+                .filter(|m| LAYERS.iter().any(|(l, _)| l == m) || COMMANDS.contains(&m.as_str()))
+                .collect();
+            (layer, modules, may)
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no layer table in {}", doc_path.display());
+    let in_layers = |lo: u32, hi: u32| -> BTreeSet<String> {
+        rows.iter()
+            .filter(|(l, _, _)| (lo..=hi).contains(l))
+            .flat_map(|(_, modules, _)| modules.iter().cloned())
+            .collect()
+    };
+    let mut out = BTreeMap::new();
+    for (_, modules, may) in &rows {
+        let mut allowed: BTreeSet<String> = backticked(may).into_iter().collect();
+        let numbers: Vec<u32> = may
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        match numbers.as_slice() {
+            [] => {}
+            [one] => allowed.extend(in_layers(*one, *one)),
+            [lo, hi] => allowed.extend(in_layers(*lo, *hi)),
+            _ => panic!("cannot read the allowance {may:?}"),
+        }
+        if may.starts_with("anything") {
+            allowed.extend(in_layers(0, u32::MAX));
+        }
+        for module in modules {
+            let mut own = allowed.clone();
+            own.remove(module);
+            out.insert(module.clone(), own);
+        }
+    }
+    out
+}
+
+/// The names in backticks in a table cell.
+fn backticked(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_doc_states_the_same_table() {
+    let documented = documented_layers();
+    for (module, may) in LAYERS {
+        let tested: BTreeSet<String> = may.iter().map(|m| m.to_string()).collect();
+        assert_eq!(
+            documented.get(*module),
+            Some(&tested),
+            "{module}: docs/ARCHITECTURE.md's table and LAYERS (tests/architecture.rs) differ"
+        );
+    }
+}
+
+/// Every crate of the workspace: its source directory.
+const CRATES: &[&str] = &["userspace", "xtask", "lab", "sim"];
+
+/// A file's module path under `src` (`report/model.rs` and
+/// `report/model/mod.rs`: report::model; the crate root: empty); None for a
+/// file of its own binary crate (`src/bin/`).
+fn module_path(relative: &Path) -> Option<Vec<String>> {
+    let mut parts: Vec<String> = relative
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_str().expect("UTF-8 name").to_string())
+        .collect();
+    if parts.first().is_some_and(|p| p == "bin") {
+        return None;
+    }
+    if parts.last().is_some_and(|p| p == "mod") || parts == ["lib"] || parts == ["main"] {
+        parts.pop();
+    }
+    Some(parts)
+}
+
+/// The modules a file's non-test code names through `crate::`, `super::`
+/// or `self::` paths (comments left out), each resolved to the longest
+/// prefix that is a module of the crate.
+fn named_modules(
+    code: &str,
+    own: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> BTreeSet<Vec<String>> {
+    let mut out = BTreeSet::new();
+    let lines = code.lines().filter(|l| !l.trim_start().starts_with("//"));
+    for line in lines {
+        let mut rest = line;
+        while let Some(at) = ["crate::", "super::", "self::"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+        {
+            let boundary = rest[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+            let path: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            rest = &rest[at + path.len().max(1)..];
+            if !boundary {
+                continue;
+            }
+            let mut segments = path.split("::").filter(|s| !s.is_empty());
+            let mut base: Vec<String> = match segments.next() {
+                Some("crate") => Vec::new(),
+                _ => own.to_vec(),
+            };
+            if path.starts_with("super::") {
+                base.pop();
+            }
+            let mut found = None;
+            for segment in segments {
+                if segment == "super" {
+                    base.pop();
+                    continue;
+                }
+                base.push(segment.to_string());
+                if !modules.contains(&base) {
+                    break;
+                }
+                found = Some(base.clone());
+            }
+            out.extend(found);
+        }
+    }
+    out
+}
+
+/// For each directory module of `crate_dir`'s crate, the edges between its
+/// children (a file or a subdirectory each): child -> child it imports ->
+/// the first file that does.
+type FileGraph = BTreeMap<String, BTreeMap<String, PathBuf>>;
+
+fn file_graphs(crate_dir: &str) -> BTreeMap<Vec<String>, FileGraph> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(crate_dir)
+        .join("src");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut sources = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(&root).expect("under src").to_path_buf();
+        if let Some(module) = module_path(&relative) {
+            sources.push((relative, module));
+        }
+    }
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|(_, m)| m.clone()).collect();
+    let mut graphs: BTreeMap<Vec<String>, FileGraph> = BTreeMap::new();
+    for (relative, own) in &sources {
+        if is_test_file(relative) {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(relative)).expect("readable source");
+        for target in named_modules(product_code(&text), own, &modules) {
+            // The deepest module holding both: an edge between two of its children.
+            let common = own.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            if common >= own.len() || common >= target.len() {
+                continue; // a module and its own parent or child
+            }
+            graphs
+                .entry(own[..common].to_vec())
+                .or_default()
+                .entry(own[common].clone())
+                .or_default()
+                .entry(target[common].clone())
+                .or_insert_with(|| Path::new(crate_dir).join("src").join(relative));
+        }
+    }
+    graphs
+}
+
+/// A cycle in `graph`, by depth-first search for a back edge.
+fn find_cycle(graph: &BTreeMap<String, BTreeMap<String, PathBuf>>) -> Option<Vec<String>> {
     fn visit<'a>(
         node: &'a str,
         graph: &'a BTreeMap<String, BTreeMap<String, PathBuf>>,
@@ -192,28 +417,91 @@ fn the_modules_have_no_import_cycle() {
         None
     }
     let mut done = BTreeSet::new();
-    for module in graph.keys() {
-        if let Some(cycle) = visit(module, &graph, &mut Vec::new(), &mut done) {
-            panic!("import cycle: {}", cycle.join(" -> "));
-        }
-    }
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
 }
 
 #[test]
-fn the_table_names_every_module_of_the_crate() {
-    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
-    let declared: BTreeSet<&str> = lib
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod "))
-        .map(|l| l.trim_end_matches(';'))
-        .collect();
-    let listed: BTreeSet<&str> = LAYERS
-        .iter()
-        .map(|(m, _)| *m)
-        .chain(COMMANDS.iter().copied())
-        .collect();
+fn no_module_has_an_import_cycle_between_its_files() {
+    let mut broken = Vec::new();
+    for crate_dir in CRATES {
+        for (module, graph) in file_graphs(crate_dir) {
+            if let Some(cycle) = find_cycle(&graph) {
+                let files: Vec<String> = cycle
+                    .windows(2)
+                    .map(|w| format!("{}", graph[&w[0]][&w[1]].display()))
+                    .collect();
+                broken.push(format!(
+                    "{crate_dir}: {}: {} (imported in {})",
+                    if module.is_empty() {
+                        "the crate root".into()
+                    } else {
+                        module.join("::")
+                    },
+                    cycle.join(" -> "),
+                    files.join(", ")
+                ));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "import cycles between the files of a module:\n{}",
+        broken.join("\n")
+    );
+}
+
+/// The cycle check itself, on a graph with a cycle and one without.
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let edge = |pairs: &[(&str, &str)]| -> BTreeMap<String, BTreeMap<String, PathBuf>> {
+        let mut g: BTreeMap<String, BTreeMap<String, PathBuf>> = BTreeMap::new();
+        for (a, b) in pairs {
+            g.entry(a.to_string())
+                .or_default()
+                .insert(b.to_string(), PathBuf::from(a));
+        }
+        g
+    };
     assert_eq!(
-        declared, listed,
-        "lib.rs's modules and LAYERS + COMMANDS differ"
+        find_cycle(&edge(&[
+            ("model", "health"),
+            ("health", "split"),
+            ("split", "model")
+        ])),
+        Some(vec![
+            "health".into(),
+            "split".into(),
+            "model".into(),
+            "health".into()
+        ])
+    );
+    assert_eq!(
+        find_cycle(&edge(&[
+            ("model", "health"),
+            ("health", "lines"),
+            ("model", "lines")
+        ])),
+        None
+    );
+    let modules: BTreeSet<Vec<String>> = [
+        vec!["report".to_string()],
+        vec!["report".into(), "model".into()],
+        vec!["report".into(), "lines".into()],
+    ]
+    .into_iter()
+    .collect();
+    let own = vec!["report".to_string(), "model".to_string()];
+    let named = named_modules(
+        "use super::lines::LineRef;\n// use super::health::X;\nlet x = crate::report::lines::MAX;\nsubsuper::lines",
+        &own,
+        &modules,
+    );
+    assert_eq!(
+        named,
+        [vec!["report".to_string(), "lines".to_string()]]
+            .into_iter()
+            .collect()
     );
 }

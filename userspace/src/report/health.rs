@@ -4,18 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use super::model::RunInfo;
+use super::lines::LineRef;
+use super::run::RunInfo;
 use super::sequence::{SeqRange, SeqRanges, Sequence};
 use super::split::SplitHealth;
 use super::time::{clock, thousands};
-
-/// Where a line is: a file of the set (an index into [`StreamHealth::files`])
-/// and its 1-based line number there.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LineRef {
-    pub file: usize,
-    pub line: usize,
-}
 
 /// How much of a file the report used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::episodes::EpisodeState;
+use super::error::ReportError;
 use super::fixtures::*;
-use super::health::LineRef;
-use super::model::{Report, ReportError};
+use super::lines::LineRef;
+use super::model::Report;
 use super::{render_html, render_text};
 
 fn report(records: &[Value]) -> Report {

@@ -4,30 +4,14 @@
 //! `host` and `ts`); and the record schemas this version reads.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::RangeInclusive;
 
 use serde_json::Value;
 
-use super::model::ReportError;
-use super::model::envelope::field;
+use super::error::ReportError;
+use super::field::{self, READABLE_SCHEMAS};
 use super::time::sig3;
 use super::typed::typed;
 use crate::records::run::{Filters, StartRecord};
-
-/// Record schemas (`start.schema` majors) the report reads: 1, and 2 (the
-/// run id and file ordinal in every record, compact histograms, records
-/// split into parts).
-pub const READABLE_SCHEMAS: RangeInclusive<u64> = 1..=2;
-
-/// `schema 1`, `schemas 1 and 2`, `schemas 1 to 3`: for messages.
-pub fn readable_schemas() -> String {
-    let (lo, hi) = (READABLE_SCHEMAS.start(), READABLE_SCHEMAS.end());
-    match hi - lo {
-        0 => format!("schema {lo}"),
-        1 => format!("schemas {lo} and {hi}"),
-        _ => format!("schemas {lo} to {hi}"),
-    }
-}
 
 /// One probe family as `start` reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -338,14 +322,6 @@ fn filters(f: &Filters) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The writer's schema is one the report reads: a bump without teaching
-    /// the report fails here.
-    #[test]
-    fn the_report_reads_the_schema_this_version_writes() {
-        assert!(READABLE_SCHEMAS.contains(&u64::from(crate::records::SCHEMA_VERSION)));
-        assert_eq!(readable_schemas(), "schemas 1 and 2");
-    }
 
     /// Without `start`, the interval is the records' measured lengths'
     /// median, rounded as a person would set it; families in `start`'s order.

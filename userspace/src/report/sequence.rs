@@ -9,7 +9,7 @@
 //! every seqno: memory stays constant however long the run, and only the
 //! first few ranges are kept for the report to name.
 
-use super::health::LineRef;
+use super::lines::LineRef;
 
 /// Ranges named in the report; the rest are only counted.
 pub const RANGES_LISTED: usize = 10;

@@ -6,14 +6,13 @@
 //! between files, dropped by the output queue) is not used, and counted.
 //!
 //! One set is held at a time (its parts are consecutive), and at most
-//! [`MAX_LINE`](super::input::MAX_LINE) bytes of it: memory stays bounded
+//! [`MAX_LINE`](super::lines::MAX_LINE) bytes of it: memory stays bounded
 //! whatever the parts claim.
 
 use serde_json::Value;
 
-use super::health::LineRef;
-use super::input::MAX_LINE;
-use super::model::envelope::field;
+use super::field;
+use super::lines::{LineRef, MAX_LINE};
 
 /// Incomplete sets whose place the report names.
 const DAMAGED_LISTED: usize = 5;

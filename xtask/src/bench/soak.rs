@@ -22,6 +22,7 @@
 //! does not overwrite them). Not part of `bench all`: it runs for as long as
 //! it is told.
 
+mod figures;
 mod load;
 mod maps;
 mod report;
@@ -47,8 +48,9 @@ use super::publish::{self, Host};
 use super::tracer::{self, Tracer};
 use super::{interrupt, quiet};
 use crate::util;
+use figures::Minute;
 use load::{ChurnCounts, ClientCounts, Fio, StopOnDrop};
-use report::{Minute, Results};
+use report::Results;
 use stream::{DiskCounts, Ours, Stream, Tally};
 
 /// Stalltrace as deployed (default thresholds), every family, the whole host.
@@ -334,7 +336,7 @@ fn soak(
                 (&last.1, &usage, now.duration_since(last.2).as_secs_f64()),
                 tally,
                 oracle.since(&last.0),
-                report::differences(&total, &oracle.since(&base)),
+                figures::differences(&total, &oracle.since(&base)),
                 occupancy,
                 made - last.3,
             );
@@ -385,7 +387,7 @@ fn soak(
         total.add(&r.stream);
     }
     total.add(&pending);
-    let run = report::Run {
+    let run = figures::Run {
         daemon: format!("stalltrace {} --out FILE", DAEMON_ARGS.join(" ")),
         families,
         fio_dev,

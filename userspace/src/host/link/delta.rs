@@ -1,6 +1,6 @@
 //! The change between two readings of one interface.
 
-use super::model::{Exposed, LinkHealth, PauseCounters, QdiscStats};
+use super::model::{Exposed, LinkHealth, PauseCounters, QdiscStats, since};
 
 /// The change between two readings of one interface, as an interval record
 /// carries it: running totals (counters, carrier changes, PAUSE frames, qdisc
@@ -59,11 +59,6 @@ pub fn delta(prev: &LinkHealth, cur: &LinkHealth) -> LinkHealth {
         qdisc,
         ..cur.clone()
     }
-}
-
-/// Increase of a running total from `prev` to `cur`; a decrease is a reset.
-pub(super) fn since(prev: u64, cur: u64) -> u64 {
-    if cur >= prev { cur - prev } else { cur }
 }
 
 #[cfg(test)]

@@ -5,8 +5,6 @@ use std::borrow::Cow;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::delta::since;
-
 /// What a driver may or may not report. Serializes as the value, or as the
 /// string `"not exposed"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,4 +239,9 @@ pub struct QdiscStats {
     /// Times in the interval the qdisc held packets back (rate limit, or the driver stopped its
     /// queue); in a reading, the running total.
     pub overlimits: u64,
+}
+
+/// Increase of a running total from `prev` to `cur`; a decrease is a reset.
+pub(super) fn since(prev: u64, cur: u64) -> u64 {
+    if cur >= prev { cur - prev } else { cur }
 }

@@ -10,6 +10,7 @@ use super::set_tests::{Dir, flat, names, read_at, warnings};
 use super::*;
 use crate::report::fixtures::*;
 use crate::report::time::parse_us;
+use crate::report::{render_html, render_text};
 
 /// One run's records, seqno 0 (`start`) to 13 (`stop`, counting
 /// `block_written` reads): reads at 1–11 s, a retransmission at 8.5 s.

@@ -20,12 +20,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::lines::{LineCap, SkipLeadingNuls};
 use super::{MAX_LINE, READ_BUFFER, decoded, feed, gzip_note, user_error};
 use crate::error::UserError;
+use crate::report::error::ReportError;
+use crate::report::field;
 use crate::report::health::FileRead;
-use crate::report::model::envelope::field;
-use crate::report::model::{Report, ReportBuilder, ReportError};
+use crate::report::lines::{LineCap, SkipLeadingNuls};
+use crate::report::model::{Report, ReportBuilder};
 use crate::report::split::{Offer, Reassembly};
 use crate::report::window::Window;
 

@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::report::fixtures::*;
-use crate::report::health::{FileRead, LineRef};
+use crate::report::health::FileRead;
+use crate::report::lines::LineRef;
+use crate::report::{render_html, render_text};
 
 /// A scratch directory, removed on drop.
 pub(super) struct Dir(pub(super) PathBuf);

@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::report::fixtures;
+use crate::report::lines;
+use crate::report::{render_html, render_text};
 
 /// Cases per property; each reads and renders a stream.
 fn config(cases: u32) -> Config {

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::report::fixtures::*;
+use crate::report::render_text;
 use crate::report::time::parse_us;
 
 fn at(s: f64) -> i64 {

@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use super::figures::{Run, lost_text};
 use super::maps::Count;
-use super::report::{Run, lost_text};
 use crate::bench::publish::Verdict;
 
 /// RSS may grow by this much (or this share) from first to last quarter.

@@ -29,6 +29,14 @@ use std::io::{self, BufRead, Read};
 /// becomes a 32-byte value): see `DESIGN_PEAK_RSS` in the tests.
 pub const MAX_LINE: usize = 4 << 20;
 
+/// Where a line is: a file of the set (an index into [`StreamHealth::files`])
+/// and its 1-based line number there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineRef {
+    pub file: usize,
+    pub line: usize,
+}
+
 /// What an over-long line becomes: not JSON, not whitespace.
 const MARKER: &[u8] = b"\0";
 
