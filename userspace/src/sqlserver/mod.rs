@@ -1,16 +1,17 @@
 //! SQL Server correlation (docs/ARCHITECTURE.md, "SQL Server correlation"): what stalltrace learns
-//! about SQL Server from outside the process. `tds` reads the headers of its wire
-//! protocol, the Tabular Data Stream, to tell requests from responses and to recover
-//! the SPID of a session when the traffic is not encrypted; `tls` attaches the uprobes that
-//! read the same headers in the TLS plaintext of encrypted sessions. Neither keeps SQL text
-//! or any other payload.
+//! about SQL Server from outside the process. The kernel side reads the headers of its
+//! wire protocol, the Tabular Data Stream (`ebpf/include/tds.h`), to recover the SPID of a
+//! session; `tls` attaches the uprobes that read the same headers in the TLS plaintext of
+//! encrypted sessions. Neither keeps SQL text or any other payload. `tds`, a Rust stream
+//! parser of those headers, is compiled only for tests: the kernel reader's second oracle.
 
 pub mod dmv;
 pub mod files;
 pub mod inventory;
 pub mod live;
 pub mod requests;
-pub mod tds;
+#[cfg(test)]
+mod tds;
 pub mod tls;
 
 /// The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO).

@@ -30,7 +30,8 @@ pub const HEADER_LEN: usize = c::TDS_HEADER_LEN as usize;
 /// bounds Length, at 32,767 bytes (the u16 field itself could say 65,535).
 pub const MAX_PACKET_LEN: u16 = c::TDS_MAX_PACKET_LEN as u16;
 
-/// Status bits (MS-TDS 2.2.3.1.2).
+/// Status bits (MS-TDS 2.2.3.1.2), listed whole though the tests name only some.
+#[allow(dead_code)]
 pub mod status {
     use super::c;
     /// Last packet of the message.
