@@ -90,6 +90,48 @@ pub fn map_keys(id: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// `bpftool map update id ID key hex .. value hex ..`: whether the kernel
+/// took the entry (a full hash map refuses a new key).
+pub fn map_update(id: u64, key: &[u8], value: &[u8]) -> bool {
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>();
+    let mut args = vec![
+        "map".to_string(),
+        "update".into(),
+        "id".into(),
+        id.to_string(),
+    ];
+    args.push("key".into());
+    args.push("hex".into());
+    args.extend(hex(key));
+    args.push("value".into());
+    args.push("hex".into());
+    args.extend(hex(value));
+    std::process::Command::new("bpftool")
+        .args(&args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run bpftool: {e}"))
+        .success()
+}
+
+/// `bpftool map delete id ID key hex ..`.
+pub fn map_delete(id: u64, key: &[u8]) {
+    let mut args = vec![
+        "map".to_string(),
+        "delete".into(),
+        "id".into(),
+        id.to_string(),
+    ];
+    args.push("key".into());
+    args.push("hex".into());
+    args.extend(key.iter().map(|b| format!("{b:02x}")));
+    let status = std::process::Command::new("bpftool")
+        .args(&args)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run bpftool: {e}"));
+    assert!(status.success(), "bpftool {args:?}: {status}");
+}
+
 /// Program and map ids held open by processes: program, link and map fds
 /// (`prog_id:` / `map_id:` in /proc/PID/fdinfo). `pid`: one process; None: all.
 #[derive(Debug, Default)]

@@ -1,4 +1,5 @@
-//! The SQL Server simulator's worker killed and restarted by its watchdog mid-run.
+//! The SQL Server simulator's worker killed and restarted by its watchdog
+//! mid-run; a worker the kernel side's table has no room for.
 
 use common::netlab::{NetPair, Side};
 use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
@@ -176,4 +177,128 @@ fn a_restarted_sql_server_worker_is_found_within_an_interval() {
     );
     let instances = of_type(&records, "sql_instance");
     assert!(instances.len() > RESTARTS, "{instances:?}");
+}
+
+/// More SQL Server processes than the kernel side's worker table holds:
+/// the table filled (with bpftool, as the daemon's own map) with pids no
+/// process can have, a simulator's worker is refused. That is said once on
+/// stderr and counted once in `lost` (`sqlserver.workers_full`), however
+/// many refreshes try again; once a place is free, the next refresh watches
+/// the worker, and its session gets the SPID its client got.
+#[test]
+fn a_worker_the_kernel_table_has_no_room_for_is_said_counted_and_watched_later() {
+    require_root();
+    let pair = NetPair::new();
+    let files = ScratchDir::new("/var/tmp");
+    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
+    let workers_map = ko::maps_of(tracer.pid())
+        .into_iter()
+        .find(|m| m.name == "sql_workers")
+        .expect("the daemon's sql_workers map");
+    // Above the kernel's PID_MAX_LIMIT (4,194,304): no process has these.
+    let mut fillers: Vec<u32> = Vec::new();
+    while ko::map_update(
+        workers_map.id,
+        &(0x0100_0000 + fillers.len() as u32).to_le_bytes(),
+        &[1],
+    ) {
+        fillers.push(0x0100_0000 + fillers.len() as u32);
+        assert!(fillers.len() <= 4096, "sql_workers never filled");
+    }
+    let sim = SqlServerSim::start_small(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        &[],
+    );
+    let worker = sim.worker;
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == worker
+    });
+    // Several refreshes (500 ms apart) try again while the table is full.
+    let lost_full = |records: &[Value]| -> u64 {
+        records
+            .iter()
+            .filter(|r| r["type"] == "lost")
+            .filter_map(|r| r["by_source"]["sqlserver.workers_full"].as_u64())
+            .sum()
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let refused = lost_full(&tracer.records_so_far());
+    let in_kernel = |id| -> Vec<u32> {
+        ko::map_keys(id)
+            .iter()
+            .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
+            .collect()
+    };
+    assert!(
+        !in_kernel(workers_map.id).contains(&worker),
+        "the worker got in a full table"
+    );
+    // A place frees: the worker is watched at the next refresh.
+    ko::map_delete(workers_map.id, &fillers.pop().unwrap().to_le_bytes());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !in_kernel(workers_map.id).contains(&worker) {
+        assert!(
+            Instant::now() < deadline,
+            "worker {worker} not watched 5 s after a place freed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let client = SqlClientRun::start(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::A)),
+        &server,
+        1,
+        10,
+        1,
+    );
+    let report = client.finish();
+    assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
+    for (port, spid) in report.sessions() {
+        let remote = format!("{}:{port}", pair.v4(Side::A));
+        tracer.wait_for(Duration::from_secs(5), |r| {
+            r["type"] == "sql_session"
+                && r["pid"] == worker
+                && r["remote"] == remote.as_str()
+                && r["spid"] == spid
+        });
+    }
+    let said = tracer.stderr_text();
+    let records = tracer.stop();
+    drop(sim);
+    // Every worker refused is said once and counted once: ours, and any
+    // other simulator on the host that came while the table was full.
+    let refused_pids: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("stalltrace: sqlservr "))
+        .filter_map(|l| Some(l.split_once(" is not watched")?.0))
+        .collect();
+    let ours = worker.to_string();
+    eprintln!(
+        "{} fillers; refused {refused_pids:?} (ours {ours}); lost {refused} while full, {} in all",
+        fillers.len() + 1,
+        lost_full(&records)
+    );
+    assert_eq!(
+        refused_pids.iter().filter(|p| **p == ours).count(),
+        1,
+        "said once: {said}"
+    );
+    let mut distinct = refused_pids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        refused_pids.len(),
+        "a worker said twice: {said}"
+    );
+    assert!(said.contains("(`lost`: sqlserver.workers_full)"), "{said}");
+    assert!(refused >= 1, "not counted while the table was full");
+    assert_eq!(
+        lost_full(&records),
+        refused_pids.len() as u64,
+        "counted once each"
+    );
 }

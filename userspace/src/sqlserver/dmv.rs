@@ -25,7 +25,7 @@ pub mod poller;
 
 pub use client::TdsDmvSource;
 pub use config::{DmvConfig, Encrypt, Secret};
-pub use join::{DmvRow, DmvSession, KnownSocket, SocketKey, join};
+pub use join::{DmvRow, DmvSession, KnownSocket, SocketKey, apply_dmv_rows, join};
 pub use poller::{Dmv, DmvSnapshot, DmvStatus};
 
 use crate::error::UserError;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use aya::Btf;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 
-use super::dmv::{Dmv, DmvRow, DmvSession, KnownSocket, join};
+use super::dmv::{Dmv, apply_dmv_rows};
 use super::inventory::{Discovery, Inventory, Session};
 use super::requests::Requests;
 use super::tls::{self, TlsHooks, TlsPolicy, TlsSpids, TlsSpidsState};
@@ -26,6 +26,9 @@ use crate::probes::{self, AttachedFamily, FamilyFailure, ModeChoice};
 use crate::records::sql::{
     Instance, SessionEvent, SpidSource, SqlSessionRecord, SqlTag, SqlTlsStart,
 };
+
+/// The `lost` source of workers the kernel's sql_workers table had no room for.
+const WORKERS_FULL: &str = "sqlserver.workers_full";
 
 /// The least time between two refreshes made for records of unknown sockets.
 const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -42,6 +45,10 @@ pub struct SqlServer {
     inventory: Inventory,
     /// Worker pids already in the kernel's sql_workers map.
     pushed: HashSet<u32>,
+    /// Workers the map had no room for: said once each, tried again at
+    /// every refresh; and how many of them `lost` has not counted yet.
+    unwatched: HashSet<u32>,
+    unwatched_uncounted: u64,
     /// The SSL_write uprobes of each worker.
     tls: TlsHooks,
     /// Each worker's word on its TLS SPIDs, for its `sql_instance` records.
@@ -98,6 +105,8 @@ impl SqlServer {
                 lost,
                 inventory: Inventory::new(discovery),
                 pushed: HashSet::new(),
+                unwatched: HashSet::new(),
+                unwatched_uncounted: 0,
                 tls,
                 tls_summaries: HashMap::new(),
                 tls_tries: HashMap::new(),
@@ -219,9 +228,29 @@ impl SqlServer {
         Ok(())
     }
 
-    /// New losses of the kernel side since the last call, by source.
+    /// New losses since the last call, by source: the kernel side's, and
+    /// the workers the kernel's table had no room for.
     pub fn lost(&mut self) -> Vec<(String, u64)> {
-        self.lost.deltas(&self.family.ebpf)
+        let mut lost = self.lost.deltas(&self.family.ebpf);
+        if self.unwatched_uncounted > 0 {
+            lost.push((WORKERS_FULL.into(), self.unwatched_uncounted));
+            self.unwatched_uncounted = 0;
+        }
+        lost
+    }
+
+    /// A worker the kernel's sql_workers table refused (full: a host with
+    /// more SQL Server processes than it holds): said and counted once.
+    fn unwatched_worker(&mut self, pid: u32, e: &aya::maps::MapError) {
+        if self.unwatched.insert(pid) {
+            self.unwatched_uncounted += 1;
+            eprintln!(
+                "stalltrace: sqlservr {pid} is not watched: the kernel's table of SQL Server \
+                 workers refused it ({}); its sessions get no SPID from the kernel and its \
+                 requests are not timed until another worker exits (`lost`: {WORKERS_FULL})",
+                probes::describe(e)
+            );
+        }
     }
 
     /// Write the records discovery made since the last call (instances and
@@ -244,8 +273,13 @@ impl SqlServer {
         let changes = self.inventory.refresh(ts);
         let live = self.inventory.worker_pids();
         for pid in &live {
-            if self.pushed.insert(*pid) {
-                let _ = self.workers.insert(pid, abi::SQL_WORKER_LISTED as u8, 0);
+            if !self.pushed.contains(pid) {
+                if let Err(e) = self.workers.insert(pid, abi::SQL_WORKER_LISTED as u8, 0) {
+                    self.unwatched_worker(*pid, &e);
+                    continue;
+                }
+                self.unwatched.remove(pid);
+                self.pushed.insert(*pid);
                 // After the worker is in the map, so the kernel side never sees the flag without it.
                 let _ = self.control.set(abi::SQL_CTL_WORKERS_KNOWN, 1, 0);
                 let mut kernel = tls::Kernel {
@@ -262,6 +296,7 @@ impl SqlServer {
         }
         // A worker that exited (a restart, a crash) leaves the kernel's table:
         // it holds 64, and its pid may come back as another process's.
+        self.unwatched.retain(|pid| live.contains(pid));
         let exited: Vec<u32> = self
             .pushed
             .iter()
@@ -424,40 +459,6 @@ fn kernel_spid(t: &tds_session, tls_trusted: bool) -> Option<(u16, SpidSource)> 
         .then_some((t.spid, SpidSource::TlsPlaintext))
 }
 
-/// Put DMV rows on the sessions they join to (and clear those they no longer
-/// do). Returns the sessions whose DMV identity changed: who is on the
-/// connection, not what it waits on (that changes at every poll).
-fn apply_dmv_rows(rows: &[DmvRow], mut sessions: Vec<&mut Session>) -> Vec<Session> {
-    let sockets: Vec<KnownSocket> = sessions
-        .iter()
-        .filter_map(|s| KnownSocket::from_session(s, s.absent_at_ms))
-        .collect();
-    let mut joined = join(rows, &sockets);
-    let mut changed = Vec::new();
-    for session in sessions.iter_mut() {
-        let fresh = joined.remove(&session.sock_ino).unwrap_or_default();
-        let news = !same_people(&fresh, &session.dmv);
-        session.dmv = fresh;
-        if news {
-            changed.push(session.clone());
-        }
-    }
-    changed
-}
-
-/// Whether two DMV views of a connection name the same sessions, logins,
-/// programs and databases.
-fn same_people(a: &[DmvSession], b: &[DmvSession]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.session_id == y.session_id
-                && x.connect_time_ms == y.connect_time_ms
-                && x.login == y.login
-                && x.program == y.program
-                && x.database == y.database
-        })
-}
-
 /// The lookups the other families tag their records with.
 impl Tagger for SqlServer {
     /// The session of a socket, by inode; or by its tuple.
@@ -525,75 +526,5 @@ impl Tagger for SqlServer {
 
     fn file_at(&self, disk: (u32, u32), sector: u64) -> Option<&Path> {
         self.inventory.file_at(disk, sector)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::records::sql::SqlTag;
-    use crate::sqlserver::inventory::SessionKind;
-
-    fn session(ino: u64, client_port: u16) -> Session {
-        Session {
-            pid: 10,
-            netns: 1,
-            kind: SessionKind::Client,
-            local: "10.0.0.1:1433".parse().unwrap(),
-            remote: SocketAddr::new("10.0.0.7".parse().unwrap(), client_port),
-            sock_ino: ino,
-            first_seen: "2025-10-09T08:53:20.000000Z".into(),
-            spid: None,
-            spid_source: None,
-            encrypted: true,
-            mars: false,
-            dmv: Vec::new(),
-            absent_at_ms: None,
-        }
-    }
-
-    fn row(spid: u16, client_port: u16, wait: &str) -> DmvRow {
-        DmvRow {
-            session_id: spid,
-            connection_id: format!("C{spid}"),
-            connect_time_ms: 1_760_000_000_000 - 60_000,
-            net_transport: "TCP".into(),
-            client_net_address: Some("10.0.0.7".into()),
-            client_tcp_port: Some(client_port),
-            local_tcp_port: Some(1433),
-            encrypt_option: "TRUE".into(),
-            login_name: Some("app".into()),
-            program_name: Some("OrderService".into()),
-            database: Some("sales".into()),
-            session_status: Some("running".into()),
-            wait_type: Some(wait.into()),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn dmv_rows_name_encrypted_sessions_and_only_identity_is_news() {
-        let (mut a, mut b) = (session(1, 50001), session(2, 50002));
-        let changed = apply_dmv_rows(&[row(57, 50001, "WRITELOG")], vec![&mut a, &mut b]);
-        assert_eq!(changed.len(), 1, "only the joined session changed");
-        // An encrypted session's SPID and login come from the DMVs.
-        let tag = SqlTag::for_session(&a);
-        assert_eq!(tag.spid, Some(57));
-        assert_eq!(tag.login.as_deref(), Some("app"));
-        assert_eq!(tag.wait_type.as_deref(), Some("WRITELOG"));
-        assert_eq!(SqlTag::for_session(&b).spid, None);
-
-        // A new wait is not news; the tag follows it all the same.
-        let changed = apply_dmv_rows(&[row(57, 50001, "ASYNC_NETWORK_IO")], vec![&mut a]);
-        assert!(changed.is_empty());
-        assert_eq!(
-            SqlTag::for_session(&a).wait_type.as_deref(),
-            Some("ASYNC_NETWORK_IO")
-        );
-
-        // The connection gone from the DMVs: its DMV fields go too, and that is news.
-        let changed = apply_dmv_rows(&[], vec![&mut a]);
-        assert_eq!(changed.len(), 1);
-        assert!(a.dmv.is_empty());
     }
 }

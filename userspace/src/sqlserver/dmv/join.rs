@@ -228,3 +228,37 @@ fn fill_request(s: &mut DmvSession, row: &DmvRow) {
     s.wait_time_ms = row.wait_time_ms.filter(|_| s.wait_type.is_some());
     s.blocking_session_id = row.blocking_session_id.filter(|b| *b != 0);
 }
+
+/// Put DMV rows on the sessions they join to (and clear those they no longer
+/// do). Returns the sessions whose DMV identity changed: who is on the
+/// connection, not what it waits on (that changes at every poll).
+pub fn apply_dmv_rows(rows: &[DmvRow], mut sessions: Vec<&mut Session>) -> Vec<Session> {
+    let sockets: Vec<KnownSocket> = sessions
+        .iter()
+        .filter_map(|s| KnownSocket::from_session(s, s.absent_at_ms))
+        .collect();
+    let mut joined = join(rows, &sockets);
+    let mut changed = Vec::new();
+    for session in sessions.iter_mut() {
+        let fresh = joined.remove(&session.sock_ino).unwrap_or_default();
+        let news = !same_people(&fresh, &session.dmv);
+        session.dmv = fresh;
+        if news {
+            changed.push(session.clone());
+        }
+    }
+    changed
+}
+
+/// Whether two DMV views of a connection name the same sessions, logins,
+/// programs and databases.
+fn same_people(a: &[DmvSession], b: &[DmvSession]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.session_id == y.session_id
+                && x.connect_time_ms == y.connect_time_ms
+                && x.login == y.login
+                && x.program == y.program
+                && x.database == y.database
+        })
+}

@@ -1,7 +1,11 @@
 //! The join on recorded row sets: what SQL Server's DMVs return for plain
 //! sessions, MARS, reused session ids and ports, and the address forms.
 
+use std::net::SocketAddr;
+
 use super::join::*;
+use crate::records::sql::SqlTag;
+use crate::sqlserver::inventory::{Session, SessionKind};
 
 /// 2025-10-09T08:53:20Z: any fixed time will do.
 const T: i64 = 1_760_000_000_000;
@@ -259,4 +263,67 @@ fn a_socket_from_the_inventory() {
     assert_eq!((k.key, k.local_port), (777, 1433));
     assert_eq!(k.first_seen_ms, T + 250);
     assert_eq!(k.absent_at_ms, Some(T - SEC));
+}
+
+fn session(ino: u64, client_port: u16) -> Session {
+    Session {
+        pid: 10,
+        netns: 1,
+        kind: SessionKind::Client,
+        local: "10.0.0.1:1433".parse().unwrap(),
+        remote: SocketAddr::new("10.0.0.7".parse().unwrap(), client_port),
+        sock_ino: ino,
+        first_seen: "2025-10-09T08:53:20.000000Z".into(),
+        spid: None,
+        spid_source: None,
+        encrypted: true,
+        mars: false,
+        dmv: Vec::new(),
+        absent_at_ms: None,
+    }
+}
+
+fn row(spid: u16, client_port: u16, wait: &str) -> DmvRow {
+    DmvRow {
+        session_id: spid,
+        connection_id: format!("C{spid}"),
+        connect_time_ms: 1_760_000_000_000 - 60_000,
+        net_transport: "TCP".into(),
+        client_net_address: Some("10.0.0.7".into()),
+        client_tcp_port: Some(client_port),
+        local_tcp_port: Some(1433),
+        encrypt_option: "TRUE".into(),
+        login_name: Some("app".into()),
+        program_name: Some("OrderService".into()),
+        database: Some("sales".into()),
+        session_status: Some("running".into()),
+        wait_type: Some(wait.into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn dmv_rows_name_encrypted_sessions_and_only_identity_is_news() {
+    let (mut a, mut b) = (session(1, 50001), session(2, 50002));
+    let changed = apply_dmv_rows(&[row(57, 50001, "WRITELOG")], vec![&mut a, &mut b]);
+    assert_eq!(changed.len(), 1, "only the joined session changed");
+    // An encrypted session's SPID and login come from the DMVs.
+    let tag = SqlTag::for_session(&a);
+    assert_eq!(tag.spid, Some(57));
+    assert_eq!(tag.login.as_deref(), Some("app"));
+    assert_eq!(tag.wait_type.as_deref(), Some("WRITELOG"));
+    assert_eq!(SqlTag::for_session(&b).spid, None);
+
+    // A new wait is not news; the tag follows it all the same.
+    let changed = apply_dmv_rows(&[row(57, 50001, "ASYNC_NETWORK_IO")], vec![&mut a]);
+    assert!(changed.is_empty());
+    assert_eq!(
+        SqlTag::for_session(&a).wait_type.as_deref(),
+        Some("ASYNC_NETWORK_IO")
+    );
+
+    // The connection gone from the DMVs: its DMV fields go too, and that is news.
+    let changed = apply_dmv_rows(&[], vec![&mut a]);
+    assert_eq!(changed.len(), 1);
+    assert!(a.dmv.is_empty());
 }
