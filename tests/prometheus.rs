@@ -1,8 +1,9 @@
 //! `--prometheus` read by a real Prometheus (Debian's package, started by the
 //! test on loopback ports of its own), checked against the kernel's own
 //! counters (/proc/diskstats), against the JSON stream of the same run, and
-//! by `promtool`; and the deployable rules in deploy/prometheus/ unit-tested
-//! by `promtool test rules`.
+//! by `promtool`; the deployable rules in deploy/prometheus/ unit-tested
+//! by `promtool test rules`; and every query of the Grafana dashboard
+//! (deploy/grafana/) run against those rules after a lossy SQL Server run.
 
 mod common;
 
@@ -11,9 +12,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::netlab::{Family, NetPair, Side, delta};
+use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
 use common::*;
 use serde_json::Value;
 use stalltrace_lab::prometheus::{Prometheus, free_port, get};
+use stalltrace_lab::scenario::ScratchDir;
 
 /// The octave (`le` = 2^k − 1 ns) a latency in seconds falls in: the
 /// metrics' histogram buckets. (An upper edge itself belongs to its octave:
@@ -319,4 +322,138 @@ fn the_endpoint_refuses_what_it_does_not_serve_and_a_taken_port_is_one_line() {
     assert!(missing.contains("404"), "{missing}");
     let records: Vec<Value> = tracer.stop();
     assert_eq!(records[0]["prometheus"], listen.as_str(), "{}", records[0]);
+}
+
+/// Every query of the Grafana dashboard (deploy/grafana/stalltrace.json):
+/// its panels' and its annotation's, with `$instance` as "All" selects it.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/stalltrace.json");
+    let text = std::fs::read_to_string(&path).expect("deploy/grafana/stalltrace.json");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let all = |expr: &str| expr.replace("$instance", ".+");
+    let mut queries = Vec::new();
+    let mut ids = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("a panel title");
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("a panel id")),
+            "{title}: id used twice"
+        );
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            assert_eq!(target["datasource"]["uid"], "${datasource}", "{title}");
+            let expr = target["expr"].as_str().expect("a target's expr");
+            assert!(
+                expr.contains("instance=~\"$instance\""),
+                "{title}: not per host: {expr}"
+            );
+            queries.push((title.to_string(), all(expr)));
+        }
+    }
+    for annotation in dashboard["annotations"]["list"]
+        .as_array()
+        .expect("annotations")
+    {
+        let name = annotation["name"].as_str().expect("an annotation name");
+        queries.push((
+            name.to_string(),
+            all(annotation["expr"].as_str().expect("its expr")),
+        ));
+    }
+    queries
+}
+
+/// The dashboard against a real Prometheus evaluating the deployed rules,
+/// after a run with every figure it draws: a simulator's sessions under 5%
+/// loss of what the server sends (retransmissions and timeouts, by peer;
+/// requests of 200 ms and more; a stall episode), its files on the host's
+/// disk. Every panel's query and the annotation's return series with a
+/// value (no Grafana runs here, and no schema of Grafana's is at hand
+/// offline: the JSON's shape is checked as the queries are read), but for
+/// the losses, which return series exactly when the stream has a `lost`
+/// record (nothing lost, an empty panel).
+#[test]
+fn every_panel_of_the_grafana_dashboard_draws_from_the_deployed_rules() {
+    require_root();
+    let pair = NetPair::new();
+    let files = ScratchDir::new("/var/tmp");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut tracer = Tracer::start(&[
+        "--interval",
+        "500ms",
+        "--slow-io-ms",
+        "0",
+        "--bpf-stats",
+        "--prometheus",
+        &listen,
+        "--prometheus-peers",
+        "4",
+    ]);
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/rules.yml");
+    let prometheus = Prometheus::start_with_rules(&listen, Some(&rules));
+    let sim = SqlServerSim::start_small(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::B)),
+        &files.0,
+        &[],
+    );
+    let worker = sim.worker;
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == worker
+    });
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let mut client = SqlClientRun::start(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::A)),
+        &server,
+        4,
+        50,
+        15,
+    );
+    client.wait_for_logins(&pair, sim.port, 4, Duration::from_secs(20));
+    pair.drop_random(Side::A, 5, Some(sim.port));
+    let report = client.finish();
+    pair.clear_drops(Side::A);
+    assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
+    // The last interval written and scraped, and the rules evaluated on it.
+    std::thread::sleep(Duration::from_secs(2));
+    prometheus.wait_scraped_after(SystemTime::now());
+    std::thread::sleep(Duration::from_secs(2));
+    // Series with a number: a NaN (a quantile of no samples) draws nothing.
+    let answers: Vec<(String, String, usize)> = dashboard_queries()
+        .into_iter()
+        .map(|(title, expr)| {
+            let n = prometheus
+                .query(&expr)
+                .iter()
+                .filter(|(_, v)| v.is_finite())
+                .count();
+            (title, expr, n)
+        })
+        .collect();
+    let records = tracer.stop();
+    drop(sim);
+    let lost = of_type(&records, "lost")
+        .iter()
+        .any(|r| r["by_source"].as_object().is_some_and(|s| !s.is_empty()));
+    for (title, expr, n) in &answers {
+        eprintln!("{n:>3} series  {title}: {expr}");
+    }
+    let episodes = of_type(&records, "stall").len();
+    let retransmits = of_type(&records, "tcp_retransmit").len();
+    eprintln!("stream: {retransmits} tcp_retransmit, {episodes} stall, lost records: {lost}");
+    assert!(
+        retransmits > 0 && episodes > 0,
+        "the run lacked a figure the dashboard draws"
+    );
+    for (title, expr, n) in &answers {
+        if title == "Events lost" {
+            assert_eq!(
+                *n > 0,
+                lost,
+                "{title}: {n} series, stream lost records: {lost}"
+            );
+        } else {
+            assert!(*n > 0, "{title}: no series from {expr}");
+        }
+    }
 }

@@ -41,6 +41,11 @@ impl Prometheus {
     /// Starts Prometheus scraping `target` (ADDR:PORT) every second as job
     /// `stalltrace`, and waits until it is ready.
     pub fn start(target: &str) -> Self {
+        Self::start_with_rules(target, None)
+    }
+
+    /// `start`, evaluating the rules of `rules` (a rule file) every second.
+    pub fn start_with_rules(target: &str, rules: Option<&std::path::Path>) -> Self {
         let dir = std::env::temp_dir().join(unique("stalltrace-prometheus"));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("prometheus.yml");
@@ -48,7 +53,8 @@ impl Prometheus {
             &config,
             format!(
                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: stalltrace\n    static_configs:\n      - targets: ['{target}']\n"
+                 scrape_configs:\n  - job_name: stalltrace\n    static_configs:\n      - targets: ['{target}']\n{}",
+                rules.map_or(String::new(), |r| format!("rule_files:\n  - '{}'\n", r.display()))
             ),
         )
         .unwrap();
