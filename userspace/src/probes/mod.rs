@@ -392,6 +392,27 @@ fn raise_memlock_limit() {
 mod tests {
     use super::*;
 
+    /// The families the records name are the objects built from ebpf/, and
+    /// each writes some record: a family added in one place fails here.
+    #[test]
+    fn every_family_is_an_object_and_writes_records() {
+        let mut objects: Vec<&str> = FAMILIES.iter().map(|f| f.name).collect();
+        let mut named = crate::records::FAMILIES.to_vec();
+        objects.sort_unstable();
+        named.sort_unstable();
+        assert_eq!(objects, named, "ebpf/*.bpf.c vs records::FAMILIES");
+        for family in crate::records::FAMILIES {
+            let writes: Vec<&str> = crate::records::RECORD_TYPES
+                .iter()
+                .copied()
+                .filter(|kind| crate::records::family_of(kind) == Some(family))
+                .collect();
+            assert!(!writes.is_empty(), "{family} writes no record type");
+        }
+        assert_eq!(crate::records::family_of("sql_requests"), Some("sqlserver"));
+        assert_eq!(crate::records::family_of("stall"), None);
+    }
+
     #[test]
     fn block_hooks_come_from_the_object_sections() {
         let block = embedded("block");

@@ -45,14 +45,33 @@ pub trait Record: Serialize + DeserializeOwned + JsonSchema {
     const TYPE: &'static str;
 }
 
-/// Declares which types are records and under which `type`: the one list the
-/// schema and the tests iterate.
+/// The probe families, in the order `start` lists them and the daemon
+/// reports them; each is an object `ebpf/NAME.bpf.c` (a test in `probes`
+/// holds the two lists together).
+pub const FAMILIES: [&str; 4] = ["block", "tcp", "netdev", "sqlserver"];
+
+/// `Some(family)` for a record a probe family writes, `None` for the daemon's own.
+macro_rules! writer {
+    () => {
+        None
+    };
+    ($family:literal) => {
+        Some($family)
+    };
+}
+
+/// Declares which types are records, under which `type`, and which family
+/// writes them (`by`; none: the daemon itself): the one list the schema,
+/// the report and the tests iterate.
 macro_rules! record_types {
-    ($($ty:ty => $name:literal,)*) => {
+    ($($ty:ty => $name:literal $(by $family:literal)?,)*) => {
         $(impl Record for $ty { const TYPE: &'static str = $name; })*
 
         /// Every record type, in the order docs/schema.json lists them.
         pub const RECORD_TYPES: &[&str] = &[$($name,)*];
+
+        /// Each record type and the family that writes it.
+        const WRITERS: &[(&str, Option<&str>)] = &[$(($name, writer!($($family)?)),)*];
 
         /// Calls `visit` with each record type's name and its schema.
         pub(crate) fn each_schema(generator: &mut schemars::SchemaGenerator, mut visit: impl FnMut(&'static str, schemars::Schema)) {
@@ -63,17 +82,26 @@ macro_rules! record_types {
 
 record_types! {
     run::StartRecord => "start",
-    block::BlockRecord => "block",
-    block::SlowIoRecord => "slow_io",
-    tcp::TcpRetransmitRecord => "tcp_retransmit",
-    tcp::TcpRttRecord => "tcp_rtt",
-    tcp::TcpFlowRecord => "tcp_flow",
-    netdev::NetdevRecord => "netdev",
-    sql::SqlInstanceRecord => "sql_instance",
-    sql::SqlSessionRecord => "sql_session",
-    sql_requests::SqlRequestsRecord => "sql_requests",
+    block::BlockRecord => "block" by "block",
+    block::SlowIoRecord => "slow_io" by "block",
+    tcp::TcpRetransmitRecord => "tcp_retransmit" by "tcp",
+    tcp::TcpRttRecord => "tcp_rtt" by "tcp",
+    tcp::TcpFlowRecord => "tcp_flow" by "tcp",
+    netdev::NetdevRecord => "netdev" by "netdev",
+    sql::SqlInstanceRecord => "sql_instance" by "sqlserver",
+    sql::SqlSessionRecord => "sql_session" by "sqlserver",
+    sql_requests::SqlRequestsRecord => "sql_requests" by "sqlserver",
     stall::StallRecord => "stall",
     run::LostRecord => "lost",
     run::HeartbeatRecord => "heartbeat",
     run::StopRecord => "stop",
+}
+
+/// The probe family that writes records of type `kind`; None for the
+/// daemon's own records and for a type this version does not know.
+pub fn family_of(kind: &str) -> Option<&'static str> {
+    WRITERS
+        .iter()
+        .find(|(name, _)| *name == kind)
+        .and_then(|(_, family)| *family)
 }

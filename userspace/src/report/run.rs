@@ -12,6 +12,7 @@ use super::field::{self, READABLE_SCHEMAS};
 use super::time::sig3;
 use super::typed::typed;
 use crate::records::run::{Filters, StartRecord};
+use crate::records::{FAMILIES, family_of};
 
 /// One probe family as `start` reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -286,20 +287,6 @@ impl Inference {
             median
         }
     }
-}
-
-/// The probe families, in the order `start` lists them.
-const FAMILIES: [&str; 4] = ["block", "tcp", "netdev", "sqlserver"];
-
-/// The probe family that writes records of type `kind`.
-fn family_of(kind: &str) -> Option<&'static str> {
-    Some(match kind {
-        "block" | "slow_io" => "block",
-        "tcp_rtt" | "tcp_retransmit" | "tcp_flow" => "tcp",
-        "netdev" => "netdev",
-        "sql_instance" | "sql_session" => "sqlserver",
-        _ => return None,
-    })
 }
 
 /// The run's limits, in words (`TCP ports 1433, 5022`).
