@@ -87,6 +87,19 @@ impl QueueLimits {
         };
         Some(per_queue * self.nr_hw_queues.unwrap_or(1).max(1))
     }
+
+    /// The smallest depth that caps requests in flight on one queue: what
+    /// an interval's `inflight` is read against.
+    pub fn effective_depth(&self) -> Option<u64> {
+        [
+            self.nr_requests,
+            self.hw_queue_depth,
+            self.device_queue_depth,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
 }
 
 /// One disk and one op for one interval: counts, and where requests spent their time. Written

@@ -49,12 +49,12 @@ pub use input::{read_report, read_reports_within};
 pub use lines::LineRef;
 pub use merge::{MergedHist, Unit};
 pub use model::{Losses, Report, ReportBuilder};
-pub use network::{BulkFlow, Interface, LinkHealth, Retransmits, TcpPeer};
+pub use network::{BulkFlow, Interface, LinkOverRun, Retransmits, TcpPeer};
 pub use run::{FamilyStatus, RunInfo};
 pub use sequence::{SeqRange, SeqRanges, Sequence};
 pub use sessions::{Instance, SessionImpact, SessionTag};
 pub use split::SplitHealth;
-pub use storage::{Disk, DiskOp, QueueLimit, SlowIo};
+pub use storage::{Disk, DiskOp, SlowIo};
 pub use text::render_text;
 pub use window::{Window, parse as parse_time};
 

@@ -15,9 +15,10 @@ use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 // ---- interfaces -----------------------------------------------------------
 
-/// Link health over the run: the last state, and event counters summed.
+/// Link health over the run (the readings are `host::link::LinkHealth`):
+/// the last state, and event counters summed.
 #[derive(Clone, Debug, Default)]
-pub struct LinkHealth {
+pub struct LinkOverRun {
     pub oper_state: Option<String>,
     pub carrier: Option<bool>,
     /// Mb/s, or `not exposed`.
@@ -47,7 +48,7 @@ pub struct Pause {
     pub tx_frames: Option<u64>,
 }
 
-impl LinkHealth {
+impl LinkOverRun {
     fn update(&mut self, link: &netdev::LinkHealth) {
         self.oper_state = Some(link.oper_state.clone());
         self.carrier = link.carrier.or(self.carrier);
@@ -174,7 +175,7 @@ pub struct Interface {
     pub tx_timeouts: u64,
     pub tx_stalls: u64,
     pub tx_busy: u64,
-    pub link: Option<LinkHealth>,
+    pub link: Option<LinkOverRun>,
     pub series: Vec<NetPoint>,
 }
 
@@ -374,7 +375,7 @@ impl Network {
         i.xmit.add_record(&r.xmit_us);
         i.rx.add_record(&r.rx_us);
         if let Some(link) = &r.link {
-            i.link.get_or_insert_with(LinkHealth::default).update(link);
+            i.link.get_or_insert_with(LinkOverRun::default).update(link);
         }
         series::push(
             &mut i.series,

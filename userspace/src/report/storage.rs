@@ -9,42 +9,6 @@ use super::merge::{MergedHist, Sparse, Unit};
 use super::series::{self, Point, add_sparse};
 use crate::records::block::{BlockRecord, QueueLimits, SlowIoRecord};
 
-/// The queue in front of a disk (last `queue_limit` seen).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct QueueLimit {
-    pub scheduler: Option<String>,
-    pub nr_requests: Option<u64>,
-    pub hw_queue_depth: Option<u64>,
-    pub nr_hw_queues: Option<u64>,
-    pub device_queue_depth: Option<u64>,
-}
-
-impl From<&QueueLimits> for QueueLimit {
-    fn from(q: &QueueLimits) -> Self {
-        Self {
-            scheduler: q.scheduler.clone(),
-            nr_requests: q.nr_requests,
-            hw_queue_depth: q.hw_queue_depth,
-            nr_hw_queues: q.nr_hw_queues,
-            device_queue_depth: q.device_queue_depth,
-        }
-    }
-}
-
-impl QueueLimit {
-    /// The smallest depth that caps requests in flight: what `inflight` is read against.
-    pub fn effective_depth(&self) -> Option<u64> {
-        [
-            self.nr_requests,
-            self.hw_queue_depth,
-            self.device_queue_depth,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-}
-
 /// One interval of one disk and op (or several, merged: see `series`).
 #[derive(Clone, Debug)]
 pub struct DiskPoint {
@@ -164,7 +128,8 @@ pub struct Disk {
     pub devno: Option<String>,
     /// SQL Server role: from the `block` records, else from `sql_instance`.
     pub role: Option<String>,
-    pub queue_limit: QueueLimit,
+    /// The last `queue_limit` seen.
+    pub queue_limit: QueueLimits,
     pub ops: Vec<DiskOp>,
     pub slow_io_count: u64,
     /// The slowest `slow_io` records on the disk, slowest first (at most 5).
@@ -198,7 +163,7 @@ impl Disks {
             dev: dev.to_string(),
             devno: None,
             role: None,
-            queue_limit: QueueLimit::default(),
+            queue_limit: QueueLimits::default(),
             ops: Vec::new(),
             slow_io_count: 0,
             slowest: Vec::new(),
@@ -211,7 +176,7 @@ impl Disks {
         if let Some(role) = &r.role {
             disk.role = Some(role.clone());
         }
-        disk.queue_limit = QueueLimit::from(&r.queue_limit);
+        disk.queue_limit = r.queue_limit.clone();
         let op = r.op.name();
         let index = match disk.ops.iter().position(|o| o.op == op) {
             Some(i) => i,

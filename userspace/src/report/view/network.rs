@@ -3,7 +3,7 @@
 use super::{Stats, clean, count, ms_or_dash, or_dash};
 use crate::records::sql::SessionKind;
 use crate::report::model::Report;
-use crate::report::network::{BulkFlow, Interface, LinkHealth, TcpPeer};
+use crate::report::network::{BulkFlow, Interface, LinkOverRun, TcpPeer};
 use crate::report::sessions::SessionTag;
 use crate::report::time::{bytes, clock, duration_ms, latency_us, sig3, thousands};
 
@@ -194,7 +194,7 @@ fn interface(i: &Interface) -> IfaceView<'_> {
     }
 }
 
-fn link(l: &LinkHealth) -> LinkView {
+fn link(l: &LinkOverRun) -> LinkView {
     let mut parts = vec![format!(
         "{}{}",
         l.oper_state
