@@ -23,3 +23,8 @@ pub mod run;
 pub mod sqlserver;
 pub mod stall;
 pub mod tcp;
+
+/// The stream's contract held to docs/schema.json: every record type built
+/// and written through the real writer, then validated (test code only).
+#[cfg(test)]
+mod schema_check;

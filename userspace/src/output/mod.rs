@@ -3,8 +3,6 @@
 pub mod file;
 mod json;
 mod queue;
-#[cfg(test)]
-mod schema_check;
 mod split;
 
 #[cfg(test)]

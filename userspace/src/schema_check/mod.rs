@@ -14,9 +14,9 @@ mod tcp;
 
 use serde_json::{Value, json};
 
-use super::{JsonWriter, SharedBuffer};
 use crate::hist::{Histogram, HistogramRecord};
 use crate::host::clock::{Clock, monotonic_ns};
+use crate::output::{JsonWriter, SharedBuffer};
 use crate::records::{self, RECORD_TYPES, SCHEMA_VERSION};
 
 /// The envelope's fields a record may lack: those of a split record.
