@@ -5,7 +5,7 @@
 //! inputs run in process: userspace/src/report/input/tests.rs.
 //!
 //! The memory bound is the reader's design figure, not a measured guess: a
-//! line is read up to MAX_LINE bytes (userspace/src/report/input/lines.rs),
+//! line is read up to MAX_LINE bytes (userspace/src/report/lines.rs),
 //! held once as bytes and at most once more as text (3 bytes per byte that is
 //! not UTF-8), so reading adds at most 4 x MAX_LINE to what reporting the
 //! same stream without the line takes.
@@ -21,7 +21,7 @@ use common::*;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-/// userspace/src/report/input/lines.rs's MAX_LINE; the error message below
+/// userspace/src/report/lines.rs's MAX_LINE; the error message below
 /// names it, so a change there fails here.
 const MAX_LINE: u64 = 4 << 20;
 /// Reading's share of peak memory: the line as bytes and as text (see above),

@@ -90,22 +90,13 @@ pub fn map_keys(id: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// `bpftool map update id ID key hex .. value hex ..`: whether the kernel
-/// took the entry (a full hash map refuses a new key).
-pub fn map_update(id: u64, key: &[u8], value: &[u8]) -> bool {
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>();
-    let mut args = vec![
-        "map".to_string(),
-        "update".into(),
-        "id".into(),
-        id.to_string(),
-    ];
-    args.push("key".into());
-    args.push("hex".into());
-    args.extend(hex(key));
-    args.push("value".into());
-    args.push("hex".into());
-    args.extend(hex(value));
+/// `bpftool map OP id ID key hex .. [value hex ..]`: whether bpftool succeeded.
+fn map_op(op: &str, id: u64, key: &[u8], value: Option<&[u8]>) -> bool {
+    let mut args = vec!["map".to_string(), op.into(), "id".into(), id.to_string()];
+    for (what, bytes) in std::iter::once(("key", key)).chain(value.map(|v| ("value", v))) {
+        args.extend([what.to_string(), "hex".into()]);
+        args.extend(bytes.iter().map(|b| format!("{b:02x}")));
+    }
     std::process::Command::new("bpftool")
         .args(&args)
         .stderr(std::process::Stdio::null())
@@ -114,22 +105,18 @@ pub fn map_update(id: u64, key: &[u8], value: &[u8]) -> bool {
         .success()
 }
 
-/// `bpftool map delete id ID key hex ..`.
+/// Writes `value` under `key` in map `id`: whether the kernel took it (a
+/// full hash map refuses a new key).
+pub fn map_update(id: u64, key: &[u8], value: &[u8]) -> bool {
+    map_op("update", id, key, Some(value))
+}
+
+/// Deletes `key` from map `id`.
 pub fn map_delete(id: u64, key: &[u8]) {
-    let mut args = vec![
-        "map".to_string(),
-        "delete".into(),
-        "id".into(),
-        id.to_string(),
-    ];
-    args.push("key".into());
-    args.push("hex".into());
-    args.extend(key.iter().map(|b| format!("{b:02x}")));
-    let status = std::process::Command::new("bpftool")
-        .args(&args)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run bpftool: {e}"));
-    assert!(status.success(), "bpftool {args:?}: {status}");
+    assert!(
+        map_op("delete", id, key, None),
+        "bpftool map delete id {id} key {key:?} failed"
+    );
 }
 
 /// Program and map ids held open by processes: program, link and map fds

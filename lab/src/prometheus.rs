@@ -94,24 +94,52 @@ impl Prometheus {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
-    /// An instant query's result: each series' labels and value.
-    pub fn query(&self, promql: &str) -> Vec<(Value, f64)> {
-        let body = ureq::get(&format!("{}/api/v1/query", self.url))
-            .query("query", promql)
+    /// The series a query API endpoint (`query`, `query_range`) answers
+    /// with for `params`; panics on an error, naming the query.
+    fn api(&self, endpoint: &str, params: &[(&str, String)]) -> Vec<Value> {
+        let mut request = ureq::get(&format!("{}/api/v1/{endpoint}", self.url));
+        for (name, value) in params {
+            request = request.query(name, value);
+        }
+        let body = request
             .timeout(Duration::from_secs(10))
             .call()
-            .unwrap_or_else(|e| panic!("query {promql}: {e}"))
+            .unwrap_or_else(|e| panic!("{endpoint} {params:?}: {e}"))
             .into_string()
             .unwrap();
         let v: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(v["status"], "success", "query {promql}: {v}");
-        v["data"]["result"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        assert_eq!(v["status"], "success", "{endpoint} {params:?}: {v}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// An instant query's result: each series' labels and value.
+    pub fn query(&self, promql: &str) -> Vec<(Value, f64)> {
+        self.api("query", &[("query", promql.to_string())])
+            .iter()
+            .map(|s| (s["metric"].clone(), number(&s["value"])))
+            .collect()
+    }
+
+    /// A range query's result, as Grafana draws a panel: each series' labels
+    /// and its values from `start` to `end` (Unix seconds), `step_s` apart.
+    pub fn query_range(
+        &self,
+        promql: &str,
+        start: f64,
+        end: f64,
+        step_s: f64,
+    ) -> Vec<(Value, Vec<f64>)> {
+        let params = [
+            ("query", promql.to_string()),
+            ("start", format!("{start:.3}")),
+            ("end", format!("{end:.3}")),
+            ("step", step_s.to_string()),
+        ];
+        self.api("query_range", &params)
+            .iter()
             .map(|s| {
-                let value = s["value"][1].as_str().and_then(|n| n.parse().ok());
-                (s["metric"].clone(), value.unwrap_or(f64::NAN))
+                let values = s["values"].as_array().into_iter().flatten().map(number);
+                (s["metric"].clone(), values.collect())
             })
             .collect()
     }
@@ -143,6 +171,14 @@ impl Prometheus {
             std::thread::sleep(Duration::from_millis(250));
         }
     }
+}
+
+/// The number of a sample (`[time, "value"]`); NaN where it is not one.
+fn number(sample: &Value) -> f64 {
+    sample[1]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 impl Drop for Prometheus {

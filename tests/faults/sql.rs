@@ -14,6 +14,14 @@ const SQL_INTERVAL_MS: u64 = 500;
 const SQL_FOUND_WITHIN_MS: f64 = SQL_INTERVAL_MS as f64 + 250.0;
 const RESTARTS: usize = 3;
 
+/// The pids in a sql_workers map now (its keys).
+fn worker_pids_in(map_id: u64) -> Vec<u32> {
+    ko::map_keys(map_id)
+        .iter()
+        .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
+        .collect()
+}
+
 /// Local ports of A's established connections to `port` (ss, in A's namespace).
 fn client_ports(pair: &NetPair, port: u16) -> Vec<u16> {
     let out = pair.exec(
@@ -155,10 +163,7 @@ fn a_restarted_sql_server_worker_is_found_within_an_interval() {
         .into_iter()
         .find(|m| m.name == "sql_workers")
         .expect("the daemon's sql_workers map");
-    let in_kernel: Vec<u32> = ko::map_keys(workers_map.id)
-        .iter()
-        .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
-        .collect();
+    let in_kernel = worker_pids_in(workers_map.id);
     let (worker, killed) = (sim.worker, killed);
     drop(holders);
     let records = tracer.stop();
@@ -182,7 +187,7 @@ fn a_restarted_sql_server_worker_is_found_within_an_interval() {
 /// More SQL Server processes than the kernel side's worker table holds:
 /// the table filled (with bpftool, as the daemon's own map) with pids no
 /// process can have, a simulator's worker is refused. That is said once on
-/// stderr and counted once in `lost` (`sqlserver.workers_full`), however
+/// stderr and counted once in `lost` (`sqlserver.worker_unwatched`), however
 /// many refreshes try again; once a place is free, the next refresh watches
 /// the worker, and its session gets the SPID its client got.
 #[test]
@@ -220,25 +225,19 @@ fn a_worker_the_kernel_table_has_no_room_for_is_said_counted_and_watched_later()
         records
             .iter()
             .filter(|r| r["type"] == "lost")
-            .filter_map(|r| r["by_source"]["sqlserver.workers_full"].as_u64())
+            .filter_map(|r| r["by_source"]["sqlserver.worker_unwatched"].as_u64())
             .sum()
     };
     std::thread::sleep(Duration::from_secs(2));
     let refused = lost_full(&tracer.records_so_far());
-    let in_kernel = |id| -> Vec<u32> {
-        ko::map_keys(id)
-            .iter()
-            .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
-            .collect()
-    };
     assert!(
-        !in_kernel(workers_map.id).contains(&worker),
+        !worker_pids_in(workers_map.id).contains(&worker),
         "the worker got in a full table"
     );
     // A place frees: the worker is watched at the next refresh.
     ko::map_delete(workers_map.id, &fillers.pop().unwrap().to_le_bytes());
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !in_kernel(workers_map.id).contains(&worker) {
+    while !worker_pids_in(workers_map.id).contains(&worker) {
         assert!(
             Instant::now() < deadline,
             "worker {worker} not watched 5 s after a place freed"
@@ -294,7 +293,10 @@ fn a_worker_the_kernel_table_has_no_room_for_is_said_counted_and_watched_later()
         refused_pids.len(),
         "a worker said twice: {said}"
     );
-    assert!(said.contains("(`lost`: sqlserver.workers_full)"), "{said}");
+    assert!(
+        said.contains("`lost`: sqlserver.worker_unwatched)"),
+        "{said}"
+    );
     assert!(refused >= 1, "not counted while the table was full");
     assert_eq!(
         lost_full(&records),

@@ -93,7 +93,8 @@ fn is_test_file(relative: &Path) -> bool {
 
 /// The code before the file's `#[cfg(test)]` module, if it has one.
 fn product_code(text: &str) -> &str {
-    text.find("#[cfg(test)]\nmod tests")
+    // `mod tests {`, not a `mod tests;` declaration: the code after one is the file's.
+    text.find("#[cfg(test)]\nmod tests {")
         .map_or(text, |at| &text[..at])
 }
 
@@ -293,58 +294,97 @@ fn module_path(relative: &Path) -> Option<Vec<String>> {
 }
 
 /// The modules a file's non-test code names through `crate::`, `super::`
-/// or `self::` paths (comments left out), each resolved to the longest
-/// prefix that is a module of the crate.
+/// or `self::` paths, groups (`use super::{a::X, b}`) included, each
+/// resolved to the longest prefix that is a module of the crate. Line
+/// comments are left out; an inline `mod` block's paths are read as the
+/// file's (the crates have none outside tests).
 fn named_modules(
     code: &str,
     own: &[String],
     modules: &BTreeSet<Vec<String>>,
 ) -> BTreeSet<Vec<String>> {
+    let code: Vec<&str> = code
+        .lines()
+        .map(|l| l.find("//").map_or(l, |at| &l[..at]))
+        .collect();
+    let code = code.join("\n");
     let mut out = BTreeSet::new();
-    let lines = code.lines().filter(|l| !l.trim_start().starts_with("//"));
-    for line in lines {
-        let mut rest = line;
-        while let Some(at) = ["crate::", "super::", "self::"]
-            .iter()
-            .filter_map(|p| rest.find(p))
-            .min()
-        {
-            let boundary = rest[..at]
-                .chars()
-                .next_back()
-                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
-            let path: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            rest = &rest[at + path.len().max(1)..];
-            if !boundary {
-                continue;
-            }
-            let mut segments = path.split("::").filter(|s| !s.is_empty());
-            let mut base: Vec<String> = match segments.next() {
-                Some("crate") => Vec::new(),
-                _ => own.to_vec(),
+    let mut rest = code.as_str();
+    while let Some(at) = ["crate::", "super::", "self::"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let boundary = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+        let path = &rest[at..];
+        rest = &rest[at + 1..];
+        if boundary {
+            let base = if path.starts_with("crate::") {
+                Vec::new()
+            } else {
+                own.to_vec()
             };
-            if path.starts_with("super::") {
+            resolve(base, path, modules, &mut out);
+        }
+    }
+    out
+}
+
+/// Walks the path at the start of `text` from the module `base`, adding the
+/// deepest module it names to `out`; a `{…}` group after it, item by item.
+fn resolve(
+    mut base: Vec<String>,
+    text: &str,
+    modules: &BTreeSet<Vec<String>>,
+    out: &mut BTreeSet<Vec<String>>,
+) {
+    let path: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+        .collect();
+    let mut found = None;
+    let mut in_modules = true;
+    for segment in path.split("::").filter(|s| !s.is_empty()) {
+        match segment {
+            "crate" | "self" => {}
+            "super" => {
                 base.pop();
             }
-            let mut found = None;
-            for segment in segments {
-                if segment == "super" {
-                    base.pop();
-                    continue;
-                }
-                base.push(segment.to_string());
+            name => {
+                base.push(name.to_string());
                 if !modules.contains(&base) {
+                    in_modules = false;
                     break;
                 }
                 found = Some(base.clone());
             }
-            out.extend(found);
         }
     }
-    out
+    out.extend(found);
+    let Some(group) = text[path.len()..].strip_prefix('{') else {
+        return;
+    };
+    if !in_modules || !path.ends_with("::") {
+        return;
+    }
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => depth -= 1,
+            '}' | ',' if depth == 0 => {
+                resolve(base.clone(), group[start..i].trim_start(), modules, out);
+                if c == '}' {
+                    return;
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// For each directory module of `crate_dir`'s crate, the edges between its
@@ -493,15 +533,25 @@ fn the_cycle_check_finds_a_cycle() {
     .into_iter()
     .collect();
     let own = vec!["report".to_string(), "model".to_string()];
-    let named = named_modules(
-        "use super::lines::LineRef;\n// use super::health::X;\nlet x = crate::report::lines::MAX;\nsubsuper::lines",
-        &own,
-        &modules,
+    let named = |code: &str| -> Vec<Vec<String>> {
+        named_modules(code, &own, &modules).into_iter().collect()
+    };
+    let path = |names: &[&str]| -> Vec<String> { names.iter().map(|n| n.to_string()).collect() };
+    let (lines, model) = (path(&["report", "lines"]), path(&["report", "model"]));
+    assert_eq!(
+        named(
+            "use super::lines::LineRef;\n// use super::health::X;\nlet x = crate::report::lines::MAX; // super::model\nsubsuper::model"
+        ),
+        vec![path(&["report", "lines"])]
+    );
+    // Groups, nested and over lines; `self` in a group is the group's module.
+    assert_eq!(
+        named("use super::{\n    lines::{self, LineRef},\n    model::{Report},\n};"),
+        [lines.clone(), model.clone()]
     );
     assert_eq!(
-        named,
-        [vec!["report".to_string(), "lines".to_string()]]
-            .into_iter()
-            .collect()
+        named("use crate::report::{lines, Report};"),
+        [vec!["report".to_string()], lines]
     );
+    assert_eq!(named("use super::super::report::model::X;"), [model]);
 }

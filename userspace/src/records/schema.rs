@@ -5,7 +5,7 @@
 //! envelope every line carries (written by `output::JsonWriter`), the `type`
 //! that selects a record's shape, and the split-record fields. Every record
 //! object is closed, so a field the code writes and the schema does not
-//! describe fails the schema's tests (output/schema_check/).
+//! describe fails the schema's tests (schema_check/, at the crate root).
 //!
 //! `cargo run -p stalltrace --example schema > docs/schema.json` writes it;
 //! a test fails while the committed file differs from this output.

@@ -29,7 +29,8 @@ use std::io::{self, BufRead, Read};
 /// becomes a 32-byte value): see `DESIGN_PEAK_RSS` in the tests.
 pub const MAX_LINE: usize = 4 << 20;
 
-/// Where a line is: a file of the set (an index into [`StreamHealth::files`])
+/// Where a line is: a file of the set (an index into
+/// [`StreamHealth::files`](super::health::StreamHealth::files))
 /// and its 1-based line number there.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LineRef {

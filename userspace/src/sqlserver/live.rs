@@ -27,8 +27,8 @@ use crate::records::sql::{
     Instance, SessionEvent, SpidSource, SqlSessionRecord, SqlTag, SqlTlsStart,
 };
 
-/// The `lost` source of workers the kernel's sql_workers table had no room for.
-const WORKERS_FULL: &str = "sqlserver.workers_full";
+/// The `lost` source of workers the kernel's sql_workers table refused.
+const WORKER_UNWATCHED: &str = "sqlserver.worker_unwatched";
 
 /// The least time between two refreshes made for records of unknown sockets.
 const MISS_REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -233,21 +233,23 @@ impl SqlServer {
     pub fn lost(&mut self) -> Vec<(String, u64)> {
         let mut lost = self.lost.deltas(&self.family.ebpf);
         if self.unwatched_uncounted > 0 {
-            lost.push((WORKERS_FULL.into(), self.unwatched_uncounted));
+            lost.push((WORKER_UNWATCHED.into(), self.unwatched_uncounted));
             self.unwatched_uncounted = 0;
         }
         lost
     }
 
-    /// A worker the kernel's sql_workers table refused (full: a host with
-    /// more SQL Server processes than it holds): said and counted once.
+    /// A worker the kernel's sql_workers table refused (full, on a host with
+    /// more SQL Server processes than it holds; the error says if it was
+    /// anything else): said and counted once, tried again at every refresh.
     fn unwatched_worker(&mut self, pid: u32, e: &aya::maps::MapError) {
         if self.unwatched.insert(pid) {
             self.unwatched_uncounted += 1;
             eprintln!(
                 "stalltrace: sqlservr {pid} is not watched: the kernel's table of SQL Server \
                  workers refused it ({}); its sessions get no SPID from the kernel and its \
-                 requests are not timed until another worker exits (`lost`: {WORKERS_FULL})",
+                 requests are not timed until it gets in (tried again every interval; `lost`: \
+                 {WORKER_UNWATCHED})",
                 probes::describe(e)
             );
         }
@@ -272,6 +274,22 @@ impl SqlServer {
         self.requests.drain(&self.inventory);
         let changes = self.inventory.refresh(ts);
         let live = self.inventory.worker_pids();
+        // A worker that exited (a restart, a crash) leaves the kernel's table
+        // first: it holds 64, a restart's new worker takes the place, and the
+        // old pid may come back as another process's.
+        self.unwatched.retain(|pid| live.contains(pid));
+        let exited: Vec<u32> = self
+            .pushed
+            .iter()
+            .copied()
+            .filter(|pid| !live.contains(pid))
+            .collect();
+        for pid in exited {
+            self.tls.worker_gone(&mut self.family.ebpf, pid);
+            self.tls_summaries.remove(&pid);
+            let _ = self.workers.remove(&pid);
+            self.pushed.remove(&pid);
+        }
         for pid in &live {
             if !self.pushed.contains(pid) {
                 if let Err(e) = self.workers.insert(pid, abi::SQL_WORKER_LISTED as u8, 0) {
@@ -293,21 +311,6 @@ impl SqlServer {
                 }
                 self.tls_summaries.insert(*pid, summary);
             }
-        }
-        // A worker that exited (a restart, a crash) leaves the kernel's table:
-        // it holds 64, and its pid may come back as another process's.
-        self.unwatched.retain(|pid| live.contains(pid));
-        let exited: Vec<u32> = self
-            .pushed
-            .iter()
-            .copied()
-            .filter(|pid| !live.contains(pid))
-            .collect();
-        for pid in exited {
-            self.tls.worker_gone(&mut self.family.ebpf, pid);
-            self.tls_summaries.remove(&pid);
-            let _ = self.workers.remove(&pid);
-            self.pushed.remove(&pid);
         }
         let session = |event, session| News::Session(SqlSessionRecord { event, session });
         let mut news: Vec<News> = changes
