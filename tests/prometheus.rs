@@ -12,7 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::netlab::{Family, NetPair, Side, delta};
-use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
+use common::requests::sim_found_by;
+use common::sqllab::{Placement, SqlClientRun};
 use common::*;
 use serde_json::Value;
 use stalltrace_lab::prometheus::{Prometheus, free_port, get};
@@ -392,16 +393,7 @@ fn every_panel_of_the_grafana_dashboard_draws_from_the_deployed_rules() {
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/rules.yml");
     let prometheus = Prometheus::start_with_rules(&listen, Some(&rules));
     let began = unix_seconds(SystemTime::now());
-    let sim = SqlServerSim::start_small(
-        &bins(),
-        Placement::in_netns(pair.netns(Side::B)),
-        &files.0,
-        &[],
-    );
-    let worker = sim.worker;
-    tracer.wait_for(Duration::from_secs(10), |r| {
-        r["type"] == "sql_instance" && r["pid"] == worker
-    });
+    let sim = sim_found_by(&mut tracer, &pair, &files, &[]);
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let mut client = SqlClientRun::start(
         &bins(),

@@ -23,6 +23,18 @@ pub fn traced_sim(sim_args: &[&str]) -> (NetPair, ScratchDir, Tracer, SqlServerS
     let pair = NetPair::new();
     let files = ScratchDir::new("/var/tmp");
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
+    let sim = sim_found_by(&mut tracer, &pair, &files, sim_args);
+    (pair, files, tracer, sim)
+}
+
+/// The simulator started in `pair`'s B namespace with its files in `files`,
+/// once `tracer` has written its `sql_instance`.
+pub fn sim_found_by(
+    tracer: &mut Tracer,
+    pair: &NetPair,
+    files: &ScratchDir,
+    sim_args: &[&str],
+) -> SqlServerSim {
     let sim = SqlServerSim::start_small(
         &bins(),
         Placement::in_netns(pair.netns(Side::B)),
@@ -32,7 +44,7 @@ pub fn traced_sim(sim_args: &[&str]) -> (NetPair, ScratchDir, Tracer, SqlServerS
     tracer.wait_for(Duration::from_secs(10), |r| {
         r["type"] == "sql_instance" && r["pid"] == sim.worker
     });
-    (pair, files, tracer, sim)
+    sim
 }
 
 /// `sql_requests` records of the sessions whose client ports are `ports`.

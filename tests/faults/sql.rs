@@ -2,6 +2,7 @@
 //! mid-run; a worker the kernel side's table has no room for.
 
 use common::netlab::{NetPair, Side};
+use common::requests::sim_found_by;
 use common::sqllab::{Placement, SqlClientRun, SqlServerSim};
 use stalltrace_lab::scenario::ScratchDir;
 
@@ -13,6 +14,14 @@ const SQL_INTERVAL_MS: u64 = 500;
 /// the run loop's wake-up (100 ms) and a loaded machine's scheduling.
 const SQL_FOUND_WITHIN_MS: f64 = SQL_INTERVAL_MS as f64 + 250.0;
 const RESTARTS: usize = 3;
+
+/// The daemon's sql_workers map.
+fn workers_map_of(tracer: &Tracer) -> ko::Map {
+    ko::maps_of(tracer.pid())
+        .into_iter()
+        .find(|m| m.name == "sql_workers")
+        .expect("the daemon's sql_workers map")
+}
 
 /// The pids in a sql_workers map now (its keys).
 fn worker_pids_in(map_id: u64) -> Vec<u32> {
@@ -159,10 +168,7 @@ fn a_restarted_sql_server_worker_is_found_within_an_interval() {
         held_open.push((worker, ports));
         holders.push(holder);
     }
-    let workers_map = ko::maps_of(tracer.pid())
-        .into_iter()
-        .find(|m| m.name == "sql_workers")
-        .expect("the daemon's sql_workers map");
+    let workers_map = workers_map_of(&tracer);
     let in_kernel = worker_pids_in(workers_map.id);
     let (worker, killed) = (sim.worker, killed);
     drop(holders);
@@ -196,10 +202,7 @@ fn a_worker_the_kernel_table_has_no_room_for_is_said_counted_and_watched_later()
     let pair = NetPair::new();
     let files = ScratchDir::new("/var/tmp");
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "0"]);
-    let workers_map = ko::maps_of(tracer.pid())
-        .into_iter()
-        .find(|m| m.name == "sql_workers")
-        .expect("the daemon's sql_workers map");
+    let workers_map = workers_map_of(&tracer);
     // Above the kernel's PID_MAX_LIMIT (4,194,304): no process has these.
     let mut fillers: Vec<u32> = Vec::new();
     while ko::map_update(
@@ -210,16 +213,8 @@ fn a_worker_the_kernel_table_has_no_room_for_is_said_counted_and_watched_later()
         fillers.push(0x0100_0000 + fillers.len() as u32);
         assert!(fillers.len() <= 4096, "sql_workers never filled");
     }
-    let sim = SqlServerSim::start_small(
-        &bins(),
-        Placement::in_netns(pair.netns(Side::B)),
-        &files.0,
-        &[],
-    );
+    let sim = sim_found_by(&mut tracer, &pair, &files, &[]);
     let worker = sim.worker;
-    tracer.wait_for(Duration::from_secs(10), |r| {
-        r["type"] == "sql_instance" && r["pid"] == worker
-    });
     // Several refreshes (500 ms apart) try again while the table is full.
     let lost_full = |records: &[Value]| -> u64 {
         records
