@@ -1,16 +1,20 @@
-//! The Debian package as a fleet runs it. `cargo xtask test` builds the .deb
-//! (`cargo xtask package`: cargo-deb, lintian) and names it in STALLTRACE_DEB;
-//! this test installs it with apt into a Debian guest that boots systemd as
-//! PID 1 (systemd-nspawn, on this kernel), lets the package start the
-//! service, loads a disk and a TCP connection, rotates the log with the
+//! The packages as a fleet runs them. `cargo xtask test` builds the .deb
+//! (`cargo xtask package`: cargo-deb, lintian) and the RPM (`--rpm`:
+//! rpmbuild, rpmlint) and names them in STALLTRACE_DEB and STALLTRACE_RPM;
+//! this test installs the .deb with apt into a Debian guest that boots
+//! systemd as PID 1 (systemd-nspawn, on this kernel), lets the package start
+//! the service, loads a disk and a TCP connection, rotates the log with the
 //! packaged logrotate snippet, stops the service and purges the package,
-//! checking at each step what the kernel, /proc and the records say. The
-//! container image built from the same .deb runs under podman with only the
-//! listed capabilities.
+//! checking at each step what the kernel, /proc and the records say; then
+//! the RPM's scriptlets in the same guest (package/rpm.rs). The container
+//! image built from the same .deb runs under podman with only the listed
+//! capabilities.
 
 mod common;
 #[path = "package/guest.rs"]
 mod guest;
+#[path = "package/rpm.rs"]
+mod rpm;
 #[path = "package/sql.rs"]
 mod sql;
 
@@ -26,41 +30,46 @@ use stalltrace_lab::image::{CAPABILITIES, Image};
 use stalltrace_lab::kernel_objects;
 use stalltrace_lab::systemd_guest::SystemdGuest;
 
-/// The .deb `cargo xtask test` built, or None (locally: the test says it
-/// skipped) when STALLTRACE_DEB is not set. Under CI it fails instead.
-fn deb() -> Option<PathBuf> {
-    match std::env::var_os("STALLTRACE_DEB") {
+/// The package `cargo xtask test` built and named in `variable`
+/// (STALLTRACE_DEB, STALLTRACE_RPM), or None (locally: the test says it
+/// skipped) when it is not set. Under CI it fails instead.
+fn built_package(variable: &str) -> Option<PathBuf> {
+    match std::env::var_os(variable) {
         Some(path) => {
             let path = PathBuf::from(path);
-            assert!(
-                path.is_file(),
-                "STALLTRACE_DEB={} is no file",
-                path.display()
-            );
+            assert!(path.is_file(), "{variable}={} is no file", path.display());
             Some(path)
         }
         None => {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
-                "STALLTRACE_DEB is not set: run the suite with `cargo xtask test`, which \
-                 builds the package first (CI never skips this test)"
+                "{variable} is not set: run the suite with `cargo xtask test`, which \
+                 builds the packages first (CI never skips this test)"
             );
             eprintln!(
-                "SKIPPED: STALLTRACE_DEB not set (`cargo xtask test` builds the .deb and sets it)"
+                "SKIPPED: {variable} not set (`cargo xtask test` builds the packages and sets it)"
             );
             None
         }
     }
 }
 
+fn deb() -> Option<PathBuf> {
+    built_package("STALLTRACE_DEB")
+}
+
 #[test]
-fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
+fn the_packages_install_start_rotate_stop_and_leave_under_systemd() {
     require_root();
     let Some(deb) = deb() else { return };
+    let Some(rpm) = built_package("STALLTRACE_RPM") else {
+        return;
+    };
     // What a standard Debian host has and the package needs or names: the
     // guest has no network to fetch them from. man-db: `systemd-analyze
-    // verify` opens the unit's Documentation= man page.
-    let guest = SystemdGuest::boot(&["logrotate", "procps", "man-db"]);
+    // verify` opens the unit's Documentation= man page. rpm: the RPM's turn,
+    // after the .deb's.
+    let guest = SystemdGuest::boot(&["logrotate", "procps", "man-db", "rpm"]);
     let before = kernel_objects::baseline();
     let map_names = kernel_objects::stalltrace_map_names();
 
@@ -329,6 +338,8 @@ fn the_package_installs_starts_rotates_stops_and_purges_under_systemd() {
         "pins left in the guest: {pins}"
     );
     assert_nothing_left(before, &map_names);
+
+    rpm::installs_starts_reloads_stops_and_erases(&guest, &rpm, before, &map_names);
 }
 
 #[test]

@@ -63,6 +63,11 @@ enum Task {
         /// packages) and import it into podman as localhost/stalltrace:VERSION.
         #[arg(long)]
         image: bool,
+        /// Build the RPM (target/rpm/RPMS/*/*.rpm: the same files, with
+        /// /etc/sysconfig/stalltrace for the defaults) and check it with
+        /// rpmlint, instead of the .deb (unless --image asks for that too).
+        #[arg(long)]
+        rpm: bool,
     },
     /// Regenerate ebpf/include/vmlinux.h from this kernel's BTF.
     Vmlinux,
@@ -92,12 +97,15 @@ fn main() -> anyhow::Result<()> {
                 "-D",
                 "warnings",
             ])?;
-            // tests/package.rs installs the package a user would get.
-            let deb = package::deb()?;
+            // tests/package.rs installs the packages a user would get.
+            let prepared = package::prepare()?;
+            let deb = package::deb(&prepared)?;
+            let rpm = package::rpm(&prepared)?;
             let static_sqlservr = util::build_static_sqlservr()?;
             // SAFETY: set before any thread or child starts; nextest inherits them.
             unsafe {
                 std::env::set_var("STALLTRACE_DEB", &deb);
+                std::env::set_var("STALLTRACE_RPM", &rpm);
                 std::env::set_var(
                     "STALLTRACE_KUBERNETES_VALIDATE",
                     setup::kubernetes_validate(),
@@ -127,11 +135,17 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             kernels::kernels(&opts)
         }
-        Task::Package { image } => {
+        Task::Package { image, rpm } => {
             setup::setup()?;
-            let deb = package::deb()?;
-            if image {
-                package::image(&deb)?;
+            let prepared = package::prepare()?;
+            if rpm {
+                package::rpm(&prepared)?;
+            }
+            if image || !rpm {
+                let deb = package::deb(&prepared)?;
+                if image {
+                    package::image(&deb)?;
+                }
             }
             Ok(())
         }

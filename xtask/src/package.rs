@@ -1,15 +1,21 @@
 //! `cargo xtask package`: the Debian package (cargo-deb, configured in
-//! userspace/Cargo.toml under [package.metadata.deb]) with man pages generated
-//! from the command line definition, checked by lintian.
+//! userspace/Cargo.toml under [package.metadata.deb]) checked by lintian, and
+//! the RPM (rpmbuild, packaging/rpm/stalltrace.spec, with Cargo's metadata
+//! defined into it) checked by rpmlint. Both ship the release binary and the
+//! man pages generated from the command line definition.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use serde_json::Value;
 
 use crate::util;
 
-/// Builds target/debian/stalltrace_VERSION-1_ARCH.deb and returns its path.
-pub fn deb() -> anyhow::Result<PathBuf> {
+/// The release binary and the gzip'd man pages in target/release/man, as
+/// both packages take them. Only `prepare` makes one.
+pub struct Prepared(());
+
+pub fn prepare() -> anyhow::Result<Prepared> {
     let root = util::workspace_root();
     util::build_release(&["stalltrace"])?;
     let man = root.join("target/release/man");
@@ -40,7 +46,12 @@ pub fn deb() -> anyhow::Result<PathBuf> {
     }
     gzip.extend(pages.iter().map(String::as_str));
     util::run("gzip", &gzip)?;
+    Ok(Prepared(()))
+}
 
+/// Builds target/debian/stalltrace_VERSION-1_ARCH.deb and returns its path.
+pub fn deb(_: &Prepared) -> anyhow::Result<PathBuf> {
+    let root = util::workspace_root();
     // Named here rather than found afterwards: the architecture is the
     // host's (no cross builds), as dpkg names it.
     let arch =
@@ -51,8 +62,8 @@ pub fn deb() -> anyhow::Result<PathBuf> {
         arch.trim()
     ));
     let out_arg = deb.to_string_lossy().into_owned();
-    // --no-build: built above, with the man pages beside it. --strip: the
-    // release profile keeps line tables for the benches' profiles; the
+    // --no-build: built by prepare(), with the man pages beside it. --strip:
+    // the release profile keeps line tables for the benches' profiles; the
     // package ships the binary without them (15 MB instead of 70).
     util::cargo(&[
         "deb",
@@ -77,17 +88,119 @@ pub fn deb() -> anyhow::Result<PathBuf> {
             &deb.to_string_lossy(),
         ],
     )?;
-    let size = std::fs::metadata(&deb)?.len();
+    said_built(&deb, "lintian: no errors")
+}
+
+/// Builds target/rpm/RPMS/ARCH/stalltrace-VERSION-1.ARCH.rpm and returns its path.
+pub fn rpm(_: &Prepared) -> anyhow::Result<PathBuf> {
+    let root = util::workspace_root();
+    let meta = CargoMetadata::of_stalltrace()?;
+    let top = root.join("target/rpm");
+    if top.exists() {
+        std::fs::remove_dir_all(&top).with_context(|| format!("cannot clear {}", top.display()))?;
+    }
+    let sources = top.join("SOURCES");
+    std::fs::create_dir_all(&sources)?;
+    // rpmlint refuses description lines over 79 characters.
+    let description = textwrap::fill(&meta.extended_description, 72);
+    std::fs::write(sources.join("description"), description + "\n")?;
+    let arch = util::output("rpm", &["--eval", "%{_arch}"])
+        .context("rpm --eval %{_arch} (run `cargo xtask setup`)")?;
+    let defines = [
+        ("_topdir", top.to_string_lossy().into_owned()),
+        ("stalltrace_root", root.to_string_lossy().into_owned()),
+        ("version", meta.version.clone()),
+        ("summary", meta.description),
+        ("license", meta.license),
+        ("url", meta.repository),
+        ("packager", meta.maintainer),
+    ];
+    let mut args = vec!["-bb".to_string(), "--quiet".to_string()];
+    for (name, value) in &defines {
+        args.push("--define".into());
+        args.push(format!("{name} {value}"));
+    }
+    args.push(
+        root.join("packaging/rpm/stalltrace.spec")
+            .to_string_lossy()
+            .into_owned(),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    util::run("rpmbuild", &args)?;
+    let rpm = top.join(format!(
+        "RPMS/{arch}/stalltrace-{}-1.{arch}.rpm",
+        meta.version,
+        arch = arch.trim()
+    ));
+    if !rpm.is_file() {
+        bail!("rpmbuild did not write {}", rpm.display());
+    }
+    // rpmlint exits non-zero on an error; its warnings are printed.
+    let config = root.join("packaging/rpm/rpmlint.toml");
+    util::run(
+        "rpmlint",
+        &[
+            "--config",
+            &config.to_string_lossy(),
+            &rpm.to_string_lossy(),
+        ],
+    )?;
+    said_built(&rpm, "rpmlint: no errors")
+}
+
+fn said_built(package: &Path, checked: &str) -> anyhow::Result<PathBuf> {
+    let size = std::fs::metadata(package)?.len();
     eprintln!(
-        "xtask: {} ({} KiB), lintian: no errors",
-        deb.display(),
+        "xtask: {} ({} KiB), {checked}",
+        package.display(),
         size / 1024
     );
-    Ok(deb)
+    Ok(package.to_path_buf())
+}
+
+/// What both packages say about stalltrace, from `cargo metadata`: the .deb
+/// reads the same fields through cargo-deb.
+struct CargoMetadata {
+    version: String,
+    description: String,
+    license: String,
+    repository: String,
+    maintainer: String,
+    extended_description: String,
+}
+
+impl CargoMetadata {
+    fn of_stalltrace() -> anyhow::Result<Self> {
+        let json = util::output("cargo", &["metadata", "--no-deps", "--format-version", "1"])
+            .context("cargo metadata")?;
+        let all: Value = serde_json::from_str(&json).context("cargo metadata's JSON")?;
+        let package = all["packages"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "stalltrace"))
+            .context("no package stalltrace in cargo metadata")?;
+        let text = |value: &Value, what: &str| {
+            value
+                .as_str()
+                .map(str::to_owned)
+                .with_context(|| format!("userspace/Cargo.toml has no {what}"))
+        };
+        let deb = &package["metadata"]["deb"];
+        Ok(Self {
+            version: text(&package["version"], "version")?,
+            description: text(&package["description"], "description")?,
+            license: text(&package["license"], "license")?,
+            repository: text(&package["repository"], "repository")?,
+            maintainer: text(&deb["maintainer"], "package.metadata.deb.maintainer")?,
+            extended_description: text(
+                &deb["extended-description"],
+                "package.metadata.deb.extended-description",
+            )?,
+        })
+    }
 }
 
 /// The container image from the .deb, kept in podman's store.
-pub fn image(deb: &std::path::Path) -> anyhow::Result<()> {
+pub fn image(deb: &Path) -> anyhow::Result<()> {
     let tag = format!("localhost/stalltrace:{}", env!("CARGO_PKG_VERSION"));
     let tag = stalltrace_lab::image::Image::build(deb, &tag).keep();
     eprintln!("xtask: image {tag} (podman images; `podman save {tag}` for a registry)");

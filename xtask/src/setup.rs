@@ -53,6 +53,10 @@ const APT_PACKAGES: &[&str] = &[
     // mmdebstrap builds the systemd guest (nspawn) and the container image.
     "lintian",
     "mmdebstrap",
+    // `cargo xtask package --rpm` and tests/package.rs: rpmbuild builds the
+    // RPM, rpmlint checks it, and the guest installs it with rpm.
+    "rpm",
+    "rpmlint",
     "systemd-container",
     "podman",
     // podman's runtime in tests/package.rs: crun refuses hybrid cgroup hierarchies.
