@@ -95,13 +95,8 @@ impl Image {
     /// is podman's; the caller spawns it.
     pub fn command(&self, args: &[&str]) -> Command {
         let caps = format!("--cap-add={}", CAPABILITIES.join(","));
-        let mut argv = vec![
-            // crun cannot start containers on this VM's hybrid cgroup
-            // hierarchy ("cgroups in hybrid mode not supported"); runc can.
-            "--runtime",
-            "runc",
-            "run",
-            "--rm",
+        let mut cmd = crate::container::podman_run();
+        cmd.args([
             "--pid=host",
             "--network=host",
             "--cap-drop=all",
@@ -110,16 +105,9 @@ impl Image {
             "--read-only",
             "--security-opt=no-new-privileges",
             "--volume=/sys/kernel/btf:/sys/kernel/btf:ro",
-            // podman's default limits (nofile 1048576, nproc 4194304) are
-            // above this VM's hard limits, and raising a hard limit needs
-            // CAP_SYS_RESOURCE, which no process has here.
-            "--ulimit=nofile=4096:4096",
-            "--ulimit=nproc=4096:4096",
             &self.tag,
-        ];
-        argv.extend_from_slice(args);
-        let mut cmd = Command::new("podman");
-        cmd.args(argv);
+        ]);
+        cmd.args(args);
         cmd
     }
 }

@@ -27,6 +27,7 @@
 //! output): a half-built situation is never measured.
 
 pub mod churn;
+pub mod container;
 pub mod disk;
 pub mod fio;
 pub mod image;

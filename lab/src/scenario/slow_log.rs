@@ -46,6 +46,7 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         Placement {
             netns: Some(pair.netns(Side::B)),
             cgroup: Some(&cgroup),
+            ..Default::default()
         },
         "0.0.0.0:0",
         &data_disk.path("sales.mdf"),

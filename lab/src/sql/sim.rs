@@ -13,12 +13,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::Cgroup;
 use crate::Bins;
+use crate::container::SimContainer;
 
-/// Where a simulator process runs: a network namespace and a cgroup, each optional.
+/// Where a simulator process runs: a network namespace, and a cgroup or a
+/// podman container, each optional.
 #[derive(Default, Clone, Copy)]
 pub struct Placement<'a> {
     pub netns: Option<&'a str>,
     pub cgroup: Option<&'a Cgroup>,
+    /// The process runs in this container (in `netns`): the child is
+    /// `podman run`, which passes SIGTERM on.
+    pub container: Option<&'a SimContainer>,
 }
 
 impl<'a> Placement<'a> {
@@ -27,19 +32,23 @@ impl<'a> Placement<'a> {
     pub fn in_netns(netns: &'a str) -> Self {
         Placement {
             netns: Some(netns),
-            cgroup: None,
+            ..Default::default()
         }
     }
 
     pub(super) fn command(&self, program: &Path) -> Command {
-        let mut cmd = match self.netns {
+        let mut cmd = match (self.container, self.netns) {
+            (Some(container), netns) => {
+                assert!(self.cgroup.is_none(), "a container has its own cgroup");
+                container.command(program, netns)
+            }
             // `ip netns exec` execs the program: the pid stays the same.
-            Some(ns) => {
+            (None, Some(ns)) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(program);
                 c
             }
-            None => Command::new(program),
+            (None, None) => Command::new(program),
         };
         // SAFETY: prctl is async-signal-safe and touches only the child.
         unsafe {

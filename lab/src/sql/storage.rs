@@ -84,6 +84,8 @@ fn is_mount_point(dir: &Path) -> bool {
 pub struct Cgroup {
     dir: PathBuf,
     v2: bool,
+    /// Made by the lab, and removed when dropped; else another's (a container's).
+    owned: bool,
 }
 
 impl Cgroup {
@@ -104,7 +106,38 @@ impl Cgroup {
         };
         let dir = parent.join(unique("stalltrace-test"));
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        Self { dir, v2 }
+        Self {
+            dir,
+            v2,
+            owned: true,
+        }
+    }
+
+    /// The cgroup process `pid` is in (its blkio one on v1), to throttle a
+    /// device for it: a container's, which its runtime removes.
+    pub fn of_process(pid: u32) -> Self {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let path = |controllers: &str| {
+            text.lines().find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, c, path) = (parts.next()?, parts.next()?, parts.next()?);
+                (c == controllers).then(|| path.trim_start_matches('/').to_string())
+            })
+        };
+        let blkio = Path::new("/sys/fs/cgroup/blkio");
+        let (dir, v2) = match path("blkio") {
+            Some(p) if blkio.join("cgroup.procs").exists() => (blkio.join(p), false),
+            _ => (
+                Path::new("/sys/fs/cgroup").join(path("").expect("a v2 cgroup")),
+                true,
+            ),
+        };
+        assert!(dir.is_dir(), "{} of pid {pid}", dir.display());
+        Self {
+            dir,
+            v2,
+            owned: false,
+        }
     }
 
     pub(crate) fn procs_file(&self) -> File {
@@ -160,6 +193,9 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // Empty once its processes are gone (the guards declared after it).
         for _ in 0..50 {
             if std::fs::remove_dir(&self.dir).is_ok() {

@@ -10,6 +10,7 @@ pub mod sysfs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aya::Btf;
@@ -20,6 +21,7 @@ use aya::maps::{
 use crate::abi::{
     self, bio_slot, block_disk, block_key, block_rq_slot, block_stats, slow_io_event,
 };
+use crate::host::container;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -65,6 +67,8 @@ pub struct BlockProbe {
     kernel_skipped: u64,
     series: BTreeMap<(u32, u32, u32), Series>,
     names: HashMap<(u32, u32), String>,
+    /// `slow_io`'s submitters' containers.
+    containers: container::Cache,
     sysfs: Sysfs,
     /// Disks whose common (disk, op) entries exist in `block_stats`.
     prepared: HashSet<(u32, u32)>,
@@ -126,6 +130,7 @@ impl BlockProbe {
                     kernel_skipped: 0,
                     series: BTreeMap::new(),
                     names: HashMap::new(),
+                    containers: container::Cache::default(),
                     sysfs: Sysfs::default(),
                     prepared: HashSet::new(),
                     last_sweep: Instant::now(),
@@ -327,6 +332,7 @@ impl Family for BlockProbe {
                 record.file = sql.file_at(disk, e.sector).map(|p| p.display().to_string());
                 record.sql = sql.tag_process(e.tgid);
             }
+            record.container = self.containers.of_pid(Path::new("/proc"), e.tgid);
             out.emit(&ts, &record)?;
         }
         Ok(())

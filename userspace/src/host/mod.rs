@@ -4,6 +4,7 @@
 pub mod btf_names;
 pub mod caps;
 pub mod clock;
+pub mod container;
 pub mod kernel;
 pub mod link;
 pub mod netlink;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::HistogramRecord;
 use super::sql::SqlTag;
 use crate::abi::{self, slow_io_event};
+use crate::host::container::Container;
 
 /// Block operation class: `read`; `write` (a write carrying data); `flush` (a cache flush:
 /// REQ_OP_FLUSH, or the empty write with REQ_PREFLUSH that fsync sends); `discard` (discard or
@@ -222,6 +223,10 @@ pub struct SlowIoRecord {
     /// The SQL Server instance, when its worker submitted the I/O.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,
+    /// The container of the submitting process, from its cgroup; absent outside containers
+    /// (and for kernel workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
 }
 
 impl SlowIoRecord {
@@ -246,6 +251,7 @@ impl SlowIoRecord {
             error: e.error,
             file: None,
             sql: None,
+            container: None,
         }
     }
 }

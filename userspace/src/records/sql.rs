@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::host::container::Container;
+
 /// A SQL Server instance found on the host (or changed: ports, files, roles), from /proc and
 /// /sys alone.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -35,6 +37,9 @@ pub struct Instance {
     /// was not asked (a record of an older stalltrace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpids>,
+    /// The container the worker runs in, from its cgroup; absent on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
 }
 
 /// `--sql-tls`: when the `SSL_write` uprobes that give encrypted sessions their SPIDs are
@@ -341,6 +346,11 @@ pub struct SqlTag {
     /// DMV enrichment: the other sessions multiplexed on the same connection (MARS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mars_spids: Vec<u16>,
+    /// The id of the container the instance runs in (its `sql_instance` has the runtime, pod and
+    /// cgroup); absent on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(equal = 64))]
+    pub container: Option<String>,
 }
 
 impl SqlTag {
@@ -364,6 +374,7 @@ impl SqlTag {
             database: own.and_then(|d| d.database.clone()),
             wait_type: own.and_then(|d| d.wait_type.clone()),
             mars_spids: s.dmv.iter().skip(1).map(|d| d.session_id).collect(),
+            container: None, // the instance's, which the session does not hold
         }
     }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::HistogramRecord;
 use super::sql::SqlTag;
 use crate::abi::{self, tcp_retransmit_event};
+use crate::host::container::Container;
 
 const AF_INET6: u16 = 10;
 
@@ -414,6 +415,10 @@ pub struct TcpFlowRecord {
     /// processes did slow I/O on. Absent otherwise, or when none was found.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pids: Vec<u32>,
+    /// The container of the first of `pids`, from its cgroup; absent outside containers or
+    /// without `pids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
     /// The SQL Server session (availability-group replica, backup) it belongs to, when it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<SqlTag>,

@@ -124,6 +124,8 @@ pub struct Instance {
     pub slow_ios_by_file: BTreeMap<String, u64>,
     /// Client sessions seen open (`sql_session` records).
     pub sessions_seen: usize,
+    /// The container it runs in.
+    pub container: Option<crate::host::container::Container>,
 }
 
 #[derive(Default)]
@@ -150,6 +152,7 @@ impl Sessions {
             .map(|f| (f.path.to_string_lossy().into_owned(), f.role.clone()))
             .collect();
         inst.disk_roles = r.disk_roles.clone();
+        inst.container = r.container.clone();
     }
 
     /// A `sql_session` record: what it says about who the session is.

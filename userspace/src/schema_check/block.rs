@@ -4,6 +4,7 @@ use super::latency_us;
 use crate::abi::{self, slow_io_event};
 use crate::hist::{Histogram, HistogramRecord};
 use crate::host::clock::{Clock, monotonic_ns};
+use crate::host::container;
 use crate::output::JsonWriter;
 use crate::records::block::{BlockOp, BlockRecord, QueueLimits, SlowIoRecord};
 use crate::records::sql::SqlTag;
@@ -47,6 +48,9 @@ fn sql_slow_io() -> SlowIoRecord {
     SlowIoRecord {
         file: Some("/var/opt/mssql/data/sales_log.ldf".into()),
         sql: Some(SqlTag::for_instance(4242)),
+        container: container::of_cgroup(
+            "/machine.slice/libpod-2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d.scope",
+        ),
         ..decoded_slow_io(
             abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
             abi::BLOCK_OP_WRITE,

@@ -33,11 +33,13 @@ pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
             std::path::Path::new("/usr/lib/x86_64-linux-gnu/libssl.so.3"),
             &["SSL_write", "SSL_write_ex"],
         )),
+        container: None,
     };
     w.emit(ts, &instance).unwrap();
-    // No watchdog; a statically linked TLS.
+    // No watchdog; a statically linked TLS; in a Kubernetes pod.
     let orphan = Instance {
         watchdog_pid: None,
+        container: Some(super::tcp::in_a_pod()),
         tls: Some(TlsSpids::unavailable(None, "it maps no libssl.so".into())),
         ..instance.clone()
     };

@@ -2,6 +2,7 @@
 
 use super::latency_us;
 use crate::abi;
+use crate::host::container::{self, Container};
 use crate::output::JsonWriter;
 use crate::records::sql::{SessionKind, SpidSource, SqlTag};
 use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
@@ -20,6 +21,7 @@ fn session_tag() -> SqlTag {
         database: Some("sales".into()),
         wait_type: Some("ASYNC_NETWORK_IO".into()),
         mars_spids: vec![61],
+        container: Some(in_a_pod().id),
     }
 }
 
@@ -134,6 +136,7 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
         cwnd: 64,
         limiter: Limiter::Receiver,
         pids: Vec::new(),
+        container: None,
         sql: Some(session_tag()),
     };
     w.emit(ts, &flow).unwrap();
@@ -145,6 +148,7 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
             busy_ms: 120.0,
             rwnd_limited_ms: 0.0,
             pids: vec![3131, 3132],
+            container: Some(in_a_pod()),
             sql: None,
             // as a stream written before the field was
             data_segs_out: None,
@@ -152,4 +156,11 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
         },
     )
     .unwrap();
+}
+
+/// A CRI-O container of a Kubernetes pod, as its cgroup names it.
+pub(super) fn in_a_pod() -> Container {
+    let path = "/kubepods.slice/kubepods-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/\
+                crio-2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d.scope";
+    container::of_cgroup(path).expect("a container")
 }

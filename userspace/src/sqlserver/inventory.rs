@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::files::{self, DbFile, Disk, Role};
+use crate::host::container;
 use crate::host::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
 pub use crate::records::sql::{FileSummary, Instance, Session, SessionKind};
 
@@ -87,6 +88,12 @@ impl Inventory {
 
     pub fn is_worker(&self, pid: u32) -> bool {
         self.instances.iter().any(|i| i.pid == pid)
+    }
+
+    /// The id of the container worker `pid` runs in.
+    pub fn container_id(&self, pid: u32) -> Option<String> {
+        let instance = self.instances.iter().find(|i| i.pid == pid)?;
+        instance.container.as_ref().map(|c| c.id.clone())
     }
 
     pub fn session_by_inode(&self, ino: u64) -> Option<&Session> {
@@ -251,6 +258,7 @@ impl Inventory {
                     .collect(),
                 disk_roles: BTreeMap::new(),
                 tls: None, // the live side fills it in (sqlserver/tls.rs)
+                container: container::of_pid(&self.proc, pid),
             };
             instances.push(instance);
             files.extend(instance_files);

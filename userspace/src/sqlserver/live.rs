@@ -477,6 +477,7 @@ impl Tagger for SqlServer {
             .session_by_inode(sock_ino)
             .or_else(|| inv.session_by_tuple(netns, local_port, remote))?;
         let mut tag = SqlTag::for_session(session);
+        tag.container = inv.container_id(session.pid);
         if tag.spid.is_none() {
             // Learned by the kernel since the last refresh (the session's
             // `identified` record follows at the next one).
@@ -499,9 +500,10 @@ impl Tagger for SqlServer {
     }
 
     fn tag_process(&self, pid: u32) -> Option<SqlTag> {
-        self.inventory
-            .is_worker(pid)
-            .then(|| SqlTag::for_instance(pid))
+        self.inventory.is_worker(pid).then(|| SqlTag {
+            container: self.inventory.container_id(pid),
+            ..SqlTag::for_instance(pid)
+        })
     }
 
     /// A socket of a worker (or of a `sqlservr` not yet discovered) that the

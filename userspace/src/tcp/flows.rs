@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::enrich::{SqlTag, Tagger};
+use crate::host::container;
 use crate::host::netns::Netns;
 use crate::output::JsonWriter;
 use crate::probes::Ctx;
@@ -90,6 +91,10 @@ impl FlowSampler {
             let mut r = record(netns, &flow, sql);
             if idle_senders.contains(&flow.socket.ino) {
                 r.pids = holders.remove(&flow.socket.ino).unwrap_or_default();
+                r.container = r
+                    .pids
+                    .first()
+                    .and_then(|pid| container::of_pid(Path::new("/proc"), *pid));
             }
             out.emit(ts, &r)?;
         }
@@ -256,6 +261,7 @@ fn record(netns: u32, flow: &FlowDelta, sql: Option<SqlTag>) -> TcpFlowRecord {
         cwnd: s.info.snd_cwnd,
         limiter: flow.limiter(),
         pids: Vec::new(),
+        container: None,
         sql,
     }
 }

@@ -155,11 +155,23 @@ impl Header {
     }
 }
 
-/// `sqlservr pid 4242 (watchdog 4240), TDS port 1433, …, 3 client sessions seen; disks 8:0 log`
+/// `sqlservr pid 4242 (watchdog 4240) in podman container 2e2222c3a812, TDS port 1433, …,
+/// 3 client sessions seen; disks 8:0 log`
 fn instance(inst: &crate::report::Instance) -> String {
     let mut s = format!("sqlservr pid {}", inst.pid);
     if let Some(w) = inst.watchdog_pid {
         s.push_str(&format!(" (watchdog {w})"));
+    }
+    if let Some(c) = &inst.container {
+        // The 12 digits `docker ps`, `podman ps` and crictl show.
+        let runtime = c
+            .runtime
+            .map(|r| format!("{} ", r.name()))
+            .unwrap_or_default();
+        s.push_str(&format!(" in {runtime}container {}", clean(c.short_id())));
+        if let Some(pod) = &c.pod_uid {
+            s.push_str(&format!(" of pod {}", clean(pod)));
+        }
     }
     let ports = |p: &[u64]| p.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     if !inst.tds_ports.is_empty() {

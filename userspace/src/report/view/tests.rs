@@ -83,7 +83,9 @@ fn text_and_page_show_the_same_header_and_episodes() {
     let records: Vec<Value> = vec![
         s,
         json!({"ts": ts(0.5), "host": HOST, "type": "sql_instance", "pid": 4242,
-            "tds_ports": [1433], "ag_ports": [], "files": [], "disk_roles": {"8:0": "log"}}),
+            "tds_ports": [1433], "ag_ports": [], "files": [], "disk_roles": {"8:0": "log"},
+            "container": {"runtime": "cri-o", "id": "2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d",
+                "pod_uid": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "cgroup": "/kubepods/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/crio-2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d"}}),
         block(
             1.0,
             "sda",
@@ -113,6 +115,13 @@ fn text_and_page_show_the_same_header_and_episodes() {
         )
     );
     assert!(v.header.instances[0].contains("0 client sessions seen"));
+    assert!(
+        v.header.instances[0].contains(
+            "sqlservr pid 4242 in cri-o container 2e2222c3a812 of pod 0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b,"
+        ),
+        "{}",
+        v.header.instances[0]
+    );
     assert_both_say_the_same(&r);
 }
 

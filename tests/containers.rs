@@ -1,0 +1,151 @@
+//! SQL Server in a container: the simulator under podman (runc), in a
+//! container with its own cgroup and mount namespace, its data and log on a
+//! volume (a directory of the host bound in at the same path), its TDS port
+//! in a network namespace of the lab. stalltrace runs on the host with no
+//! container option: it finds the instance and names the container on every
+//! record about it.
+//!
+//! Oracles: podman's own id for the container (`--cidfile`), sqlclient's
+//! report (each session's SPID and client port), and the files the test put
+//! on the volume. The container keeps the host's pid namespace
+//! (`--pid=host`), so the simulator's own account of its worker's pid holds;
+//! a container with a pid namespace of its own is not run here.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::netlab::{NetPair, Side};
+use common::sqllab::{Cgroup, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim};
+use common::*;
+use serde_json::Value;
+use stalltrace_lab::container::SimContainer;
+
+/// Under 5% loss on the client link and with the log's disk slowed down for
+/// the container's cgroup: the instance says its container (runtime, id,
+/// cgroup), every retransmission on its sessions names the SPID and the
+/// container, and its slow log writes name the file on the volume and the
+/// container.
+#[test]
+fn a_sql_server_in_a_container_is_named_by_its_container() {
+    require_root();
+    let pair = NetPair::new();
+    let volume = SlowDisk::new(32);
+    let container = SimContainer::new(&[&volume.upper.dir]);
+    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "5"]);
+    let log = volume.upper.path("sales_log.ldf");
+    let sim = SqlServerSim::start(
+        &bins(),
+        Placement {
+            netns: Some(pair.netns(Side::B)),
+            container: Some(&container),
+            ..Default::default()
+        },
+        "0.0.0.0:0",
+        &volume.upper.path("sales.mdf"),
+        &log,
+        SMALL_FILES,
+    );
+    tracer.wait_for(Duration::from_secs(10), |r| {
+        r["type"] == "sql_instance" && r["pid"] == sim.worker
+    });
+    let id = container.id();
+
+    // Loss first, at full speed; then the slow log, with fewer commits.
+    let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+    let client_side = Placement::in_netns(pair.netns(Side::A));
+    let mut client = SqlClientRun::start(&bins(), client_side, &server, 4, 300, 5);
+    client.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
+    pair.drop_random(Side::A, 5, Some(sim.port));
+    let report = client.finish();
+    pair.clear_drops(Side::A);
+    // The container's own cgroup, as podman made it: 5 writes a second,
+    // fewer than the client commits, so every log write waits its turn.
+    volume.slow_down(&Cgroup::of_process(sim.worker), 5);
+    let slow_commits = SqlClientRun::start(&bins(), client_side, &server, 2, 10, 3).finish();
+    assert_eq!(slow_commits.errors(), 0, "sqlclient: {}", slow_commits.0);
+    std::thread::sleep(Duration::from_millis(1200));
+    let records = tracer.stop();
+    assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
+    let sessions: BTreeMap<u16, u16> = report.sessions().into_iter().collect();
+    assert_eq!(sessions.len(), 4, "sqlclient sessions: {}", report.0);
+
+    // The instance, with podman's container.
+    let instance = of_type(&records, "sql_instance")
+        .into_iter()
+        .rfind(|r| r["pid"] == sim.worker)
+        .expect("a sql_instance of the worker");
+    let said = &instance["container"];
+    eprintln!("sql_instance container: {said}");
+    assert_eq!(said["id"], id.as_str(), "{instance}");
+    assert_eq!(said["runtime"], "podman", "{instance}");
+    assert!(
+        said["cgroup"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("libpod-{id}")),
+        "{instance}"
+    );
+    assert!(
+        instance["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == log.to_str().unwrap()),
+        "the log file on the volume: {instance}"
+    );
+
+    // Every retransmission on its sessions: the SPID and the container.
+    let client_ip = pair.v4(Side::A).to_string();
+    let retransmits: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::B))
+        .into_iter()
+        .filter(|r| r["sport"] == sim.port)
+        .collect();
+    assert!(
+        retransmits.len() >= 5,
+        "too little loss to judge: {}",
+        retransmits.len()
+    );
+    let wrong: Vec<&&Value> = retransmits
+        .iter()
+        .filter(|r| {
+            let port = r["dport"].as_u64().unwrap() as u16;
+            let sql = &r["sql"];
+            !(sessions.get(&port).is_some_and(|&spid| sql["spid"] == spid)
+                && sql["client"] == format!("{client_ip}:{port}").as_str()
+                && sql["container"] == id.as_str())
+        })
+        .collect();
+    eprintln!("{} retransmits on the sessions", retransmits.len());
+    assert!(
+        wrong.is_empty(),
+        "{} of {} retransmits do not name their SPID and container: {:?}",
+        wrong.len(),
+        retransmits.len(),
+        &wrong[..wrong.len().min(3)]
+    );
+
+    // The worker's slow I/O: its log writes name the file and the container.
+    let slow: Vec<&Value> = of_type(&records, "slow_io")
+        .into_iter()
+        .filter(|r| r["pid"] == sim.worker)
+        .collect();
+    let on_log = slow
+        .iter()
+        .filter(|r| r["file"] == log.to_str().unwrap())
+        .count();
+    eprintln!(
+        "{} slow I/Os of the worker, {on_log} on the log",
+        slow.len()
+    );
+    assert!(
+        on_log > 0,
+        "no slow write names {}: {slow:?}",
+        log.display()
+    );
+    for r in &slow {
+        assert_eq!(r["container"]["id"], id.as_str(), "{r}");
+        assert_eq!(r["sql"]["container"], id.as_str(), "{r}");
+    }
+}

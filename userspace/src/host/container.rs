@@ -1,0 +1,195 @@
+//! Which container a process runs in, from its cgroup path (/proc/PID/cgroup).
+//!
+//! Every runtime names the cgroup it creates after the container's id, in
+//! one of a few shapes that depend on the runtime and on the cgroup driver
+//! (systemd: `…/<prefix>-<id>.scope`; cgroupfs: `…/<parent>/<id>` or
+//! `…/<prefix>-<id>`); Kubernetes puts a pod's containers under a cgroup
+//! named after the pod's UID. Read from the path alone, with no runtime's
+//! API: no socket to reach, nothing on the hot path. cgroup v2 gives one
+//! path (`0::`); on v1 and hybrid hosts the runtimes name every hierarchy's
+//! cgroup the same, and the `name=systemd` one (else the first controller's)
+//! is read.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The container a process runs in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Container {
+    /// The runtime that made its cgroup; absent where the path gives only the id (a Kubernetes
+    /// pod's container under the cgroupfs driver: containerd or cri-dockerd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+    /// The container's full id (64 hex digits; `docker ps` and `podman ps` show its first 12).
+    #[schemars(length(equal = 64))]
+    pub id: String,
+    /// The UID of the Kubernetes pod it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(equal = 36))]
+    pub pod_uid: Option<String>,
+    /// The cgroup path it was read from (relative to the hierarchy's root).
+    pub cgroup: String,
+}
+
+/// The container runtime, by the name its cgroups carry (`docker-`, `libpod-`,
+/// `cri-containerd-`, `crio-`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+#[schemars(rename = "container_runtime")]
+pub enum Runtime {
+    Docker,
+    Podman,
+    Containerd,
+    CriO,
+}
+
+impl Container {
+    /// The first 12 digits of the id, as `docker ps`, `podman ps` and crictl show it.
+    pub fn short_id(&self) -> &str {
+        self.id.get(..12).unwrap_or(&self.id)
+    }
+}
+
+impl Runtime {
+    /// Its name in records and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Docker => "docker",
+            Runtime::Podman => "podman",
+            Runtime::Containerd => "containerd",
+            Runtime::CriO => "cri-o",
+        }
+    }
+}
+
+/// The container of process `pid`, from `proc_root`/PID/cgroup; None for a
+/// process in no container (or gone).
+pub fn of_pid(proc_root: &Path, pid: u32) -> Option<Container> {
+    let text = std::fs::read_to_string(proc_root.join(format!("{pid}/cgroup"))).ok()?;
+    of_cgroup(cgroup_path(&text)?)
+}
+
+/// Containers by pid for records made many times a second (`slow_io`):
+/// each pid's /proc file is read at most once per [`Cache::TTL`], and the
+/// table never holds more than [`Cache::CAPACITY`] pids (it starts over
+/// when full). A pid reused within the TTL keeps the earlier process's
+/// container until then.
+#[derive(Default)]
+pub struct Cache {
+    by_pid: std::collections::HashMap<u32, (std::time::Instant, Option<Container>)>,
+}
+
+impl Cache {
+    const TTL: std::time::Duration = std::time::Duration::from_secs(10);
+    const CAPACITY: usize = 4096;
+
+    pub fn of_pid(&mut self, proc_root: &Path, pid: u32) -> Option<Container> {
+        let now = std::time::Instant::now();
+        if let Some((read, container)) = self.by_pid.get(&pid)
+            && now.duration_since(*read) < Self::TTL
+        {
+            return container.clone();
+        }
+        if self.by_pid.len() >= Self::CAPACITY {
+            self.by_pid.clear();
+        }
+        let container = of_pid(proc_root, pid);
+        self.by_pid.insert(pid, (now, container.clone()));
+        container
+    }
+}
+
+/// The path /proc/PID/cgroup gives the process: v2's unless it is the root
+/// (a hybrid host whose v2 hierarchy nothing uses), else v1's `name=systemd`,
+/// else the first v1 hierarchy's that is not the root.
+fn cgroup_path(text: &str) -> Option<&str> {
+    let lines: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((controllers, path))
+        })
+        .filter(|(_, path)| *path != "/")
+        .collect();
+    lines
+        .iter()
+        .find(|(c, _)| c.is_empty())
+        .or_else(|| lines.iter().find(|(c, _)| *c == "name=systemd"))
+        .or_else(|| lines.first())
+        .map(|(_, path)| *path)
+}
+
+/// The container a cgroup path names, if any.
+pub fn of_cgroup(path: &str) -> Option<Container> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    // The innermost component that names a container: a runtime may nest
+    // cgroups of its own under it (podman --cgroups=split: `…/container`).
+    let (index, runtime, id) = parts.iter().enumerate().rev().find_map(|(i, part)| {
+        named(part, parts.get(i.wrapping_sub(1)).copied()).map(|(r, id)| (i, r, id))
+    })?;
+    let pod_uid = parts[..index].iter().rev().find_map(|p| pod_uid(p));
+    Some(Container {
+        runtime,
+        id: id.to_string(),
+        pod_uid,
+        cgroup: path.to_string(),
+    })
+}
+
+/// The runtime and id a cgroup's name gives (`parent`: the name above it).
+fn named<'a>(part: &'a str, parent: Option<&str>) -> Option<(Option<Runtime>, &'a str)> {
+    let name = part.strip_suffix(".scope").unwrap_or(part);
+    const PREFIXES: &[(&str, Runtime)] = &[
+        ("docker-", Runtime::Docker),
+        ("libpod-", Runtime::Podman),
+        ("cri-containerd-", Runtime::Containerd),
+        ("crio-", Runtime::CriO),
+    ];
+    for (prefix, runtime) in PREFIXES {
+        // `libpod-conmon-<id>`, `crio-conmon-<id>`: the monitor, not the container.
+        if let Some(id) = name.strip_prefix(prefix).filter(|id| is_id(id)) {
+            return Some((Some(*runtime), id));
+        }
+    }
+    if !is_id(name) {
+        return None;
+    }
+    // cgroupfs: docker's `/docker/<id>`; a Kubernetes pod's `…/pod<uid>/<id>`.
+    match parent {
+        Some("docker") => Some((Some(Runtime::Docker), name)),
+        Some(p) if pod_uid(p).is_some() => Some((None, name)),
+        _ => None,
+    }
+}
+
+fn is_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A pod's UID from its cgroup's name: `pod<uid>` (cgroupfs) or
+/// `kubepods[-<class>]-pod<uid with _ for ->.slice` (systemd).
+fn pod_uid(part: &str) -> Option<String> {
+    let name = part.strip_suffix(".slice").unwrap_or(part);
+    let uid = match name.strip_prefix("pod") {
+        Some(uid) => uid.to_string(),
+        None => name
+            .starts_with("kubepods")
+            .then(|| name.rsplit_once("-pod"))??
+            .1
+            .replace('_', "-"),
+    };
+    let shape = uid.len() == 36
+        && uid.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    shape.then_some(uid)
+}
+
+#[cfg(test)]
+#[path = "container_tests.rs"]
+mod tests;
