@@ -45,6 +45,23 @@ const volatile __u64 slow_io_ns = 0;
  */
 const volatile __u64 self_tgid = 0;
 
+/*
+ * Set at load time when the run names disks (--disk): only those are traced,
+ * at one hash lookup per hook. 0: every disk, and the verifier drops the
+ * lookup.
+ */
+const volatile __u64 disk_filter = 0;
+
+static __always_inline bool disk_watched(struct gendisk *disk)
+{
+	__u64 id;
+
+	if (!disk_filter)
+		return true;
+	id = ((__u64)KREAD(disk, major) << 32) | (__u32)KREAD(disk, first_minor);
+	return bpf_map_lookup_elem(&block_selected_disks, &id) != NULL;
+}
+
 /* The submitter's name: direct loads from current in tp_btf, the helper in raw_tp. */
 static __always_inline void current_comm(char *comm)
 {
@@ -78,7 +95,7 @@ HOOK(block_bio_queue)
 	__u64 now, id;
 	__u32 index;
 
-	if (!disk)
+	if (!disk || !disk_watched(disk))
 		return 0;
 	now = bpf_ktime_get_ns();
 	slot = slot_claim(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_BIO_QUEUE), now, SLOT_STALE_NS, &stale,
@@ -221,7 +238,7 @@ HOOK(block_rq_issue, struct request *rq)
 	bool stale = false;
 	__s64 depth;
 
-	if (!gd)
+	if (!gd || !disk_watched(gd))
 		return 0;
 	now = bpf_ktime_get_ns();
 	disk_id = ((__u64)KREAD(gd, major) << 32) | (__u32)KREAD(gd, first_minor);
@@ -276,7 +293,7 @@ HOOK(block_rq_requeue, struct request *rq)
 	struct block_rq_slot *slot;
 	__u32 major, minor, index;
 
-	if (!gd)
+	if (!gd || !disk_watched(gd))
 		return 0;
 	major = KREAD(gd, major);
 	minor = KREAD(gd, first_minor);
@@ -430,7 +447,7 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	__u32 op, index;
 	__u64 key;
 
-	if (!gd)
+	if (!gd || !disk_watched(gd))
 		return 0;
 	op = block_op_of(KREAD(rq, cmd_flags), data_len);
 	stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);

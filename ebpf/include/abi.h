@@ -80,6 +80,9 @@ struct block_stats {
  */
 #define BLOCK_DISK_TABLE_BITS 8 /* 256 disks */
 
+/* --disk: a run limited to disks names at most this many (block_selected_disks). */
+#define BLOCK_SELECTED_DISKS_MAX 64
+
 struct block_disk {
 	__u64 id;         /* major << 32 | first minor; 0 = free slot */
 	__u64 claimed_ns; /* when the disk was first seen */

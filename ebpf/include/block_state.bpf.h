@@ -39,6 +39,17 @@ struct {
 	__type(value, struct block_disk);
 } block_disks SEC(".maps");
 
+/*
+ * The disks --disk names (major << 32 | first minor), filled by the daemon
+ * before it attaches; read only by a run that names disks (disk_filter).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, BLOCK_SELECTED_DISKS_MAX);
+	__type(key, __u64);
+	__type(value, __u8);
+} block_selected_disks SEC(".maps");
+
 #define BIO_SLOT_BITS BLOCK_BIO_SLOT_BITS
 
 struct {

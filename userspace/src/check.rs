@@ -164,9 +164,10 @@ fn findings(args: &CheckArgs, out: &mut Vec<String>) -> String {
 /// tcp's (no filters) are its compiled defaults.
 fn run_defaults(family: &str) -> Vec<(&'static str, u64)> {
     match family {
-        "block" => crate::block::load_globals(crate::cli::slow_io_threshold(
-            crate::cli::DEFAULT_SLOW_IO_MS,
-        ))
+        "block" => crate::block::load_globals(
+            crate::cli::slow_io_threshold(crate::cli::DEFAULT_SLOW_IO_MS),
+            false,
+        )
         .to_vec(),
         "netdev" => crate::netdev::load_globals(host::kernel::hz().0).to_vec(),
         "sqlserver" => crate::sqlserver::load_globals().to_vec(),

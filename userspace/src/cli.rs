@@ -267,6 +267,10 @@ pub struct FilterArgs {
     /// Only this network interface (by name, in any watched namespace).
     #[arg(long = "iface", value_name = "IFACE")]
     pub ifaces: Vec<String>,
+    /// Only this disk (block and slow_io records): a name from /sys/block (sda, nvme0n1),
+    /// a /dev path (also /dev/disk/by-id/...), or MAJOR:MINOR; a partition means its disk.
+    #[arg(long = "disk", value_name = "DISK")]
+    pub disks: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

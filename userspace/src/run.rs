@@ -66,6 +66,8 @@ pub struct Plan {
     pub ports: Vec<u16>,
     pub netns: Vec<Netns>,
     pub ifaces: Vec<String>,
+    /// `--disk`: the whole disks (name, major, first minor) the block family is limited to.
+    pub disks: Vec<(String, u32, u32)>,
     pub hz: u32,
     pub sql: Discovery,
     /// `--sql-tls`: when the SSL_write uprobes are attached.
@@ -95,6 +97,11 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         &BlockOptions {
             slow_io: plan.slow_io,
             mode: args.probe_mode,
+            disks: plan
+                .disks
+                .iter()
+                .map(|&(_, major, minor)| (major, minor))
+                .collect(),
         },
         &btf,
     );
@@ -273,6 +280,7 @@ pub fn run_into(
         .map(|spec| netns::resolve(spec))
         .collect::<Result<Vec<_>, _>>()?;
     crate::netdev::check_ifaces(&netns, &args.filters.ifaces)?;
+    let disks = crate::block::resolve_disks(&args.filters.disks)?;
     if let Some(comm) = args.sql.sql_pid.map(check_sql_pid).transpose()?.flatten() {
         eprintln!(
             "stalltrace: --sql-pid names {comm}, not sqlservr: its sessions are taken as SQL Server's"
@@ -302,6 +310,7 @@ pub fn run_into(
         ports: args.filters.ports.clone(),
         netns,
         ifaces: args.filters.ifaces.clone(),
+        disks,
         hz,
         sql: Discovery {
             pid: args.sql.sql_pid,
@@ -362,6 +371,11 @@ pub fn run_into(
             ports: plan.ports.clone(),
             netns: plan.netns.clone(),
             ifaces: plan.ifaces.clone(),
+            disks: plan
+                .disks
+                .iter()
+                .map(|(_, major, minor)| format!("{major}:{minor}"))
+                .collect(),
         },
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
         prometheus: metrics.as_ref().map(|(_, server)| server.addr),

@@ -21,6 +21,7 @@ use aya::maps::{
 use crate::abi::{
     self, bio_slot, block_disk, block_key, block_rq_slot, block_stats, slow_io_event,
 };
+use crate::error::UserError;
 use crate::host::container;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
@@ -57,6 +58,38 @@ pub struct BlockOptions {
     /// Send I/Os slower than this as `slow_io` records; `None` sends none.
     pub slow_io: Option<Duration>,
     pub mode: ModeChoice,
+    /// `--disk`: only these disks (major, first minor) are traced; empty: every disk.
+    pub disks: Vec<(u32, u32)>,
+}
+
+/// `--disk` specs as whole disks (name, major, first minor), each once; a
+/// spec that names no disk, or more disks than the kernel's table holds, is
+/// an error before anything attaches.
+pub fn resolve_disks(specs: &[String]) -> Result<Vec<(String, u32, u32)>, UserError> {
+    let sysfs = Sysfs::default();
+    let mut disks: Vec<(String, u32, u32)> = Vec::new();
+    for spec in specs {
+        let disk = sysfs.whole_disk(spec).ok_or_else(|| {
+            UserError::new(
+                format!("--disk {spec}: no such disk in /sys/class/block"),
+                "name a disk as lsblk lists it (sda, nvme0n1), a /dev path, or MAJOR:MINOR",
+            )
+        })?;
+        if !disks.contains(&disk) {
+            disks.push(disk);
+        }
+    }
+    let max = abi::BLOCK_SELECTED_DISKS_MAX as usize;
+    if disks.len() > max {
+        return Err(UserError::new(
+            format!(
+                "--disk names {} disks; at most {max} can be selected",
+                disks.len()
+            ),
+            "name fewer disks, or none to trace every disk",
+        ));
+    }
+    Ok(disks)
 }
 
 pub struct BlockProbe {
@@ -70,6 +103,8 @@ pub struct BlockProbe {
     /// `slow_io`'s submitters' containers.
     containers: container::Cache,
     sysfs: Sysfs,
+    /// `--disk`: the only disks traced; None: every disk.
+    selected: Option<HashSet<(u32, u32)>>,
     /// Disks whose common (disk, op) entries exist in `block_stats`.
     prepared: HashSet<(u32, u32)>,
     /// When stale slots were last freed (sweep.rs).
@@ -77,19 +112,33 @@ pub struct BlockProbe {
 }
 
 /// The load-time globals of a run with `slow_io` (`check` loads a default run's).
-pub fn load_globals(slow_io: Option<Duration>) -> [(&'static str, u64); 2] {
+pub fn load_globals(slow_io: Option<Duration>, disk_filter: bool) -> [(&'static str, u64); 3] {
     [
         ("slow_io_ns", slow_io.map_or(0, |d| d.as_nanos() as u64)),
         // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
         ("self_tgid", u64::from(std::process::id())),
+        ("disk_filter", u64::from(disk_filter)),
     ]
 }
 
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let globals = load_globals(opts.slow_io);
+        let globals = load_globals(opts.slow_io, !opts.disks.is_empty());
+        let selected: Option<HashSet<(u32, u32)>> =
+            (!opts.disks.is_empty()).then(|| opts.disks.iter().copied().collect());
         // The disks present now get their entries before any hook can run.
         let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
+            if let Some(selected) = &selected {
+                let map = ebpf
+                    .map_mut("block_selected_disks")
+                    .ok_or("the object has no map block_selected_disks")?;
+                let mut table: BpfHashMap<&mut MapData, u64, u8> =
+                    BpfHashMap::try_from(map).map_err(|e| e.to_string())?;
+                for &(major, minor) in selected {
+                    let id = (u64::from(major) << 32) | u64::from(minor);
+                    table.insert(id, 1, 0).map_err(|e| e.to_string())?;
+                }
+            }
             let map = ebpf
                 .map_mut("block_stats")
                 .ok_or("the object has no map block_stats")?;
@@ -99,6 +148,7 @@ impl BlockProbe {
                 .disks_with_media()
                 .into_iter()
                 .map(|(_, major, minor)| (major, minor))
+                .filter(|disk| selected.as_ref().is_none_or(|s| s.contains(disk)))
                 .collect();
             // An entry comes from the kernel's atomic per-CPU pool, which is
             // refilled in the background: just after boot it can run dry (seen
@@ -132,6 +182,7 @@ impl BlockProbe {
                     names: HashMap::new(),
                     containers: container::Cache::default(),
                     sysfs: Sysfs::default(),
+                    selected,
                     prepared: HashSet::new(),
                     last_sweep: Instant::now(),
                 };
@@ -171,6 +222,13 @@ impl BlockProbe {
     fn prepare_disks(&mut self) -> HashSet<(u32, u32)> {
         let mut present = HashSet::new();
         for (name, major, minor) in self.sysfs.disks_with_media() {
+            if self
+                .selected
+                .as_ref()
+                .is_some_and(|s| !s.contains(&(major, minor)))
+            {
+                continue;
+            }
             present.insert((major, minor));
             if self.prepared.contains(&(major, minor))
                 || !prepare_disk(&mut self.maps.stats, major, minor)

@@ -51,6 +51,38 @@ impl Sysfs {
         out
     }
 
+    /// The whole disk `spec` names, as `(name, major, first minor)`: a name in
+    /// /sys/class/block (`sda`, `nvme0n1`, `dm-0`), a /dev path (symlinks
+    /// such as /dev/disk/by-id/... followed), or `MAJOR:MINOR`. A partition
+    /// names the disk it is on (records are per whole disk).
+    pub fn whole_disk(&self, spec: &str) -> Option<(String, u32, u32)> {
+        let is_dev_number = spec
+            .split_once(':')
+            .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok());
+        let device = if is_dev_number {
+            self.root.join("dev/block").join(spec)
+        } else {
+            let name = if spec.starts_with('/') {
+                let node = std::fs::canonicalize(spec).ok()?;
+                node.file_name()?.to_string_lossy().into_owned()
+            } else {
+                spec.to_string()
+            };
+            if name.is_empty() || name.contains('/') || name.starts_with('.') {
+                return None;
+            }
+            self.root.join("class/block").join(name)
+        };
+        let mut dir = std::fs::canonicalize(device).ok()?;
+        if dir.join("partition").exists() {
+            dir = dir.parent()?.to_path_buf();
+        }
+        let dev = read(&dir.join("dev"))?;
+        let (major, minor) = dev.split_once(':')?;
+        let name = dir.file_name()?.to_string_lossy().into_owned();
+        Some((name, major.parse().ok()?, minor.parse().ok()?))
+    }
+
     /// The kernel's own count of requests in flight (reads, writes): `/sys/block/X/inflight`.
     /// For blk-mq disks it only counts requests with I/O accounting on.
     pub fn kernel_inflight(&self, disk: &str) -> Option<(u64, u64)> {
@@ -116,6 +148,32 @@ mod tests {
         assert_eq!(active_scheduler("[none] mq-deadline"), Some("none".into()));
         assert_eq!(active_scheduler("none"), Some("none".into()));
         assert_eq!(active_scheduler(""), None);
+    }
+
+    #[test]
+    fn a_disk_is_named_by_its_name_a_partition_or_its_numbers() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path();
+        let sda = sys.join("devices/pci0/block/sda");
+        std::fs::create_dir_all(sda.join("sda1")).unwrap();
+        std::fs::write(sda.join("dev"), "8:0\n").unwrap();
+        std::fs::write(sda.join("sda1/dev"), "8:1\n").unwrap();
+        std::fs::write(sda.join("sda1/partition"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.join("class/block")).unwrap();
+        std::fs::create_dir_all(sys.join("dev/block")).unwrap();
+        let link = |target: &Path, at: PathBuf| std::os::unix::fs::symlink(target, at).unwrap();
+        link(&sda, sys.join("class/block/sda"));
+        link(&sda.join("sda1"), sys.join("class/block/sda1"));
+        link(&sda, sys.join("dev/block/8:0"));
+        link(&sda.join("sda1"), sys.join("dev/block/8:1"));
+        let sysfs = Sysfs::at(sys);
+        let sda = Some(("sda".to_string(), 8, 0));
+        for spec in ["sda", "sda1", "8:0", "8:1"] {
+            assert_eq!(sysfs.whole_disk(spec), sda, "{spec}");
+        }
+        for spec in ["sdb", "9:0", "", "../sda", "/nonexistent/sda"] {
+            assert_eq!(sysfs.whole_disk(spec), None, "{spec}");
+        }
     }
 
     #[test]

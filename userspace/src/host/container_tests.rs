@@ -136,7 +136,12 @@ fn a_process_is_read_from_its_proc_file() {
 
 #[test]
 fn a_runtime_s_name_is_the_one_records_carry() {
-    for runtime in [Runtime::Docker, Runtime::Podman, Runtime::Containerd, Runtime::CriO] {
+    for runtime in [
+        Runtime::Docker,
+        Runtime::Podman,
+        Runtime::Containerd,
+        Runtime::CriO,
+    ] {
         assert_eq!(serde_json::to_value(runtime).unwrap(), runtime.name());
     }
 }

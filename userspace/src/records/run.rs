@@ -258,6 +258,9 @@ pub struct Filters {
     pub netns: Vec<Netns>,
     /// Interface names the netdev family is limited to (--iface).
     pub ifaces: Vec<String>,
+    /// Disks (`major:minor`) the block family is limited to (--disk).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<String>,
 }
 
 /// Written at the end of an interval that wrote nothing else: the tracer was

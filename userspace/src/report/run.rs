@@ -303,6 +303,9 @@ fn filters(f: &Filters) -> Vec<String> {
     if !f.ifaces.is_empty() {
         out.push(format!("interfaces {}", f.ifaces.join(", ")));
     }
+    if !f.disks.is_empty() {
+        out.push(format!("disks {}", f.disks.join(", ")));
+    }
     out
 }
 
