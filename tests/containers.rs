@@ -1,7 +1,7 @@
 //! SQL Server in a container: the simulator under podman (runc), in a
 //! container with its own cgroup and mount namespace, its data and log on a
-//! volume (a directory of the host bound in at the same path), its TDS port
-//! in a network namespace of the lab. stalltrace runs on the host with no
+//! volume (a directory of the host mounted at /var/opt/mssql, a path the
+//! host does not have), its TDS port in a network namespace of the lab. stalltrace runs on the host with no
 //! container option: it finds the instance and names the container on every
 //! record about it.
 //!
@@ -24,17 +24,21 @@ use stalltrace_lab::container::SimContainer;
 
 /// Under 5% loss on the client link and with the log's disk slowed down for
 /// the container's cgroup: the instance says its container (runtime, id,
-/// cgroup), every retransmission on its sessions names the SPID and the
-/// container, and its slow log writes name the file on the volume and the
-/// container.
+/// cgroup) and its files as it names them, on the volume's disk; every
+/// retransmission on its sessions names the SPID and the container, and its
+/// slow log writes name the file and the container.
 #[test]
 fn a_sql_server_in_a_container_is_named_by_its_container() {
     require_root();
     let pair = NetPair::new();
     let volume = SlowDisk::new(32);
-    let container = SimContainer::new(&[&volume.upper.dir]);
+    let container = SimContainer::new(&[(&volume.upper.dir, "/var/opt/mssql")]);
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "5"]);
     let log = volume.upper.path("sales_log.ldf");
+    // As the worker names it; the host has no such file.
+    let log_inside = "/var/opt/mssql/sales_log.ldf";
+    assert_eq!(container.inside(&log).to_str(), Some(log_inside));
+    assert!(!std::path::Path::new(log_inside).exists());
     let sim = SqlServerSim::start(
         &bins(),
         Placement {
@@ -87,13 +91,16 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
             .contains(&format!("libpod-{id}")),
         "{instance}"
     );
+    let disk = format!("{}:{}", volume.upper.disk.major, volume.upper.disk.minor);
     assert!(
         instance["files"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|f| f["path"] == log.to_str().unwrap()),
-        "the log file on the volume: {instance}"
+            .any(|f| f["path"] == log_inside
+                && f["role"] == "log"
+                && f["disks"][0] == disk.as_str()),
+        "the log file on the volume's disk {disk}: {instance}"
     );
 
     // Every retransmission on its sessions: the SPID and the container.
@@ -131,19 +138,12 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         .into_iter()
         .filter(|r| r["pid"] == sim.worker)
         .collect();
-    let on_log = slow
-        .iter()
-        .filter(|r| r["file"] == log.to_str().unwrap())
-        .count();
+    let on_log = slow.iter().filter(|r| r["file"] == log_inside).count();
     eprintln!(
         "{} slow I/Os of the worker, {on_log} on the log",
         slow.len()
     );
-    assert!(
-        on_log > 0,
-        "no slow write names {}: {slow:?}",
-        log.display()
-    );
+    assert!(on_log > 0, "no slow write names {log_inside}: {slow:?}");
     for r in &slow {
         assert_eq!(r["container"]["id"], id.as_str(), "{r}");
         assert_eq!(r["sql"]["container"], id.as_str(), "{r}");

@@ -313,6 +313,11 @@ fn the_packages_install_start_rotate_stop_and_leave_under_systemd() {
     // Purge: every file the package installed goes, and its log directory;
     // the service is unknown, nothing attached or pinned.
     let installed = guest.sh(&["dpkg", "--listfiles", "stalltrace"]);
+    let deb_files: Vec<String> = installed
+        .lines()
+        .filter(|f| guest.path(f).is_file())
+        .map(str::to_string)
+        .collect();
     guest.sh(&["apt-get", "purge", "-y", "stalltrace"]);
     let package_files = installed
         .lines()
@@ -339,7 +344,7 @@ fn the_packages_install_start_rotate_stop_and_leave_under_systemd() {
     );
     assert_nothing_left(before, &map_names);
 
-    rpm::installs_starts_reloads_stops_and_erases(&guest, &rpm, before, &map_names);
+    rpm::installs_starts_reloads_stops_and_erases(&guest, &rpm, &deb_files, before, &map_names);
 }
 
 #[test]

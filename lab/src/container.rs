@@ -3,10 +3,11 @@
 //! [`SimContainer`] runs a program of this host in a container of its own:
 //! a root directory with nothing but mount points, the host's /usr
 //! read-only (the program's libraries, libssl among them), the program's
-//! directory read-only and the lab's volumes read-write, each at the same
-//! path as on the host, so the paths a process opens are the paths on the
-//! host. The container has its own cgroup (podman's `libpod-<id>`), mount,
-//! UTS and IPC namespaces, and the network namespace the lab names; it keeps
+//! directory read-only at its own path, and the lab's volumes read-write,
+//! each at a path of the container's own (as `-v data:/var/opt/mssql`
+//! mounts SQL Server's): the paths the process opens are not the host's.
+//! The container has its own cgroup (podman's `libpod-<id>`), mount, UTS
+//! and IPC namespaces, and the network namespace the lab names; it keeps
 //! the host's pid namespace, so the pids it prints are the host's.
 
 use std::path::{Path, PathBuf};
@@ -36,12 +37,14 @@ pub fn podman_run() -> Command {
 pub struct SimContainer {
     root: PathBuf,
     cidfile: PathBuf,
-    volumes: Vec<PathBuf>,
+    /// (host directory, where the container sees it)
+    volumes: Vec<(PathBuf, PathBuf)>,
 }
 
 impl SimContainer {
-    /// A container (not yet started) whose `volumes` are the host's directories.
-    pub fn new(volumes: &[&Path]) -> Self {
+    /// A container (not yet started) with `volumes`: a host directory, and
+    /// the path the container sees it at.
+    pub fn new(volumes: &[(&Path, &str)]) -> Self {
         let root = std::env::temp_dir().join(unique("stalltrace-ctr"));
         for dir in ["usr", "etc", "tmp", "proc", "sys", "dev", "run"] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
@@ -59,14 +62,27 @@ impl SimContainer {
         Self {
             root,
             cidfile,
-            volumes: volumes.iter().map(|v| v.to_path_buf()).collect(),
+            volumes: volumes
+                .iter()
+                .map(|(host, inside)| (host.to_path_buf(), PathBuf::from(inside)))
+                .collect(),
         }
+    }
+
+    /// Where the container sees `host_path`: under the volume holding it
+    /// (unchanged when none does).
+    pub fn inside(&self, host_path: &Path) -> PathBuf {
+        self.volumes
+            .iter()
+            .find_map(|(host, inside)| Some(inside.join(host_path.strip_prefix(host).ok()?)))
+            .unwrap_or_else(|| host_path.to_path_buf())
     }
 
     /// `podman run` of `program` in the container, in network namespace
     /// `netns` (a name under /run/netns), else in none.
     pub(crate) fn command(&self, program: &Path, netns: Option<&str>) -> Command {
         let mut cmd = podman_run();
+        // The host's directory at its own path.
         let bind = |host: &Path, mode: &str| format!("--volume={0}:{0}:{mode}", host.display());
         cmd.arg(format!("--cidfile={}", self.cidfile.display()))
             .arg("--pid=host")
@@ -79,8 +95,12 @@ impl SimContainer {
                 program.parent().expect("a program in a directory"),
                 "ro",
             ));
-        for volume in &self.volumes {
-            cmd.arg(bind(volume, "rw"));
+        for (host, inside) in &self.volumes {
+            cmd.arg(format!(
+                "--volume={}:{}:rw",
+                host.display(),
+                inside.display()
+            ));
         }
         // --rootfs: the image argument is a root directory.
         cmd.arg("--rootfs").arg(&self.root).arg(program);
@@ -97,7 +117,15 @@ impl SimContainer {
 
 impl Drop for SimContainer {
     fn drop(&mut self) {
-        // `podman run --rm` removed the container when its program ended.
+        // `podman run --rm` removes the container when its program ends; one
+        // whose `podman run` was killed (SIGKILL: no signal passed on) is
+        // still run by its conmon.
+        if self.cidfile.exists() {
+            let _ = Command::new("podman")
+                .args(["rm", "--force", "--ignore", "--cidfile"])
+                .arg(&self.cidfile)
+                .output();
+        }
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_file(&self.cidfile);
     }

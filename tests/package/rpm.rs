@@ -14,9 +14,12 @@ use crate::guest::*;
 
 const LOG: &str = "/var/log/stalltrace/stalltrace.jsonl";
 
+/// `deb_files`: the files the .deb installed, which the RPM installs too
+/// (each package's own aside).
 pub fn installs_starts_reloads_stops_and_erases(
     guest: &SystemdGuest,
     rpm: &Path,
+    deb_files: &[String],
     before: Baseline,
     map_names: &std::collections::HashSet<String>,
 ) {
@@ -31,6 +34,29 @@ pub fn installs_starts_reloads_stops_and_erases(
     std::fs::copy(rpm, guest.path("/root").join(&name)).unwrap();
     guest.sh(&["rpm", "--install", "--nodeps", &format!("/root/{name}")]);
     let installed = guest.sh(&["rpm", "--query", "--list", "stalltrace"]);
+    let rpm_files: Vec<&str> = installed
+        .lines()
+        .filter(|f| guest.path(f).is_file() && !f.starts_with("/usr/lib/.build-id/"))
+        .collect();
+    // The same files, but for where each distribution keeps a unit's
+    // settings and its package documentation.
+    let deb_own = |f: &&String| {
+        *f == "/etc/default/stalltrace"
+            || f.starts_with("/usr/share/doc/stalltrace/copyright")
+            || f.starts_with("/usr/share/doc/stalltrace/changelog")
+    };
+    let rpm_own =
+        |f: &&&str| **f == "/etc/sysconfig/stalltrace" || f.starts_with("/usr/share/licenses/");
+    let mut deb_set: Vec<&str> = deb_files
+        .iter()
+        .filter(|f| !deb_own(f))
+        .map(String::as_str)
+        .collect();
+    let mut rpm_set: Vec<&str> = rpm_files.iter().filter(|f| !rpm_own(f)).copied().collect();
+    deb_set.sort();
+    rpm_set.sort();
+    assert_eq!(rpm_set, deb_set, "the RPM's files vs the .deb's");
+    assert!(rpm_files.contains(&"/etc/sysconfig/stalltrace"));
 
     // %pre made the user, and the log directory is its own, closed to others.
     let uid: u32 = guest
@@ -80,17 +106,31 @@ pub fn installs_starts_reloads_stops_and_erases(
         "reloaded, not restarted"
     );
 
-    guest.sh(&["systemctl", "stop", "stalltrace"]);
+    // An upgrade's scriptlets (rpm --reinstall runs them as an upgrade
+    // does): the running service restarts on the new files, stays enabled.
+    guest.sh(&["rpm", "--reinstall", "--nodeps", &format!("/root/{name}")]);
     assert_last_is_stop_of(&log, &first_run);
+    let upgraded = await_active(guest);
+    assert_ne!(upgraded.pid, service.pid, "restarted by %postun");
+    let restarted_run = await_starts(&log, 3)["run"].clone();
+    assert_eq!(
+        guest
+            .sh(&["sh", "-c", "systemctl is-enabled stalltrace || true"])
+            .trim(),
+        "enabled",
+        "an upgrade keeps the unit enabled"
+    );
+
+    guest.sh(&["systemctl", "stop", "stalltrace"]);
+    assert_last_is_stop_of(&log, &restarted_run);
     assert_nothing_left(before, map_names);
 
     // Erase while it runs: %preun stops it (the second run's `stop` last),
     // and nothing stays attached.
     guest.sh(&["systemctl", "start", "stalltrace"]);
-    let second_run = await_starts(&log, 3)["run"].clone();
-    assert_ne!(second_run, first_run);
+    let last_run = await_starts(&log, 4)["run"].clone();
     guest.sh(&["rpm", "--erase", "stalltrace"]);
-    assert_last_is_stop_of(&log, &second_run);
+    assert_last_is_stop_of(&log, &last_run);
     assert_nothing_left(before, map_names);
     assert!(
         !guest

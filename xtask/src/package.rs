@@ -91,7 +91,8 @@ pub fn deb(_: &Prepared) -> anyhow::Result<PathBuf> {
     said_built(&deb, "lintian: no errors")
 }
 
-/// Builds target/rpm/RPMS/ARCH/stalltrace-VERSION-1.ARCH.rpm and returns its path.
+/// Builds target/rpm/RPMS/ARCH/stalltrace-VERSION-1.ARCH.rpm, checks it (rpmlint, its glibc)
+/// and returns its path.
 pub fn rpm(_: &Prepared) -> anyhow::Result<PathBuf> {
     let root = util::workspace_root();
     let meta = CargoMetadata::of_stalltrace()?;
@@ -127,25 +128,74 @@ pub fn rpm(_: &Prepared) -> anyhow::Result<PathBuf> {
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     util::run("rpmbuild", &args)?;
-    let rpm = top.join(format!(
-        "RPMS/{arch}/stalltrace-{}-1.{arch}.rpm",
-        meta.version,
-        arch = arch.trim()
-    ));
-    if !rpm.is_file() {
-        bail!("rpmbuild did not write {}", rpm.display());
-    }
-    // rpmlint exits non-zero on an error; its warnings are printed.
+    // Named by rpmbuild (the spec's Release carries %{?dist} where the
+    // builder defines one): the one package it wrote.
+    let written = top.join("RPMS").join(arch.trim());
+    let rpms: Vec<PathBuf> = std::fs::read_dir(&written)
+        .with_context(|| format!("rpmbuild wrote no {}", written.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    let [rpm] = rpms.as_slice() else {
+        bail!(
+            "rpmbuild wrote {} packages in {}, not one",
+            rpms.len(),
+            written.display()
+        );
+    };
+    // --strict: a warning fails the package too (rpm/rpmlint.toml filters
+    // what is meant, each with its reason).
     let config = root.join("packaging/rpm/rpmlint.toml");
     util::run(
         "rpmlint",
         &[
+            "--strict",
             "--config",
             &config.to_string_lossy(),
             &rpm.to_string_lossy(),
         ],
     )?;
-    said_built(&rpm, "rpmlint: no errors")
+    glibc_at_most(rpm, GLIBC_FLOOR)?;
+    said_built(rpm, "rpmlint --strict: nothing")
+}
+
+/// The newest glibc the RPM's distributions all have (RHEL 9: 2.34).
+const GLIBC_FLOOR: (u32, u32) = (2, 34);
+
+/// Fails when the binary needs a newer glibc than `floor`: the Debian
+/// builder's glibc is newer than RHEL 9's, and a symbol from it would make
+/// the RPM uninstallable there (dnf names the missing `libc.so.6(GLIBC_…)`).
+fn glibc_at_most(rpm: &Path, floor: (u32, u32)) -> anyhow::Result<()> {
+    let requires = util::output(
+        "rpm",
+        &["--query", "--package", "--requires", &rpm.to_string_lossy()],
+    )
+    .context("rpm --query --requires")?;
+    let newest = requires
+        .lines()
+        .filter_map(|l| l.split("(GLIBC_").nth(1)?.split(')').next())
+        .filter_map(|v| {
+            let (major, minor) = v.split_once('.')?;
+            Some((
+                major.parse::<u32>().ok()?,
+                minor.split('.').next()?.parse::<u32>().ok()?,
+            ))
+        })
+        .max()
+        .context("the RPM requires no versioned glibc symbol: rpm found no binary in it")?;
+    if newest > floor {
+        bail!(
+            "the binary needs glibc {}.{}, newer than {}.{} (RHEL 9): it would not install there",
+            newest.0,
+            newest.1,
+            floor.0,
+            floor.1
+        );
+    }
+    eprintln!(
+        "xtask: the binary needs glibc {}.{} (at most {}.{})",
+        newest.0, newest.1, floor.0, floor.1
+    );
+    Ok(())
 }
 
 fn said_built(package: &Path, checked: &str) -> anyhow::Result<PathBuf> {

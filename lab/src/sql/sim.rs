@@ -26,6 +26,14 @@ pub struct Placement<'a> {
     pub container: Option<&'a SimContainer>,
 }
 
+impl Placement<'_> {
+    /// Where the process sees `host_path` (in its container's mount namespace).
+    pub fn inside(&self, host_path: &Path) -> PathBuf {
+        self.container
+            .map_or_else(|| host_path.to_path_buf(), |c| c.inside(host_path))
+    }
+}
+
 impl<'a> Placement<'a> {
     /// In network namespace `netns`, in no cgroup of its own: where most
     /// labs put the simulator or its client.
@@ -113,14 +121,14 @@ impl SqlServerSim {
         let certificate = data.with_extension("pem");
         let mut cmd = place.command(&bins.sqlservr);
         if !extra.contains(&"--no-tls") {
-            cmd.arg("--certificate-out").arg(&certificate);
+            cmd.arg("--certificate-out").arg(place.inside(&certificate));
         }
         cmd.arg("--listen")
             .arg(listen)
             .arg("--data")
-            .arg(data)
+            .arg(place.inside(data))
             .arg("--log")
-            .arg(log)
+            .arg(place.inside(log))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -175,6 +183,7 @@ impl SqlServerSim {
         SystemTime::now()
     }
 
+    /// The watchdog's pid (`podman run`'s for a simulator in a container).
     pub fn watchdog_pid(&self) -> u32 {
         self.watchdog.id()
     }

@@ -6,9 +6,15 @@
 //! `…/<prefix>-<id>`); Kubernetes puts a pod's containers under a cgroup
 //! named after the pod's UID. Read from the path alone, with no runtime's
 //! API: no socket to reach, nothing on the hot path. cgroup v2 gives one
-//! path (`0::`); on v1 and hybrid hosts the runtimes name every hierarchy's
-//! cgroup the same, and the `name=systemd` one (else the first controller's)
-//! is read.
+//! path (`0::`); on v1 and hybrid hosts each hierarchy has its own, and a
+//! runtime on the cgroupfs driver may leave the process in its service's v2
+//! cgroup (`0::/system.slice/containerd.service`) while naming the
+//! container in the v1 ones: each path is read, v2's first, and the first
+//! that names a container wins.
+//!
+//! A tracer in a cgroup namespace of its own (a container on cgroup v2 whose
+//! runtime made one) sees paths relative to its own cgroup (`/../..`): the
+//! components are read all the same, and `cgroup` keeps them as given.
 
 use std::path::Path;
 
@@ -17,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 /// The container a process runs in.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[schemars(deny_unknown_fields, rename = "container")]
 pub struct Container {
     /// The runtime that made its cgroup; absent where the path gives only the id (a Kubernetes
     /// pod's container under the cgroupfs driver: containerd or cri-dockerd).
@@ -26,11 +32,13 @@ pub struct Container {
     /// The container's full id (64 hex digits; `docker ps` and `podman ps` show its first 12).
     #[schemars(length(equal = 64))]
     pub id: String,
-    /// The UID of the Kubernetes pod it belongs to.
+    /// The UID of the Kubernetes pod it belongs to: a UUID, or 32 hex digits for a static pod
+    /// (the kubelet's hash of its manifest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(equal = 36))]
+    #[schemars(length(min = 32, max = 36))]
     pub pod_uid: Option<String>,
-    /// The cgroup path it was read from (relative to the hierarchy's root).
+    /// The cgroup path it was read from, as /proc/PID/cgroup gives it (relative to the root of
+    /// the hierarchy, or of stalltrace's own cgroup namespace).
     pub cgroup: String,
 }
 
@@ -69,7 +77,7 @@ impl Runtime {
 /// process in no container (or gone).
 pub fn of_pid(proc_root: &Path, pid: u32) -> Option<Container> {
     let text = std::fs::read_to_string(proc_root.join(format!("{pid}/cgroup"))).ok()?;
-    of_cgroup(cgroup_path(&text)?)
+    of_proc_cgroup(&text)
 }
 
 /// Containers by pid for records made many times a second (`slow_io`):
@@ -102,32 +110,32 @@ impl Cache {
     }
 }
 
-/// The path /proc/PID/cgroup gives the process: v2's unless it is the root
-/// (a hybrid host whose v2 hierarchy nothing uses), else v1's `name=systemd`,
-/// else the first v1 hierarchy's that is not the root.
-fn cgroup_path(text: &str) -> Option<&str> {
-    let lines: Vec<(&str, &str)> = text
+/// The container /proc/PID/cgroup's text names: the first of its paths,
+/// v2's, then v1's `name=systemd`, then the other v1 hierarchies', that
+/// names one.
+fn of_proc_cgroup(text: &str) -> Option<Container> {
+    let mut lines: Vec<(&str, &str)> = text
         .lines()
         .filter_map(|l| {
             let mut parts = l.splitn(3, ':');
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
             Some((controllers, path))
         })
-        .filter(|(_, path)| *path != "/")
         .collect();
-    lines
-        .iter()
-        .find(|(c, _)| c.is_empty())
-        .or_else(|| lines.iter().find(|(c, _)| *c == "name=systemd"))
-        .or_else(|| lines.first())
-        .map(|(_, path)| *path)
+    // Stable: among the other v1 hierarchies, the file's order.
+    lines.sort_by_key(|(c, _)| match *c {
+        "" => 0,
+        "name=systemd" => 1,
+        _ => 2,
+    });
+    lines.iter().find_map(|(_, path)| of_cgroup(path))
 }
 
 /// The container a cgroup path names, if any.
 pub fn of_cgroup(path: &str) -> Option<Container> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     // The innermost component that names a container: a runtime may nest
-    // cgroups of its own under it (podman --cgroups=split: `…/container`).
+    // cgroups of its own under it (crun's systemd subgroup: `…/container`).
     let (index, runtime, id) = parts.iter().enumerate().rev().find_map(|(i, part)| {
         named(part, parts.get(i.wrapping_sub(1)).copied()).map(|(r, id)| (i, r, id))
     })?;
@@ -145,6 +153,8 @@ fn named<'a>(part: &'a str, parent: Option<&str>) -> Option<(Option<Runtime>, &'
     let name = part.strip_suffix(".scope").unwrap_or(part);
     const PREFIXES: &[(&str, Runtime)] = &[
         ("docker-", Runtime::Docker),
+        // A podman container started by a systemd unit (Quadlet, --cgroups=split).
+        ("libpod-payload-", Runtime::Podman),
         ("libpod-", Runtime::Podman),
         ("cri-containerd-", Runtime::Containerd),
         ("crio-", Runtime::CriO),
@@ -171,7 +181,8 @@ fn is_id(s: &str) -> bool {
 }
 
 /// A pod's UID from its cgroup's name: `pod<uid>` (cgroupfs) or
-/// `kubepods[-<class>]-pod<uid with _ for ->.slice` (systemd).
+/// `kubepods[-<class>]-pod<uid with _ for ->.slice` (systemd); a UUID, or
+/// a static pod's 32 hex digits.
 fn pod_uid(part: &str) -> Option<String> {
     let name = part.strip_suffix(".slice").unwrap_or(part);
     let uid = match name.strip_prefix("pod") {
@@ -182,12 +193,13 @@ fn pod_uid(part: &str) -> Option<String> {
             .1
             .replace('_', "-"),
     };
-    let shape = uid.len() == 36
+    let uuid = uid.len() == 36
         && uid.char_indices().all(|(i, c)| match i {
             8 | 13 | 18 | 23 => c == '-',
             _ => c.is_ascii_hexdigit(),
         });
-    shape.then_some(uid)
+    let static_pod = uid.len() == 32 && uid.bytes().all(|b| b.is_ascii_hexdigit());
+    (uuid || static_pod).then_some(uid)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use super::*;
 
 const ID: &str = "2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d";
 const POD: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+const STATIC_POD: &str = "6f1e2d3c4b5a69788a9b0c1d2e3f4a5b";
 const POD_SYSTEMD: &str = "0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b";
 
 fn said(path: &str) -> Option<(Option<Runtime>, String, Option<String>)> {
@@ -43,6 +44,12 @@ fn each_runtime_and_driver_names_its_containers() {
             Some(Podman),
             None,
         ),
+        // podman run by a systemd unit (Quadlet)
+        (
+            format!("/system.slice/mssql.service/libpod-payload-{ID}"),
+            Some(Podman),
+            None,
+        ),
         // containerd under Kubernetes: systemd and cgroupfs drivers
         (
             format!(
@@ -67,6 +74,12 @@ fn each_runtime_and_driver_names_its_containers() {
             format!("/kubepods/besteffort/pod{POD}/crio-{ID}"),
             Some(CriO),
             Some(POD),
+        ),
+        // a static pod (its UID the kubelet's hash of the manifest)
+        (
+            format!("/kubepods/burstable/pod{STATIC_POD}/{ID}"),
+            None,
+            Some(STATIC_POD),
         ),
     ];
     for (path, runtime, pod) in cases {
@@ -99,22 +112,34 @@ fn what_is_no_container_names_none() {
 }
 
 #[test]
-fn the_proc_file_of_each_hierarchy_gives_the_path() {
+fn the_proc_file_of_each_hierarchy_gives_the_container() {
     let container = format!("/libpod_parent/libpod-{ID}");
+    let id = |text: &str| of_proc_cgroup(text).map(|c| c.id);
     // v2 only
-    assert_eq!(
-        cgroup_path(&format!("0::{container}\n")),
-        Some(container.as_str())
-    );
-    // hybrid, with v2 unused (this VM's host processes): v1's name=systemd
+    assert_eq!(id(&format!("0::{container}\n")), Some(ID.to_string()));
+    // hybrid, with v2 unused (this VM's podman): the v1 paths
     let hybrid =
         format!("9:name=systemd:{container}\n4:memory:/process_api/x\n1:cpu:{container}\n0::/\n");
-    assert_eq!(cgroup_path(&hybrid), Some(container.as_str()));
-    // v1 without name=systemd: the first that is not the root
-    let v1 = format!("3:cpuset:/\n2:memory:{container}\n");
-    assert_eq!(cgroup_path(&v1), Some(container.as_str()));
-    // a host process everywhere at the root
-    assert_eq!(cgroup_path("1:cpu:/\n0::/\n"), None);
+    assert_eq!(id(&hybrid), Some(ID.to_string()));
+    // hybrid, docker on cgroupfs: v2 left at the runtime's service
+    let docker = format!(
+        "1:name=systemd:/docker/{ID}\n2:memory:/docker/{ID}\n0::/system.slice/containerd.service\n"
+    );
+    assert_eq!(id(&docker), Some(ID.to_string()));
+    // v1 without name=systemd
+    assert_eq!(
+        id(&format!("3:cpuset:/\n2:memory:{container}\n")),
+        Some(ID.to_string())
+    );
+    // from inside a cgroup namespace of the tracer's own (relative paths)
+    let relative = format!(
+        "0::/../../kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
+    );
+    let c = of_proc_cgroup(&relative).unwrap();
+    assert_eq!((c.id.as_str(), c.pod_uid.as_deref()), (ID, Some(POD)));
+    // a host process everywhere at the root, or in a service
+    assert_eq!(id("1:cpu:/\n0::/\n"), None);
+    assert_eq!(id("0::/system.slice/ssh.service\n"), None);
 }
 
 #[test]

@@ -68,8 +68,11 @@ fn disk_names<S: serde::Serializer>(disks: &[Disk], s: S) -> Result<S::Ok, S::Er
 }
 
 impl DbFile {
-    pub fn locate(path: &Path, role: Role, sys: &Path) -> Option<Self> {
-        let meta = std::fs::metadata(path)
+    /// `path`, a database file as the worker names it (in its own mount
+    /// namespace: a container's paths are not the host's), reached `through`
+    /// another path from stalltrace's (the worker's /proc/PID/root/...).
+    pub fn locate(path: &Path, through: &Path, role: Role, sys: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(through)
             .map_err(|e| closed(path, &e, "stat", "has no disk role"))
             .ok()?;
         let dev = meta.dev();
@@ -87,7 +90,10 @@ impl DbFile {
         };
         let mut disks = vec![disk];
         below(sys, disk, &mut disks, 0);
-        let extents = fiemap(path)
+        let extents = fiemap(through)
+            .map_err(|e| closed(path, &e, "FIEMAP (open)", "keeps its disk role but has"))
+            .ok()
+            .flatten()
             .unwrap_or_default()
             .into_iter()
             .map(|(phys, len)| (offset + phys / 512, offset + (phys + len).div_ceil(512)))
@@ -187,9 +193,9 @@ fn loop_backing_disk(sys: &Path, node: &Path) -> Option<Disk> {
 }
 
 /// The file's extents on its filesystem's device as (physical byte offset,
-/// length). FS_IOC_FIEMAP by hand: a few lines of ioctl, where the crates that
+/// length); an error only when it cannot be opened. FS_IOC_FIEMAP by hand: a few lines of ioctl, where the crates that
 /// wrap it are unmaintained.
-fn fiemap(path: &Path) -> Option<Vec<(u64, u64)>> {
+fn fiemap(path: &Path) -> std::io::Result<Option<Vec<(u64, u64)>>> {
     const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B; // _IOWR('f', 11, struct fiemap)
     const FIEMAP_FLAG_SYNC: u32 = 1;
     const MAX_EXTENTS: usize = 512;
@@ -213,9 +219,7 @@ fn fiemap(path: &Path) -> Option<Vec<(u64, u64)>> {
         reserved: u32,
         extents: [Extent; MAX_EXTENTS],
     }
-    let file = std::fs::File::open(path)
-        .map_err(|e| closed(path, &e, "FIEMAP (open)", "keeps its disk role but has"))
-        .ok()?;
+    let file = std::fs::File::open(path)?;
     let mut map = Box::new(Fiemap {
         start: 0,
         length: u64::MAX,
@@ -228,15 +232,15 @@ fn fiemap(path: &Path) -> Option<Vec<(u64, u64)>> {
     // SAFETY: FS_IOC_FIEMAP fills at most extent_count extents of the struct we own.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP, &mut *map as *mut Fiemap) };
     if rc != 0 {
-        return None;
+        return Ok(None); // the filesystem cannot say
     }
     let n = (map.mapped_extents as usize).min(MAX_EXTENTS);
-    Some(
+    Ok(Some(
         map.extents[..n]
             .iter()
             .map(|e| (e.physical, e.length))
             .collect(),
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -266,7 +270,7 @@ mod tests {
         let path =
             Path::new("/var/tmp").join(format!("stalltrace-fiemap-{}.mdf", std::process::id()));
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
-        let f = DbFile::locate(&path, Role::Data, Path::new("/sys"));
+        let f = DbFile::locate(&path, &path, Role::Data, Path::new("/sys"));
         std::fs::remove_file(&path).unwrap();
         let f = f.expect("a file on a block device");
         assert!(!f.disks.is_empty());

@@ -202,7 +202,10 @@ impl Inventory {
                 .paths
                 .iter()
                 .filter_map(|p| {
-                    files::classify(p).and_then(|role| DbFile::locate(p, role, &self.sys))
+                    let role = files::classify(p)?;
+                    // The file in the worker's mount namespace (a container's).
+                    let through = proc_pid.join("root").join(p.strip_prefix("/").unwrap_or(p));
+                    DbFile::locate(p, &through, role, &self.sys)
                 })
                 .collect();
             instance_files.sort_by(|a, b| a.path.cmp(&b.path));
