@@ -20,7 +20,7 @@ use common::netlab::{NetPair, Side};
 use common::sqllab::{Cgroup, Placement, SMALL_FILES, SlowDisk, SqlClientRun, SqlServerSim};
 use common::*;
 use serde_json::Value;
-use stalltrace_lab::container::SimContainer;
+use stalltrace_lab::container::{PodmanApi, SimContainer};
 
 /// Under 5% loss on the client link and with the log's disk slowed down for
 /// the container's cgroup: the instance says its container (runtime, id,
@@ -33,6 +33,8 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     let pair = NetPair::new();
     let volume = SlowDisk::new(32);
     let container = SimContainer::new(&[(&volume.upper.dir, "/var/opt/mssql")]);
+    // Where stalltrace asks podman for the container's name.
+    let _api = PodmanApi::start();
     let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "5"]);
     let log = volume.upper.path("sales_log.ldf");
     // As the worker names it; the host has no such file.
@@ -84,6 +86,7 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     eprintln!("sql_instance container: {said}");
     assert_eq!(said["id"], id.as_str(), "{instance}");
     assert_eq!(said["runtime"], "podman", "{instance}");
+    assert_eq!(said["name"], container.name.as_str(), "{instance}");
     assert!(
         said["cgroup"]
             .as_str()
@@ -146,6 +149,7 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     assert!(on_log > 0, "no slow write names {log_inside}: {slow:?}");
     for r in &slow {
         assert_eq!(r["container"]["id"], id.as_str(), "{r}");
+        assert_eq!(r["container"]["name"], container.name.as_str(), "{r}");
         assert_eq!(r["sql"]["container"], id.as_str(), "{r}");
     }
 }

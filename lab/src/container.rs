@@ -35,6 +35,8 @@ pub fn podman_run() -> Command {
 }
 
 pub struct SimContainer {
+    /// Its name (`podman run --name`), unique.
+    pub name: String,
     root: PathBuf,
     cidfile: PathBuf,
     /// (host directory, where the container sees it)
@@ -60,6 +62,7 @@ impl SimContainer {
         }
         let cidfile = root.with_extension("cid");
         Self {
+            name: unique("stalltrace-sql"),
             root,
             cidfile,
             volumes: volumes
@@ -85,6 +88,7 @@ impl SimContainer {
         // The host's directory at its own path.
         let bind = |host: &Path, mode: &str| format!("--volume={0}:{0}:{mode}", host.display());
         cmd.arg(format!("--cidfile={}", self.cidfile.display()))
+            .arg(format!("--name={}", self.name))
             .arg("--pid=host")
             .arg(match netns {
                 Some(ns) => format!("--network=ns:/run/netns/{ns}"),
@@ -128,5 +132,56 @@ impl Drop for SimContainer {
         }
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_file(&self.cidfile);
+    }
+}
+
+/// podman's API socket at its root default, `/run/podman/podman.sock`
+/// (`podman system service`), for as long as this lives; one already
+/// there (the `podman.socket` unit's) is used and left alone.
+pub struct PodmanApi {
+    service: Option<std::process::Child>,
+}
+
+impl PodmanApi {
+    pub const SOCKET: &str = "/run/podman/podman.sock";
+
+    pub fn start() -> Self {
+        let socket = Path::new(Self::SOCKET);
+        if socket.exists() {
+            return Self { service: None };
+        }
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let service = crate::util::die_with_parent(
+            Command::new("podman")
+                .args(["system", "service", "--time=0"])
+                .arg(format!("unix://{}", Self::SOCKET)),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("podman system service");
+        let api = Self {
+            service: Some(service),
+        };
+        let started = std::time::Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "podman system service made no {} in 20 s",
+                Self::SOCKET
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        api
+    }
+}
+
+impl Drop for PodmanApi {
+    fn drop(&mut self) {
+        if let Some(mut service) = self.service.take() {
+            let _ = service.kill();
+            let _ = service.wait();
+            let _ = std::fs::remove_file(Self::SOCKET);
+        }
     }
 }

@@ -22,7 +22,7 @@ use crate::abi::{
     self, bio_slot, block_disk, block_key, block_rq_slot, block_stats, slow_io_event,
 };
 use crate::error::UserError;
-use crate::host::container;
+use crate::host::container_lookup;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -101,7 +101,7 @@ pub struct BlockProbe {
     series: BTreeMap<(u32, u32, u32), Series>,
     names: HashMap<(u32, u32), String>,
     /// `slow_io`'s submitters' containers.
-    containers: container::Cache,
+    containers: container_lookup::Cache,
     sysfs: Sysfs,
     /// `--disk`: the only disks traced; None: every disk.
     selected: Option<HashSet<(u32, u32)>>,
@@ -180,7 +180,7 @@ impl BlockProbe {
                     kernel_skipped: 0,
                     series: BTreeMap::new(),
                     names: HashMap::new(),
-                    containers: container::Cache::default(),
+                    containers: container_lookup::Cache::default(),
                     sysfs: Sysfs::default(),
                     selected,
                     prepared: HashSet::new(),

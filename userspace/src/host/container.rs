@@ -32,6 +32,9 @@ pub struct Container {
     /// The container's full id (64 hex digits; `docker ps` and `podman ps` show its first 12).
     #[schemars(length(equal = 64))]
     pub id: String,
+    /// Its name, from its runtime's API socket where stalltrace can read it (podman's, docker's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The UID of the Kubernetes pod it belongs to: a UUID, or 32 hex digits for a static pod
     /// (the kubelet's hash of its manifest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,36 +83,6 @@ pub fn of_pid(proc_root: &Path, pid: u32) -> Option<Container> {
     of_proc_cgroup(&text)
 }
 
-/// Containers by pid for records made many times a second (`slow_io`):
-/// each pid's /proc file is read at most once per [`Cache::TTL`], and the
-/// table never holds more than [`Cache::CAPACITY`] pids (it starts over
-/// when full). A pid reused within the TTL keeps the earlier process's
-/// container until then.
-#[derive(Default)]
-pub struct Cache {
-    by_pid: std::collections::HashMap<u32, (std::time::Instant, Option<Container>)>,
-}
-
-impl Cache {
-    const TTL: std::time::Duration = std::time::Duration::from_secs(10);
-    const CAPACITY: usize = 4096;
-
-    pub fn of_pid(&mut self, proc_root: &Path, pid: u32) -> Option<Container> {
-        let now = std::time::Instant::now();
-        if let Some((read, container)) = self.by_pid.get(&pid)
-            && now.duration_since(*read) < Self::TTL
-        {
-            return container.clone();
-        }
-        if self.by_pid.len() >= Self::CAPACITY {
-            self.by_pid.clear();
-        }
-        let container = of_pid(proc_root, pid);
-        self.by_pid.insert(pid, (now, container.clone()));
-        container
-    }
-}
-
 /// The container /proc/PID/cgroup's text names: the first of its paths,
 /// v2's, then v1's `name=systemd`, then the other v1 hierarchies', that
 /// names one.
@@ -143,6 +116,7 @@ pub fn of_cgroup(path: &str) -> Option<Container> {
     Some(Container {
         runtime,
         id: id.to_string(),
+        name: None,
         pod_uid,
         cgroup: path.to_string(),
     })

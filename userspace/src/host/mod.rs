@@ -5,6 +5,7 @@ pub mod btf_names;
 pub mod caps;
 pub mod clock;
 pub mod container;
+pub mod container_lookup;
 pub mod kernel;
 pub mod link;
 pub mod netlink;

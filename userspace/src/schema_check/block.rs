@@ -50,7 +50,11 @@ fn sql_slow_io() -> SlowIoRecord {
         sql: Some(SqlTag::for_instance(4242)),
         container: container::of_cgroup(
             "/machine.slice/libpod-2e2222c3a81289eb9bef02d9d669e8d0e12c6b9fa0470ae84110ead8628cfd5d.scope",
-        ),
+        )
+        .map(|c| container::Container {
+            name: Some("mssql-prod".into()),
+            ..c
+        }),
         ..decoded_slow_io(
             abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
             abi::BLOCK_OP_WRITE,

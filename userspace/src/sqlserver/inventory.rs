@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::files::{self, DbFile, Disk, Role};
-use crate::host::container;
 use crate::host::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
+use crate::host::{container, container_lookup};
 pub use crate::records::sql::{FileSummary, Instance, Session, SessionKind};
 
 /// How to find SQL Server (`--sql-pid`, `--sql-port`, `--sql-ag-port`).
@@ -62,6 +62,8 @@ pub struct Inventory {
     /// When the last refresh ran (UTC ms).
     last_refresh_ms: Option<i64>,
     roles: HashMap<Disk, &'static str>,
+    /// The instances' containers' names.
+    names: container_lookup::Names,
 }
 
 impl Inventory {
@@ -261,7 +263,7 @@ impl Inventory {
                     .collect(),
                 disk_roles: BTreeMap::new(),
                 tls: None, // the live side fills it in (sqlserver/tls.rs)
-                container: container::of_pid(&self.proc, pid),
+                container: container::of_pid(&self.proc, pid).map(|c| self.names.named(c)),
             };
             instances.push(instance);
             files.extend(instance_files);

@@ -168,7 +168,14 @@ fn instance(inst: &crate::report::Instance) -> String {
             .runtime
             .map(|r| format!("{} ", r.name()))
             .unwrap_or_default();
-        s.push_str(&format!(" in {runtime}container {}", clean(c.short_id())));
+        match &c.name {
+            Some(name) => s.push_str(&format!(
+                " in {runtime}container {} ({})",
+                clean(name),
+                clean(c.short_id())
+            )),
+            None => s.push_str(&format!(" in {runtime}container {}", clean(c.short_id()))),
+        }
         if let Some(pod) = &c.pod_uid {
             s.push_str(&format!(" of pod {}", clean(pod)));
         }
