@@ -147,9 +147,11 @@ impl PodmanApi {
 
     pub fn start() -> Self {
         let socket = Path::new(Self::SOCKET);
-        if socket.exists() {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
             return Self { service: None };
         }
+        // A file no service listens on (left by a killed run).
+        let _ = std::fs::remove_file(socket);
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         let service = crate::util::die_with_parent(
             Command::new("podman")
@@ -164,7 +166,7 @@ impl PodmanApi {
             service: Some(service),
         };
         let started = std::time::Instant::now();
-        while !socket.exists() {
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
             assert!(
                 started.elapsed() < std::time::Duration::from_secs(20),
                 "podman system service made no {} in 20 s",

@@ -66,8 +66,8 @@ pub struct Plan {
     pub ports: Vec<u16>,
     pub netns: Vec<Netns>,
     pub ifaces: Vec<String>,
-    /// `--disk`: the whole disks (name, major, first minor) the block family is limited to.
-    pub disks: Vec<(String, u32, u32)>,
+    /// `--disk`: the whole disks (major, first minor) the block family is limited to.
+    pub disks: Vec<(u32, u32)>,
     pub hz: u32,
     pub sql: Discovery,
     /// `--sql-tls`: when the SSL_write uprobes are attached.
@@ -97,11 +97,7 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         &BlockOptions {
             slow_io: plan.slow_io,
             mode: args.probe_mode,
-            disks: plan
-                .disks
-                .iter()
-                .map(|&(_, major, minor)| (major, minor))
-                .collect(),
+            disks: plan.disks.clone(),
         },
         &btf,
     );
@@ -371,11 +367,7 @@ pub fn run_into(
             ports: plan.ports.clone(),
             netns: plan.netns.clone(),
             ifaces: plan.ifaces.clone(),
-            disks: plan
-                .disks
-                .iter()
-                .map(|(_, major, minor)| format!("{major}:{minor}"))
-                .collect(),
+            disks: plan.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
         },
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
         prometheus: metrics.as_ref().map(|(_, server)| server.addr),

@@ -62,21 +62,21 @@ pub struct BlockOptions {
     pub disks: Vec<(u32, u32)>,
 }
 
-/// `--disk` specs as whole disks (name, major, first minor), each once; a
-/// spec that names no disk, or more disks than the kernel's table holds, is
-/// an error before anything attaches.
-pub fn resolve_disks(specs: &[String]) -> Result<Vec<(String, u32, u32)>, UserError> {
+/// `--disk` specs as whole disks (major, first minor), each once; a spec
+/// that names no disk, or more disks than the kernel's table holds, is an
+/// error before anything attaches.
+pub fn resolve_disks(specs: &[String]) -> Result<Vec<(u32, u32)>, UserError> {
     let sysfs = Sysfs::default();
-    let mut disks: Vec<(String, u32, u32)> = Vec::new();
+    let mut disks: Vec<(u32, u32)> = Vec::new();
     for spec in specs {
-        let disk = sysfs.whole_disk(spec).ok_or_else(|| {
+        let (_, major, minor) = sysfs.whole_disk(spec).ok_or_else(|| {
             UserError::new(
                 format!("--disk {spec}: no such disk in /sys/class/block"),
                 "name a disk as lsblk lists it (sda, nvme0n1), a /dev path, or MAJOR:MINOR",
             )
         })?;
-        if !disks.contains(&disk) {
-            disks.push(disk);
+        if !disks.contains(&(major, minor)) {
+            disks.push((major, minor));
         }
     }
     let max = abi::BLOCK_SELECTED_DISKS_MAX as usize;

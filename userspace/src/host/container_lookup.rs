@@ -6,11 +6,14 @@
 //! is the container's name. containerd's and CRI-O's names are their CRI's
 //! (gRPC), not read here.
 //!
-//! One request per container, cached; never from a BPF program's path.
-//! A socket that is missing or closed to stalltrace (it is root's, or the
-//! docker group's) costs a failed connect, retried once a minute per
-//! container. A runtime that does not answer within [`TIMEOUT`] is given up
-//! for that minute too.
+//! One request per container, cached, asked by a thread of its own: the
+//! daemon's loop never waits on a runtime. A container's records carry its
+//! name from the moment the answer is in (the first ones may lack it). Each
+//! request is bounded by [`TIMEOUT`], connect (which does not wait for a
+//! full backlog) to last byte; a socket that fails (missing, closed to
+//! stalltrace: root's or the docker group's, silent, slow) is not asked
+//! again for a minute, whatever the container, and at most [`QUEUED`]
+//! requests wait: the rest are asked later.
 //!
 //! HTTP/1.0 by hand: one small JSON document over a Unix socket, where the
 //! HTTP crates either lack Unix sockets (ureq) or bring an async stack for it
@@ -20,16 +23,20 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::container::{self, Container, Runtime};
 
 /// How long one lookup may take, connect to last byte.
-pub const TIMEOUT: Duration = Duration::from_millis(250);
+pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// A failed lookup is tried again after this.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Containers whose names are kept; the table starts over when full.
 const CAPACITY: usize = 1024;
+/// Requests waiting for the thread; more are dropped and asked again later.
+pub const QUEUED: usize = 16;
 /// The most of an answer read: a container's JSON is a few KiB.
 const MAX_ANSWER: u64 = 1 << 20;
 
@@ -41,7 +48,6 @@ const MAX_ANSWER: u64 = 1 << 20;
 #[derive(Default)]
 pub struct Cache {
     by_pid: HashMap<u32, (Instant, Option<Container>)>,
-    names: Names,
 }
 
 impl Cache {
@@ -50,24 +56,34 @@ impl Cache {
 
     pub fn of_pid(&mut self, proc_root: &Path, pid: u32) -> Option<Container> {
         let now = Instant::now();
+        // Named at each use: a name that came in since the read is given.
         if let Some((read, container)) = self.by_pid.get(&pid)
             && now.duration_since(*read) < Self::TTL
         {
-            return container.clone();
+            return container.clone().map(|c| Names::shared().named(c));
         }
         if self.by_pid.len() >= Self::CAPACITY {
             self.by_pid.clear();
         }
-        let container = container::of_pid(proc_root, pid).map(|c| self.names.named(c));
+        let container = container::of_pid(proc_root, pid);
         self.by_pid.insert(pid, (now, container.clone()));
-        container
+        container.map(|c| Names::shared().named(c))
     }
 }
 
 /// Container names by id, from the runtimes' sockets.
 pub struct Names {
     sockets: Vec<(Runtime, PathBuf)>,
-    by_id: HashMap<String, (Instant, Option<String>)>,
+    known: Arc<Mutex<Known>>,
+    requests: SyncSender<(PathBuf, String)>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// By container id: asked (None) or answered, when, with what.
+    by_id: HashMap<String, Option<(Instant, Option<String>)>>,
+    /// Sockets that failed, and when: not asked again before RETRY_AFTER.
+    failed: HashMap<PathBuf, Instant>,
 }
 
 impl Default for Names {
@@ -80,66 +96,116 @@ impl Default for Names {
 }
 
 impl Names {
-    /// Names from these sockets, by the runtime they serve.
+    /// The daemon's one table, on the default sockets: a name discovery
+    /// asked for is there for the records of the container's processes.
+    pub fn shared() -> &'static Names {
+        static SHARED: std::sync::OnceLock<Names> = std::sync::OnceLock::new();
+        SHARED.get_or_init(Names::default)
+    }
+
+    /// Names from these sockets, by the runtime they serve; the thread that
+    /// asks them ends with this.
     pub fn at(sockets: Vec<(Runtime, PathBuf)>) -> Self {
+        let known = Arc::new(Mutex::new(Known::default()));
+        let (requests, asked) = mpsc::sync_channel::<(PathBuf, String)>(QUEUED);
+        let answers = Arc::clone(&known);
+        let _ = std::thread::Builder::new()
+            .name("container-names".into())
+            .spawn(move || {
+                for (socket, id) in asked {
+                    let answer = ask(&socket, &id);
+                    let mut known = answers.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = Instant::now();
+                    let name = answer.unwrap_or_else(|()| {
+                        known.failed.insert(socket, now);
+                        None
+                    });
+                    known.by_id.insert(id, Some((now, name)));
+                }
+            });
         Self {
             sockets,
-            by_id: HashMap::new(),
+            known,
+            requests,
         }
     }
 
-    /// `container` with its name, when its runtime's socket gives one.
-    pub fn named(&mut self, mut container: Container) -> Container {
+    /// `container` with its name, when its runtime's socket has given one.
+    pub fn named(&self, mut container: Container) -> Container {
         container.name = self.name(&container);
         container
     }
 
-    fn name(&mut self, container: &Container) -> Option<String> {
-        let socket = self
+    fn name(&self, container: &Container) -> Option<String> {
+        let (_, socket) = self
             .sockets
             .iter()
-            .find(|(runtime, _)| Some(*runtime) == container.runtime)?
-            .1
-            .clone();
+            .find(|(runtime, _)| Some(*runtime) == container.runtime)?;
         let now = Instant::now();
-        if let Some((asked, name)) = self.by_id.get(&container.id)
-            && (name.is_some() || now.duration_since(*asked) < RETRY_AFTER)
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        match known.by_id.get(&container.id) {
+            Some(None) => return None, // asked, no answer yet
+            Some(Some((at, name))) if name.is_some() || now.duration_since(*at) < RETRY_AFTER => {
+                return name.clone();
+            }
+            _ => {}
+        }
+        if known
+            .failed
+            .get(socket)
+            .is_some_and(|at| now.duration_since(*at) < RETRY_AFTER)
         {
-            return name.clone();
+            return None;
         }
-        if self.by_id.len() >= CAPACITY {
-            self.by_id.clear();
+        if known.by_id.len() >= CAPACITY {
+            known.by_id.clear();
         }
-        let name = ask(&socket, &container.id);
-        self.by_id.insert(container.id.clone(), (now, name.clone()));
-        name
+        if self
+            .requests
+            .try_send((socket.clone(), container.id.clone()))
+            .is_ok()
+        {
+            known.by_id.insert(container.id.clone(), None);
+        }
+        None
     }
 }
 
 /// `GET /containers/{id}/json` on `socket`: the `Name` of a 200 answer,
-/// without the leading `/` docker gives it.
-fn ask(socket: &Path, id: &str) -> Option<String> {
-    let mut stream = UnixStream::connect(socket).ok()?;
-    stream.set_read_timeout(Some(TIMEOUT)).ok()?;
-    stream.set_write_timeout(Some(TIMEOUT)).ok()?;
+/// without the leading `/` docker gives it; `Err` when the socket failed
+/// (no answer within TIMEOUT, or none at all).
+fn ask(socket: &Path, id: &str) -> Result<Option<String>, ()> {
+    let deadline = Instant::now() + TIMEOUT;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(())
+    };
+    // socket2: std's UnixStream::connect has no timeout, and a Unix socket's
+    // connect sleeps while the listener's backlog is full.
+    let address = socket2::SockAddr::unix(socket).map_err(|_| ())?;
+    let raw =
+        socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).map_err(|_| ())?;
+    raw.connect_timeout(&address, left()?).map_err(|_| ())?;
+    let mut stream = UnixStream::from(raw);
+    stream.set_write_timeout(Some(left()?)).map_err(|_| ())?;
     // HTTP/1.0: the answer is the body up to the close, never chunked.
     let request = format!("GET /containers/{id}/json HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    stream.write_all(request.as_bytes()).ok()?;
-    let started = Instant::now();
+    stream.write_all(request.as_bytes()).map_err(|_| ())?;
     let mut answer = Vec::new();
     let mut chunk = [0u8; 8192];
-    let mut limited = stream.take(MAX_ANSWER);
     loop {
-        if started.elapsed() > TIMEOUT {
-            return None;
-        }
-        match limited.read(&mut chunk) {
+        stream.set_read_timeout(Some(left()?)).map_err(|_| ())?;
+        match stream.read(&mut chunk) {
             Ok(0) => break,
+            Ok(n) if answer.len() as u64 + n as u64 > MAX_ANSWER => return Ok(None),
             Ok(n) => answer.extend_from_slice(&chunk[..n]),
-            Err(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(()),
         }
     }
-    name_in(&answer)
+    Ok(name_in(&answer))
 }
 
 fn name_in(answer: &[u8]) -> Option<String> {
@@ -198,6 +264,20 @@ mod tests {
         })
     }
 
+    /// What `names` says of `container` once its thread has answered (up to 5 s).
+    fn answered(names: &Names, container: &Container) -> Option<String> {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            let known = names.known.lock().unwrap();
+            if let Some(Some((_, name))) = known.by_id.get(&container.id) {
+                return name.clone();
+            }
+            drop(known);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no answer in 5 s");
+    }
+
     #[test]
     fn a_name_is_asked_once_of_the_container_s_runtime() {
         let dir = tempfile::tempdir().unwrap();
@@ -207,14 +287,16 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"Id\":\"x\",\"Name\":\"/mssql-prod\"}",
             1,
         );
-        let mut names = Names::at(vec![(Runtime::Podman, socket)]);
-        let named = names.named(container(Runtime::Podman));
-        assert_eq!(named.name.as_deref(), Some("mssql-prod"));
-        // Cached: the server answers one request only.
+        let names = Names::at(vec![(Runtime::Podman, socket)]);
+        let podman = container(Runtime::Podman);
+        // Asked, not waited for.
+        assert_eq!(names.named(podman.clone()).name, None);
+        assert_eq!(answered(&names, &podman).as_deref(), Some("mssql-prod"));
         assert_eq!(
-            names.named(container(Runtime::Podman)).name.as_deref(),
+            names.named(podman.clone()).name.as_deref(),
             Some("mssql-prod")
         );
+        // Cached: the server answered one request only.
         assert_eq!(
             server.join().unwrap(),
             [format!("GET /containers/{ID}/json HTTP/1.0")]
@@ -232,14 +314,31 @@ mod tests {
         assert_eq!(name_in(b"HTTP/1.1 200 OK\r\n\r\nnot json"), None);
         assert_eq!(name_in(b"garbage"), None);
         let dir = tempfile::tempdir().unwrap();
-        let mut names = Names::at(vec![(Runtime::Podman, dir.path().join("absent.sock"))]);
-        assert_eq!(names.named(container(Runtime::Podman)).name, None);
-        // A socket that accepts and never answers: given up after TIMEOUT.
+        let names = Names::at(vec![(Runtime::Podman, dir.path().join("absent.sock"))]);
+        let podman = container(Runtime::Podman);
+        assert_eq!(names.named(podman.clone()).name, None);
+        assert_eq!(answered(&names, &podman), None);
+        // A socket that accepts and never answers: the caller never waits,
+        // the thread gives up after TIMEOUT, and the socket is not asked
+        // again within the minute, for any container.
         let silent = dir.path().join("silent.sock");
         let _listener = UnixListener::bind(&silent).unwrap();
-        let mut names = Names::at(vec![(Runtime::Podman, silent)]);
+        let names = Names::at(vec![(Runtime::Podman, silent.clone())]);
         let started = Instant::now();
-        assert_eq!(names.named(container(Runtime::Podman)).name, None);
-        assert!(started.elapsed() < TIMEOUT * 4, "{:?}", started.elapsed());
+        assert_eq!(names.named(podman.clone()).name, None);
+        assert!(started.elapsed() < TIMEOUT / 10, "{:?}", started.elapsed());
+        assert_eq!(answered(&names, &podman), None);
+        let waited = started.elapsed();
+        assert!(waited >= TIMEOUT && waited < TIMEOUT * 2, "{waited:?}");
+        assert!(names.known.lock().unwrap().failed.contains_key(&silent));
+        let other = Container {
+            id: ID.replace('2', "3"),
+            ..container(Runtime::Podman)
+        };
+        assert_eq!(names.named(other.clone()).name, None);
+        assert!(
+            !names.known.lock().unwrap().by_id.contains_key(&other.id),
+            "asked again"
+        );
     }
 }

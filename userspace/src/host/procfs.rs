@@ -60,7 +60,10 @@ fn parent_pid(proc_pid: &Path) -> Option<u32> {
 #[derive(Default, Debug)]
 pub struct OpenFiles {
     pub sockets: Vec<u64>,
-    pub paths: Vec<PathBuf>,
+    /// Each file's path as the process's link names it, and the link
+    /// (/proc/PID/fd/N) that reaches that very file from any mount namespace
+    /// (a container's path need not exist in ours, or be the same file).
+    pub paths: Vec<(PathBuf, PathBuf)>,
     /// The descriptors could not be listed or read for want of permission:
     /// another user's need CAP_DAC_READ_SEARCH (to list /proc/PID/fd, mode
     /// 0500) and CAP_SYS_PTRACE (the kernel's ptrace check on each link).
@@ -96,7 +99,7 @@ pub fn open_files(proc_pid: &Path) -> OpenFiles {
                 out.sockets.push(ino);
             }
         } else if target.is_absolute() {
-            out.paths.push(target);
+            out.paths.push((target, entry.path()));
         }
     }
     // A socket or file open on several descriptors (dup, a stream cloned for a
@@ -104,7 +107,7 @@ pub fn open_files(proc_pid: &Path) -> OpenFiles {
     out.sockets.sort_unstable();
     out.sockets.dedup();
     out.paths.sort_unstable();
-    out.paths.dedup();
+    out.paths.dedup_by(|a, b| a.0 == b.0);
     out
 }
 

@@ -70,11 +70,15 @@ fn disk_names<S: serde::Serializer>(disks: &[Disk], s: S) -> Result<S::Ok, S::Er
 impl DbFile {
     /// `path`, a database file as the worker names it (in its own mount
     /// namespace: a container's paths are not the host's), reached `through`
-    /// another path from stalltrace's (the worker's /proc/PID/root/...).
+    /// the worker's descriptor (/proc/PID/fd/N): that very file, whatever
+    /// stalltrace's own root and mounts hold at that path.
     pub fn locate(path: &Path, through: &Path, role: Role, sys: &Path) -> Option<Self> {
         let meta = std::fs::metadata(through)
             .map_err(|e| closed(path, &e, "stat", "has no disk role"))
             .ok()?;
+        if !meta.is_file() {
+            return None; // a FIFO or device named like a database file: never opened
+        }
         let dev = meta.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
         if major == 0 {

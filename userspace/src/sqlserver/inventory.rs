@@ -62,8 +62,6 @@ pub struct Inventory {
     /// When the last refresh ran (UTC ms).
     last_refresh_ms: Option<i64>,
     roles: HashMap<Disk, &'static str>,
-    /// The instances' containers' names.
-    names: container_lookup::Names,
 }
 
 impl Inventory {
@@ -203,11 +201,8 @@ impl Inventory {
             let mut instance_files: Vec<DbFile> = open
                 .paths
                 .iter()
-                .filter_map(|p| {
-                    let role = files::classify(p)?;
-                    // The file in the worker's mount namespace (a container's).
-                    let through = proc_pid.join("root").join(p.strip_prefix("/").unwrap_or(p));
-                    DbFile::locate(p, &through, role, &self.sys)
+                .filter_map(|(path, link)| {
+                    DbFile::locate(path, link, files::classify(path)?, &self.sys)
                 })
                 .collect();
             instance_files.sort_by(|a, b| a.path.cmp(&b.path));
@@ -263,7 +258,8 @@ impl Inventory {
                     .collect(),
                 disk_roles: BTreeMap::new(),
                 tls: None, // the live side fills it in (sqlserver/tls.rs)
-                container: container::of_pid(&self.proc, pid).map(|c| self.names.named(c)),
+                container: container::of_pid(&self.proc, pid)
+                    .map(|c| container_lookup::Names::shared().named(c)),
             };
             instances.push(instance);
             files.extend(instance_files);
