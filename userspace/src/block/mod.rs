@@ -134,9 +134,10 @@ impl BlockProbe {
                     .ok_or("the object has no map block_selected_disks")?;
                 let mut table: BpfHashMap<&mut MapData, u64, u8> =
                     BpfHashMap::try_from(map).map_err(|e| e.to_string())?;
-                for &(major, minor) in selected {
-                    let id = (u64::from(major) << 32) | u64::from(minor);
-                    table.insert(id, 1, 0).map_err(|e| e.to_string())?;
+                for &disk in selected {
+                    table
+                        .insert(sweep::disk_id(disk), 1, 0)
+                        .map_err(|e| e.to_string())?;
                 }
             }
             let map = ebpf
