@@ -33,6 +33,7 @@
 #include "common.bpf.h"
 #include "slots.bpf.h"
 #include "block_state.bpf.h" /* the statistics, tables and lookups the hooks below keep */
+#include "process_filter.bpf.h"
 
 /* Set by the daemon at load time (--slow-io-ms); 0 sends no slow_io events. */
 const volatile __u64 slow_io_ns = 0;
@@ -120,6 +121,12 @@ HOOK(block_bio_queue)
 	slot->tgid = id >> 32;
 	slot->pid = (__u32)id;
 	current_comm(slot->comm);
+	/*
+	 * A process filter leaves out only the slow_io events of other processes:
+	 * the histograms and the in-flight gauge stay the disk's, because the
+	 * watched process's I/O queues behind everyone's.
+	 */
+	slot->reported = current_process_wanted();
 	return 0;
 }
 
@@ -514,7 +521,7 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	slot_release(slot);
 
 	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns &&
-	    !(self_tgid && first.tgid == self_tgid))
+	    first.reported && !(self_tgid && first.tgid == self_tgid))
 		send_slow_io(rq, &first, op, now, &phases, split, device_ns, error);
 	return 0;
 }

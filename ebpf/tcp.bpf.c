@@ -36,6 +36,7 @@
 #include "common.bpf.h"
 #include "sock.bpf.h"
 #include "slots.bpf.h"
+#include "process_filter.bpf.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -90,7 +91,8 @@ struct tcp_owner {
 	__u32 rtt_una;            /* tp->snd_una at the last RTT sample, or at the first call seen */
 	__u8 rtt_seen;            /* rtt_una is valid */
 	__u8 rtt_wanted;          /* 0 (not asked yet), RTT_WANTED or RTT_UNWANTED */
-	__u16 pad;
+	__u8 process_wanted;      /* the owner passes --pid/--comm/--container */
+	__u8 pad;
 };
 
 /*
@@ -137,6 +139,16 @@ static __always_inline struct tcp_owner *owner_of(const struct sock *sk, __u32 p
 		return bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, 0);
 	key = ptr_key(sk, program);
 	return bpf_map_lookup_elem(&sock_owners_by_addr, &key);
+}
+
+/*
+ * --pid/--comm/--container: a socket is watched while its owner is one of the
+ * watched processes, as judged when the owner was noted (in its own context).
+ * A socket with no owner noted yet (no call on it since attach) is not.
+ */
+static __always_inline bool owner_wanted(const struct tcp_owner *owner)
+{
+	return !process_filtered() || (owner && owner->process_wanted);
 }
 
 /*
@@ -273,11 +285,13 @@ static __always_inline struct tcp_owner *note_owner(const struct sock *sk, __u32
 		owner->tgid = id >> 32;
 		owner->pid = (__u32)id;
 		bpf_get_current_comm(owner->comm, sizeof(owner->comm));
+		owner->process_wanted = current_process_wanted();
 		return owner;
 	}
 	fresh.tgid = id >> 32;
 	fresh.pid = (__u32)id;
 	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+	fresh.process_wanted = current_process_wanted();
 	/*
 	 * Only the retransmit state carries over. The RTT state starts again:
 	 * the address may be a new socket's whose predecessor's close was
@@ -333,6 +347,9 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 	common_tuple((const struct sock_common *)sk, &t);
 	if (!wanted(&t))
 		return 0;
+	owner = owner_of(sk, PROG_RETRANSMIT);
+	if (!owner_wanted(owner))
+		return 0;
 	now = bpf_ktime_get_ns();
 	segs = KREAD(cb, tcp_gso_segs);
 	ca_state = KREAD_BF(&tp->inet_conn, icsk_ca_state);
@@ -353,7 +370,6 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 	 * count after unseen ones that added at least as many is taken for
 	 * counted (two rare things at once).
 	 */
-	owner = owner_of(sk, PROG_RETRANSMIT);
 	if (owner && owner->seen_retrans) {
 		since = total_retrans - owner->last_total_retrans;
 		counted = segs && since >= segs;
@@ -445,11 +461,12 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *req)
 {
 	struct tcp_retransmit_event e = {};
+	struct tcp_owner *owner = owner_of(sk, PROG_SYNACK);
 	struct tcp_peer_stats *peer;
 	struct tuple t;
 
 	common_tuple(&req->__req_common, &t);
-	if (!wanted(&t))
+	if (!wanted(&t) || !owner_wanted(owner))
 		return 0;
 	peer = peer_for(&t);
 	if (peer) {
@@ -470,7 +487,7 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 	__builtin_memcpy(e.saddr, t.saddr, 16);
 	__builtin_memcpy(e.daddr, t.daddr, 16);
 	e.segs = 1;
-	fill_owner(&e, owner_of(sk, PROG_SYNACK));
+	fill_owner(&e, owner);
 	if (bpf_ringbuf_output(&tcp_events, &e, sizeof(e), BPF_RB_NO_WAKEUP))
 		count_lost(LOST_TCP_RINGBUF);
 	return 0;
@@ -502,7 +519,7 @@ static __always_inline void sample_rtt(struct sock *sk, struct tcp_owner *owner)
 	struct tuple t;
 	bool first;
 
-	if (!owner || owner->rtt_wanted == RTT_UNWANTED)
+	if (!owner || owner->rtt_wanted == RTT_UNWANTED || !owner_wanted(owner))
 		return;
 	tp = TCP_SK(sk);
 	if (!tp)

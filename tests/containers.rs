@@ -7,9 +7,9 @@
 //!
 //! Oracles: podman's own id for the container (`--cidfile`), sqlclient's
 //! report (each session's SPID and client port), and the files the test put
-//! on the volume. The container keeps the host's pid namespace
-//! (`--pid=host`), so the simulator's own account of its worker's pid holds;
-//! a container with a pid namespace of its own is not run here.
+//! on the volume. The container has a pid namespace of its own: the
+//! simulator's account of its worker's pid is translated to the host's by
+//! the worker's NSpid (the lab's `SqlServerSim::worker`).
 
 mod common;
 
@@ -21,6 +21,7 @@ use common::sqllab::{Cgroup, Placement, SMALL_FILES, SlowDisk, SqlClientRun, Sql
 use common::*;
 use serde_json::Value;
 use stalltrace_lab::container::{PodmanApi, SimContainer};
+use stalltrace_lab::scenario::ScratchDir;
 
 /// Under 5% loss on the client link and with the log's disk slowed down for
 /// the container's cgroup: the instance says its container (runtime, id,
@@ -152,4 +153,139 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         assert_eq!(r["container"]["name"], container.name.as_str(), "{r}");
         assert_eq!(r["sql"]["container"], id.as_str(), "{r}");
     }
+}
+
+/// Retransmissions in `records` of the server's namespace, by the server's port.
+fn retransmits_by_port(records: &[Value], netns: u64) -> BTreeMap<u64, usize> {
+    let mut by_port = BTreeMap::new();
+    for r in of_type(records, "tcp_retransmit") {
+        let port = if r["netns"] == netns {
+            r["sport"].as_u64().unwrap()
+        } else {
+            0 // another namespace's: the clients'
+        };
+        *by_port.entry(port).or_default() += 1;
+    }
+    by_port
+}
+
+/// Two simulators under 5% loss, one in a container and one on the host, and
+/// three runs at once: one with no filter, one `--container NAME`, one
+/// `--pid` of the host's worker. Each limited run finds only its instance and
+/// has exactly the unlimited run's retransmissions of its worker's sessions,
+/// and no other (none of the other worker's, none of the clients').
+///
+/// Oracle: the unlimited run, whose retransmissions match the kernel's
+/// counters in tests/net.rs and tests/sqlserver.rs; it shows the other
+/// worker's sessions lost segments in the same seconds.
+#[test]
+fn a_run_limited_to_a_container_or_a_pid_writes_only_its_processes() {
+    require_root();
+    let pair = NetPair::new();
+    let volume = ScratchDir::new("/var/tmp");
+    let host_files = ScratchDir::new("/var/tmp");
+    let container = SimContainer::new(&[(&volume.0, "/var/opt/mssql")]);
+    let _api = PodmanApi::start();
+    let in_container = Placement {
+        netns: Some(pair.netns(Side::B)),
+        container: Some(&container),
+        ..Default::default()
+    };
+    let contained = SqlServerSim::start(
+        &bins(),
+        in_container,
+        "0.0.0.0:0",
+        &volume.0.join("sales.mdf"),
+        &volume.0.join("sales_log.ldf"),
+        SMALL_FILES,
+    );
+    let hosted = SqlServerSim::start_small(
+        &bins(),
+        Placement::in_netns(pair.netns(Side::B)),
+        &host_files.0,
+        &[],
+    );
+    let common = ["--interval", "500ms", "--slow-io-ms", "0"];
+    let worker = hosted.worker.to_string();
+    let mut all = Tracer::start(&common);
+    // By name: resolved through podman's API.
+    let mut only_container =
+        Tracer::start(&[&common[..], &["--container", &container.name]].concat());
+    let mut only_pid = Tracer::start(&[&common[..], &["--pid", &worker]].concat());
+    for (tracer, workers) in [
+        (&mut all, vec![contained.worker, hosted.worker]),
+        (&mut only_container, vec![contained.worker]),
+        (&mut only_pid, vec![hosted.worker]),
+    ] {
+        for pid in workers {
+            tracer.wait_for(Duration::from_secs(10), |r| {
+                r["type"] == "sql_instance" && r["pid"] == pid
+            });
+        }
+    }
+
+    let client_side = Placement::in_netns(pair.netns(Side::A));
+    let mut clients = Vec::new();
+    for sim in [&contained, &hosted] {
+        let server = format!("{}:{}", pair.v4(Side::B), sim.port);
+        let mut client = SqlClientRun::start(&bins(), client_side, &server, 2, 300, 5);
+        client.wait_for_sessions(&pair, sim.port, 2, Duration::from_secs(20));
+        clients.push(client);
+    }
+    pair.drop_random(Side::A, 5, None);
+    for client in clients {
+        let report = client.finish();
+        assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
+    }
+    pair.clear_drops(Side::A);
+    std::thread::sleep(Duration::from_millis(1200));
+    let (all, only_container, only_pid) = (all.stop(), only_container.stop(), only_pid.stop());
+
+    let netns = pair.netns_inode(Side::B);
+    let (c_port, h_port) = (u64::from(contained.port), u64::from(hosted.port));
+    let everything = retransmits_by_port(&all, netns);
+    eprintln!(
+        "retransmits by server port (0: the clients'): all {everything:?}, --container {:?}, --pid {:?}",
+        retransmits_by_port(&only_container, netns),
+        retransmits_by_port(&only_pid, netns)
+    );
+    let at = |port| everything.get(&port).copied().unwrap_or(0);
+    assert!(
+        at(c_port) >= 5 && at(h_port) >= 5,
+        "too little loss to judge: {everything:?}"
+    );
+    for (records, port, worker, filter) in [
+        (&only_container, c_port, contained.worker, "--container"),
+        (&only_pid, h_port, hosted.worker, "--pid"),
+    ] {
+        let lost: Vec<&Value> = of_type(records, "lost")
+            .into_iter()
+            .chain(of_type(&all, "lost"))
+            .map(|r| &r["by_source"])
+            .collect();
+        eprintln!("{filter}: lost, then the unlimited run's: {lost:?}");
+        assert_eq!(
+            retransmits_by_port(records, netns),
+            BTreeMap::from([(port, at(port))]),
+            "{filter}: its worker's retransmissions, all of them, and no other"
+        );
+        let instances: Vec<u64> = of_type(records, "sql_instance")
+            .iter()
+            .filter_map(|r| r["pid"].as_u64())
+            .collect();
+        assert!(
+            instances.iter().all(|&pid| pid == u64::from(worker)),
+            "{filter}: instances {instances:?}, only {worker} expected"
+        );
+        assert!(
+            of_type(records, "tcp_retransmit")
+                .iter()
+                .all(|r| r["pid"] == worker),
+            "{filter}: a retransmit names another process"
+        );
+    }
+    assert_eq!(
+        only_container[0]["filters"]["containers"],
+        serde_json::json!([container.id()])
+    );
 }

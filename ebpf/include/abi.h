@@ -83,6 +83,9 @@ struct block_stats {
 /* --disk: a run limited to disks names at most this many (block_selected_disks). */
 #define BLOCK_SELECTED_DISKS_MAX 64
 
+/* --pid, --comm, --container (process_filter.bpf.h): how many of each a run may name. */
+#define PROCESS_FILTER_MAX 64
+
 struct block_disk {
 	__u64 id;         /* major << 32 | first minor; 0 = free slot */
 	__u64 claimed_ns; /* when the disk was first seen */
@@ -125,7 +128,7 @@ struct bio_slot {
 	__u32 op;
 	__u32 tgid;
 	__u32 pid;
-	__u32 pad;
+	__u32 reported; /* its submitter passes --pid/--comm/--container: it may send slow_io */
 	char comm[STALLTRACE_COMM_LEN];
 };
 

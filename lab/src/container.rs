@@ -89,7 +89,6 @@ impl SimContainer {
         let bind = |host: &Path, mode: &str| format!("--volume={0}:{0}:{mode}", host.display());
         cmd.arg(format!("--cidfile={}", self.cidfile.display()))
             .arg(format!("--name={}", self.name))
-            .arg("--pid=host")
             .arg(match netns {
                 Some(ns) => format!("--network=ns:/run/netns/{ns}"),
                 None => "--network=none".into(),
@@ -113,9 +112,11 @@ impl SimContainer {
 
     /// The container's full id (podman's --cidfile), once it was started.
     pub fn id(&self) -> String {
-        let id = std::fs::read_to_string(&self.cidfile)
-            .unwrap_or_else(|e| panic!("{}: {e} (not started?)", self.cidfile.display()));
-        id.trim().to_string()
+        id_in(&self.cidfile)
+    }
+
+    pub(crate) fn cidfile(&self) -> &Path {
+        &self.cidfile
     }
 }
 
@@ -186,4 +187,35 @@ impl Drop for PodmanApi {
             let _ = std::fs::remove_file(Self::SOCKET);
         }
     }
+}
+
+fn id_in(cidfile: &Path) -> String {
+    let id = std::fs::read_to_string(cidfile)
+        .unwrap_or_else(|e| panic!("{}: {e} (not started?)", cidfile.display()));
+    id.trim().to_string()
+}
+
+/// The host's pid of the process the container (by its `cidfile`) numbers
+/// `inside` in its own pid namespace: the one whose /proc status ends its
+/// NSpid with it and whose cgroup is the container's.
+pub(crate) fn host_pid(cidfile: &Path, inside: u32) -> u32 {
+    let id = id_in(cidfile);
+    let found = std::fs::read_dir("/proc").ok().and_then(|dir| {
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let nspid: Vec<&str> = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .map(|v| v.split_whitespace().collect())
+                    .unwrap_or_default();
+                nspid.len() >= 2
+                    && nspid.last() == Some(&inside.to_string().as_str())
+                    && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                        .is_ok_and(|c| c.contains(&id))
+            })
+    });
+    found.unwrap_or_else(|| panic!("no process of container {id} is its pid {inside}"))
 }

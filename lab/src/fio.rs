@@ -1,6 +1,7 @@
 //! fio as load and as the independent oracle of latency and IOPS.
 
-use std::process::Command;
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -124,5 +125,57 @@ pub fn fio(dev: &str, job: &[&str]) -> Fio {
         clat_p50_us: pct("50.000000"),
         clat_p99_us: pct("99.000000"),
         clat_mean_us: read["clat_ns"]["mean"].as_f64().unwrap() / 1000.0,
+    }
+}
+
+/// fio reading `dev` at random for `seconds` once released: a shell that
+/// waits, then execs fio (`--thread`: its I/O runs in that process), so its
+/// pid is known before the I/O starts. `own_mount_namespace`: started by
+/// `unshare -m`, as a container's processes are. Killed if dropped unwaited.
+pub struct HeldFio(Child);
+
+impl HeldFio {
+    pub fn new(dev: &str, seconds: u32, own_mount_namespace: bool) -> Self {
+        let job = "read _ && exec fio --name=held --filename=\"$0\" --rw=randread --bs=4k \
+                   --direct=1 --ioengine=psync --thread --time_based --runtime=\"$1\" >/dev/null";
+        let mut cmd = if own_mount_namespace {
+            let mut cmd = Command::new("unshare");
+            cmd.args(["-m", "sh"]);
+            cmd
+        } else {
+            Command::new("sh")
+        };
+        let child = cmd
+            .args(["-c", job, dev, &seconds.to_string()])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("sh and fio");
+        Self(child)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    pub fn release(&mut self) {
+        let _ = writeln!(self.0.stdin.as_mut().unwrap());
+    }
+
+    /// Waits for fio to finish; an error unless it succeeded.
+    pub fn wait(&mut self) -> Result<(), String> {
+        let status = self.0.wait().map_err(|e| e.to_string())?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("fio: {status}"))
+    }
+}
+
+impl Drop for HeldFio {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }

@@ -271,6 +271,17 @@ pub struct FilterArgs {
     /// a /dev path (also /dev/disk/by-id/...), or MAJOR:MINOR; a partition means its disk.
     #[arg(long = "disk", value_name = "DISK")]
     pub disks: Vec<String>,
+    /// Only this process (slow_io and TCP records): its pid as this host numbers it.
+    /// The disks' histograms stay whole: its I/O waits behind everyone's.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only processes of this name (slow_io and TCP records), as /proc/PID/comm gives it.
+    #[arg(long = "comm", value_name = "NAME")]
+    pub comms: Vec<String>,
+    /// Only the processes of this running container (slow_io and TCP records): its id, a
+    /// prefix of it, or its name (podman's, docker's).
+    #[arg(long = "container", value_name = "ID|NAME")]
+    pub containers: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -14,6 +14,7 @@ use crate::cli::{ProbeArgs, RunArgs};
 use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::host::netns::{self, Netns};
+use crate::host::process_filter::ProcessFilter;
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
 use crate::netdev::{NetdevOptions, NetdevProbe};
@@ -68,6 +69,8 @@ pub struct Plan {
     pub ifaces: Vec<String>,
     /// `--disk`: the whole disks (major, first minor) the block family is limited to.
     pub disks: Vec<(u32, u32)>,
+    /// `--pid`, `--comm`, `--container`: the processes watched.
+    pub processes: ProcessFilter,
     pub hz: u32,
     pub sql: Discovery,
     /// `--sql-tls`: when the SSL_write uprobes are attached.
@@ -98,6 +101,7 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
             slow_io: plan.slow_io,
             mode: args.probe_mode,
             disks: plan.disks.clone(),
+            processes: plan.processes.clone(),
         },
         &btf,
     );
@@ -112,11 +116,13 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
             mode: args.probe_mode,
             netns: plan.netns.iter().map(|n| n.inode).collect(),
             ports: plan.ports.clone(),
+            processes: plan.processes.clone(),
             hz: plan.hz,
             flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
                 bulk_mbps: plan.bulk_mbps,
                 netns: plan.netns.clone(),
                 ports: plan.ports.clone(),
+                processes: plan.processes.clone(),
             }),
         },
         &btf,
@@ -277,6 +283,8 @@ pub fn run_into(
         .collect::<Result<Vec<_>, _>>()?;
     crate::netdev::check_ifaces(&netns, &args.filters.ifaces)?;
     let disks = crate::block::resolve_disks(&args.filters.disks)?;
+    let f = &args.filters;
+    let processes = ProcessFilter::resolve(&f.pids, &f.comms, &f.containers)?;
     if let Some(comm) = args.sql.sql_pid.map(check_sql_pid).transpose()?.flatten() {
         eprintln!(
             "stalltrace: --sql-pid names {comm}, not sqlservr: its sessions are taken as SQL Server's"
@@ -312,9 +320,11 @@ pub fn run_into(
             pid: args.sql.sql_pid,
             tds_ports: args.sql.sql_ports.clone(),
             ag_ports: args.sql.sql_ag_ports.clone(),
+            processes: processes.clone(),
         },
         sql_tls: args.sql.sql_tls,
         bulk_mbps: args.bulk_mbps,
+        processes,
     };
     let Attached {
         mut families,
@@ -368,6 +378,9 @@ pub fn run_into(
             netns: plan.netns.clone(),
             ifaces: plan.ifaces.clone(),
             disks: plan.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
+            pids: plan.processes.tgids.clone(),
+            comms: plan.processes.comms.clone(),
+            containers: plan.processes.containers.clone(),
         },
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
         prometheus: metrics.as_ref().map(|(_, server)| server.addr),

@@ -23,6 +23,7 @@
 
 mod block;
 mod cli;
+mod filters;
 mod judge;
 mod lifecycle;
 mod net;
@@ -157,6 +158,11 @@ pub const CHECKS: &[Check] = &[
         name: "block/diskstats",
         family: "block",
         run: block::diskstats,
+    },
+    Check {
+        name: "filters/process",
+        family: "block",
+        run: filters::process,
     },
     Check {
         name: "tcp/loss",

@@ -41,7 +41,7 @@ impl Run {
         Self::start_with(opts, &[], &[])
     }
 
-    fn start_with(opts: &Opts, settings: &[&str], args: &[&str]) -> Result<Self, String> {
+    pub fn start_with(opts: &Opts, settings: &[&str], args: &[&str]) -> Result<Self, String> {
         let out = std::env::temp_dir().join(format!("{}.jsonl", unique("kernel-checks")));
         let stderr = out.with_extension("stderr");
         let t0 = Instant::now();

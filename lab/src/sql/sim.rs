@@ -79,8 +79,12 @@ pub struct SqlServerSim {
     watchdog: Child,
     /// The watchdog's stdout, line by line: each worker's listening line.
     lines: mpsc::Receiver<String>,
+    /// The worker's pid on the host (the simulator reports its own
+    /// namespace's, translated for one in a container).
     pub worker: u32,
     pub port: u16,
+    /// The container's --cidfile, when it runs in one.
+    cidfile: Option<PathBuf>,
     pub data: PathBuf,
     pub log: PathBuf,
     /// Its self-signed certificate (PEM), which a client verifying it needs
@@ -148,6 +152,7 @@ impl SqlServerSim {
             lines: rx,
             worker: 0,
             port: 0,
+            cidfile: place.container.map(|c| c.cidfile().to_path_buf()),
             data: data.to_path_buf(),
             log: log.to_path_buf(),
             certificate,
@@ -167,7 +172,11 @@ impl SqlServerSim {
             words.len() == 6 && words[1] == "worker" && words[3] == "listening",
             "unexpected line from sqlservr: {line}"
         );
-        self.worker = words[2].parse().unwrap();
+        let reported = words[2].parse().unwrap();
+        self.worker = match &self.cidfile {
+            Some(cidfile) => crate::container::host_pid(cidfile, reported),
+            None => reported,
+        };
         self.port = words[5].rsplit(':').next().unwrap().parse().unwrap();
     }
 

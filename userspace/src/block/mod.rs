@@ -23,6 +23,7 @@ use crate::abi::{
 };
 use crate::error::UserError;
 use crate::host::container_lookup;
+use crate::host::process_filter::ProcessFilter;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -60,6 +61,9 @@ pub struct BlockOptions {
     pub mode: ModeChoice,
     /// `--disk`: only these disks (major, first minor) are traced; empty: every disk.
     pub disks: Vec<(u32, u32)>,
+    /// `--pid`, `--comm`, `--container`: only these processes' I/O
+    /// sends slow_io events; the histograms stay the whole disk's.
+    pub processes: ProcessFilter,
 }
 
 /// `--disk` specs as whole disks (major, first minor), each once; a spec
@@ -123,11 +127,13 @@ pub fn load_globals(slow_io: Option<Duration>, disk_filter: bool) -> [(&'static 
 
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let globals = load_globals(opts.slow_io, !opts.disks.is_empty());
+        let mut globals = load_globals(opts.slow_io, !opts.disks.is_empty()).to_vec();
+        globals.extend(probes::process_filter::load_globals(&opts.processes));
         let selected: Option<HashSet<(u32, u32)>> =
             (!opts.disks.is_empty()).then(|| opts.disks.iter().copied().collect());
         // The disks present now get their entries before any hook can run.
         let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
+            probes::process_filter::fill(ebpf, &opts.processes)?;
             if let Some(selected) = &selected {
                 let map = ebpf
                     .map_mut("block_selected_disks")

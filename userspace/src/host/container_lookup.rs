@@ -136,6 +136,16 @@ impl Names {
         container
     }
 
+    /// `container`'s name, asked of its runtime now and waited for (at
+    /// start, to resolve `--container NAME`; never on the records' path).
+    pub fn name_now(&self, container: &Container) -> Option<String> {
+        let (_, socket) = self
+            .sockets
+            .iter()
+            .find(|(runtime, _)| Some(*runtime) == container.runtime)?;
+        ask(socket, &container.id).ok().flatten()
+    }
+
     fn name(&self, container: &Container) -> Option<String> {
         let (_, socket) = self
             .sockets

@@ -13,6 +13,7 @@
 
 mod hooks;
 pub mod lost;
+pub mod process_filter;
 pub mod ring;
 pub mod stats;
 

@@ -261,6 +261,15 @@ pub struct Filters {
     /// Disks (`major:minor`) the block family is limited to (--disk).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<String>,
+    /// Processes (`--pid`) the slow_io and TCP records are limited to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+    /// Process names (`--comm`) the slow_io and TCP records are limited to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comms: Vec<String>,
+    /// Containers (`--container`, full ids) the slow_io and TCP records are limited to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<String>,
 }
 
 /// Written at the end of an interval that wrote nothing else: the tracer was

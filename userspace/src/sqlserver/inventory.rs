@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::files::{self, DbFile, Disk, Role};
+use crate::host::process_filter::ProcessFilter;
 use crate::host::procfs::{self, TCP_ESTABLISHED, TCP_LISTEN};
 use crate::host::{container, container_lookup};
 pub use crate::records::sql::{FileSummary, Instance, Session, SessionKind};
@@ -26,6 +27,8 @@ pub struct Discovery {
     pub tds_ports: Vec<u16>,
     /// Availability-group / database-mirroring endpoint ports (default 5022).
     pub ag_ports: Vec<u16>,
+    /// `--pid`, `--comm`, `--container`: only workers among these processes.
+    pub processes: ProcessFilter,
 }
 
 /// How long a closed session still tags records by its tuple: past the
@@ -304,7 +307,7 @@ impl Inventory {
 
     /// `sqlservr` processes, or the one named by --sql-pid.
     fn candidates(&self) -> Vec<(u32, u32)> {
-        match self.discovery.pid {
+        let mut found = match self.discovery.pid {
             Some(pid) => {
                 let status = std::fs::read_to_string(self.proc.join(format!("{pid}/status")))
                     .unwrap_or_default();
@@ -316,7 +319,9 @@ impl Inventory {
                 vec![(pid, ppid)]
             }
             None => procfs::processes_named(&self.proc, "sqlservr"),
-        }
+        };
+        found.retain(|&(pid, _)| self.discovery.processes.matches(&self.proc, pid));
+        found
     }
 }
 

@@ -23,6 +23,7 @@ use std::time::Instant;
 use crate::enrich::{SqlTag, Tagger};
 use crate::host::container;
 use crate::host::netns::Netns;
+use crate::host::process_filter::ProcessFilter;
 use crate::output::JsonWriter;
 use crate::probes::Ctx;
 use diag::{TcpSocket, Undecodable};
@@ -47,6 +48,8 @@ pub struct FlowOptions {
     pub netns: Vec<Netns>,
     /// `--port`: only connections with one of these ports at either end; empty: all.
     pub ports: Vec<u16>,
+    /// `--pid`, `--comm`, `--container`: only flows a watched process holds.
+    pub processes: ProcessFilter,
 }
 
 pub struct FlowSampler {
@@ -82,15 +85,35 @@ impl FlowSampler {
             .filter(|(_, f)| f.limiter() == table::Limiter::Application && f.socket.ino != 0)
             .map(|(_, f)| f.socket.ino)
             .collect();
-        let mut holders = owners::holders(Path::new("/proc"), &idle_senders);
+        // A process filter needs every flow's holders, and then pays that pass each interval.
+        let filtered = !self.opts.processes.is_empty();
+        let asked: HashSet<u64> = if filtered {
+            flows
+                .iter()
+                .map(|(_, f)| f.socket.ino)
+                .filter(|&ino| ino != 0)
+                .collect()
+        } else {
+            idle_senders.clone()
+        };
+        let proc = Path::new("/proc");
+        let mut holders = owners::holders(proc, &asked);
         for (netns, flow) in flows {
+            let pids = holders.remove(&flow.socket.ino).unwrap_or_default();
+            if filtered
+                && !pids
+                    .iter()
+                    .any(|&pid| self.opts.processes.matches(proc, pid))
+            {
+                continue;
+            }
             let sql = ctx
                 .sql
                 .as_deref()
                 .and_then(|sql| tag(sql, netns, &flow.socket));
             let mut r = record(netns, &flow, sql);
             if idle_senders.contains(&flow.socket.ino) {
-                r.pids = holders.remove(&flow.socket.ino).unwrap_or_default();
+                r.pids = pids;
                 r.container = r
                     .pids
                     .first()
@@ -333,6 +356,7 @@ mod tests {
                 path: None,
             }],
             ports: Vec::new(),
+            processes: ProcessFilter::default(),
         });
         // The baseline at attach tried it once already.
         assert_eq!(

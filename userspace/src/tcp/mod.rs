@@ -16,6 +16,7 @@ use crate::abi::{tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
 use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
+use crate::host::process_filter::ProcessFilter;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
@@ -28,6 +29,8 @@ pub struct TcpOptions {
     pub netns: Vec<u32>,
     /// Only connections with one of these ports at either end; empty: all.
     pub ports: Vec<u16>,
+    /// Only sockets whose owner is one of these processes; empty: all.
+    pub processes: ProcessFilter,
     /// The kernel's HZ, to turn the RTO (jiffies) into milliseconds.
     pub hz: u32,
     /// `tcp_flow` records (sock_diag); None: off (`--bulk-mbps 0`).
@@ -76,15 +79,16 @@ fn fill_filters(ebpf: &mut Ebpf, opts: &TcpOptions) -> Result<(), String> {
             map.insert(port, 1, 0).map_err(|e| e.to_string())?;
         }
     }
-    Ok(())
+    probes::process_filter::fill(ebpf, &opts.processes)
 }
 
 impl TcpProbe {
     pub fn attach(opts: &TcpOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let globals = [
+        let mut globals = vec![
             ("filter_netns", u64::from(!opts.netns.is_empty())),
             ("filter_ports", u64::from(!opts.ports.is_empty())),
         ];
+        globals.extend(probes::process_filter::load_globals(&opts.processes));
         let before_attach = |ebpf: &mut Ebpf| fill_filters(ebpf, opts);
         let setup = probes::Setup {
             globals: &globals,

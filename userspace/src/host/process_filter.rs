@@ -1,0 +1,212 @@
+//! `--pid`, `--comm` and `--container`: the processes a run
+//! watches, resolved once before anything attaches. The kernel side
+//! (`ebpf/include/process_filter.bpf.h`, loaded by `probes::process_filter`) asks the same question of the current
+//! task; [`ProcessFilter::matches`] asks it of a pid for what userspace finds
+//! by itself (sock_diag's flows, SQL Server's discovery).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::abi;
+use crate::error::UserError;
+use crate::host::container::{self, Container};
+use crate::host::container_lookup::Names;
+
+/// The kernel's TASK_COMM_LEN: a comm is at most 15 bytes and a NUL.
+pub const COMM_LEN: usize = abi::STALLTRACE_COMM_LEN as usize;
+
+/// The processes a run watches: each kind given must match; an empty kind
+/// matches every process.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFilter {
+    /// Processes (thread-group ids, as the host's /proc numbers them).
+    pub tgids: Vec<u32>,
+    /// Process names, as /proc/PID/comm gives them.
+    pub comms: Vec<String>,
+    /// `--container`: the containers' full ids.
+    pub containers: Vec<String>,
+    /// Their mount namespaces (inodes): a runtime gives each container its
+    /// own, and it reads the same under cgroup v1 and v2.
+    pub mount_namespaces: Vec<u32>,
+}
+
+impl ProcessFilter {
+    /// Resolves the flags against this host's /proc and cgroup v2 hierarchy.
+    pub fn resolve(
+        pids: &[u32],
+        comms: &[String],
+        containers: &[String],
+    ) -> Result<Self, UserError> {
+        let proc = Path::new("/proc");
+        let mut filter = Self::default();
+        for &pid in pids {
+            if !proc.join(pid.to_string()).join("stat").exists() {
+                return Err(UserError::new(
+                    format!("--pid {pid}: no such process"),
+                    "name a running process by the pid `ps` shows on this host (not inside a container's pid namespace)",
+                ));
+            }
+            push_once(&mut filter.tgids, pid);
+        }
+        for comm in comms {
+            if comm.is_empty() || comm.len() >= COMM_LEN {
+                return Err(UserError::new(
+                    format!("--comm {comm:?}: a process name is 1 to 15 bytes"),
+                    "give the name as `ps -o comm` or /proc/PID/comm shows it (the kernel keeps its first 15 bytes)",
+                ));
+            }
+            push_once(&mut filter.comms, comm.clone());
+        }
+        for spec in containers {
+            let (id, mntns) = find_container(proc, spec)?;
+            push_once(&mut filter.containers, id);
+            push_once(&mut filter.mount_namespaces, mntns);
+        }
+        filter.bounded()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tgids.is_empty() && self.comms.is_empty() && self.mount_namespaces.is_empty()
+    }
+
+    /// Whether process `pid` is watched, read from `proc_root` now.
+    pub fn matches(&self, proc_root: &Path, pid: u32) -> bool {
+        if !self.tgids.is_empty() && !self.tgids.contains(&pid) {
+            return false;
+        }
+        let dir = proc_root.join(pid.to_string());
+        if !self.comms.is_empty() {
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if !self.comms.iter().any(|c| c == comm.trim_end_matches('\n')) {
+                return false;
+            }
+        }
+        if !self.mount_namespaces.is_empty()
+            && !mount_namespace(&dir).is_some_and(|ns| self.mount_namespaces.contains(&ns))
+        {
+            return false;
+        }
+        true
+    }
+
+    fn bounded(self) -> Result<Self, UserError> {
+        let max = abi::PROCESS_FILTER_MAX as usize;
+        if [
+            self.tgids.len(),
+            self.comms.len(),
+            self.mount_namespaces.len(),
+        ]
+        .iter()
+        .any(|&n| n > max)
+        {
+            return Err(UserError::new(
+                format!(
+                    "too many processes named: at most {max} of each of --pid, --comm and --container"
+                ),
+                "name fewer",
+            ));
+        }
+        Ok(self)
+    }
+}
+
+fn push_once<T: PartialEq>(list: &mut Vec<T>, item: T) {
+    if !list.contains(&item) {
+        list.push(item);
+    }
+}
+
+/// The mount namespace of the process at `dir` (/proc/PID), by inode.
+fn mount_namespace(dir: &Path) -> Option<u32> {
+    std::fs::metadata(dir.join("ns/mnt"))
+        .ok()
+        .map(|m| m.ino() as u32)
+}
+
+/// The running container `spec` names (its id, a prefix of it, or its
+/// name): its full id and its mount namespace.
+fn find_container(proc: &Path, spec: &str) -> Result<(String, u32), UserError> {
+    let not_found = || {
+        UserError::new(
+            format!("--container {spec}: no running container has this id or name"),
+            "give the id or name `podman ps`, `docker ps` or `crictl ps` shows; the container must be running when stalltrace starts",
+        )
+    };
+    if spec.is_empty() {
+        return Err(not_found());
+    }
+    let entries = std::fs::read_dir(proc).map_err(|e| {
+        UserError::new(
+            format!("--container: reading /proc: {e}"),
+            "run stalltrace as root",
+        )
+    })?;
+    // Each container once, by one of its processes (the runtimes' monitors
+    // are not in the container's cgroup, so none of them is taken).
+    let mut found: Vec<(Container, u32)> = Vec::new();
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let Some(c) = container::of_pid(proc, pid) else {
+            continue;
+        };
+        if found.iter().any(|(known, _)| known.id == c.id) {
+            continue;
+        }
+        if let Some(ns) = mount_namespace(&proc.join(pid.to_string())) {
+            found.push((c, ns));
+        }
+    }
+    let by_id: Vec<&(Container, u32)> = found
+        .iter()
+        .filter(|(c, _)| c.id.starts_with(spec))
+        .collect();
+    match by_id.as_slice() {
+        [(c, ns)] => return Ok((c.id.clone(), *ns)),
+        [] => {}
+        _ => {
+            return Err(UserError::new(
+                format!(
+                    "--container {spec}: {} containers have ids starting so",
+                    by_id.len()
+                ),
+                "give more of the id",
+            ));
+        }
+    }
+    // By name: the runtimes' sockets, asked now (once each).
+    found
+        .into_iter()
+        .find(|(c, _)| Names::shared().name_now(c).as_deref() == Some(spec))
+        .map(|(c, ns)| (c.id, ns))
+        .ok_or_else(not_found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_comm_longer_than_the_kernel_keeps_is_refused() {
+        let err = ProcessFilter::resolve(&[], &["sqlservr-is-too-long".into()], &[]).unwrap_err();
+        assert!(err.problem.contains("1 to 15 bytes"), "{}", err.problem);
+        assert!(ProcessFilter::resolve(&[], &["sqlservr".into()], &[]).is_ok());
+    }
+
+    #[test]
+    fn a_missing_pid_is_refused_and_this_one_matches() {
+        let me = std::process::id();
+        let filter = ProcessFilter::resolve(&[me], &[], &[]).unwrap();
+        assert!(filter.matches(Path::new("/proc"), me));
+        let unknown = ProcessFilter::resolve(&[], &[], &["0123456789ab-none".into()]);
+        assert!(
+            unknown
+                .unwrap_err()
+                .problem
+                .contains("no running container")
+        );
+        assert!(!filter.matches(Path::new("/proc"), 1));
+        assert!(ProcessFilter::resolve(&[u32::MAX - 1], &[], &[]).is_err());
+    }
+}
