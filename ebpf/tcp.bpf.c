@@ -142,13 +142,34 @@ static __always_inline struct tcp_owner *owner_of(const struct sock *sk, __u32 p
 }
 
 /*
- * --pid/--comm/--container: a socket is watched while its owner is one of the
- * watched processes, as judged when the owner was noted (in its own context).
- * A socket with no owner noted yet (no call on it since attach) is not.
+ * The sockets the watched processes held when the run started (by inode,
+ * from their /proc/PID/fd), filled before attach: a listener or a session
+ * older than the run has no owner noted until its next call, and a
+ * listener's SYN-ACKs sent again come with no call at all.
  */
-static __always_inline bool owner_wanted(const struct tcp_owner *owner)
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PROCESS_SOCKETS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64); /* socket inode */
+	__type(value, __u8);
+} process_sockets SEC(".maps");
+
+/*
+ * --pid/--comm/--container: a socket is watched while its owner is one of the
+ * watched processes, as judged when the owner was noted (in its own context);
+ * until one is, while it is one the watched processes held at the start.
+ */
+static __always_inline bool owner_wanted(const struct sock *sk, const struct tcp_owner *owner)
 {
-	return !process_filtered() || (owner && owner->process_wanted);
+	__u64 inode;
+
+	if (!process_filtered())
+		return true;
+	if (owner)
+		return owner->process_wanted;
+	inode = BPF_CORE_READ(sk, sk_socket, file, f_inode, i_ino);
+	return inode && bpf_map_lookup_elem(&process_sockets, &inode);
 }
 
 /*
@@ -347,9 +368,6 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 	common_tuple((const struct sock_common *)sk, &t);
 	if (!wanted(&t))
 		return 0;
-	owner = owner_of(sk, PROG_RETRANSMIT);
-	if (!owner_wanted(owner))
-		return 0;
 	now = bpf_ktime_get_ns();
 	segs = KREAD(cb, tcp_gso_segs);
 	ca_state = KREAD_BF(&tp->inet_conn, icsk_ca_state);
@@ -370,6 +388,7 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 	 * count after unseen ones that added at least as many is taken for
 	 * counted (two rare things at once).
 	 */
+	owner = owner_of(sk, PROG_RETRANSMIT);
 	if (owner && owner->seen_retrans) {
 		since = total_retrans - owner->last_total_retrans;
 		counted = segs && since >= segs;
@@ -381,6 +400,9 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 		owner->last_total_retrans = total_retrans;
 		owner->seen_retrans = 1;
 	}
+	/* after the books: a socket that changes owner starts from this count */
+	if (!owner_wanted(sk, owner))
+		return 0;
 	if (unseen)
 		count_lost_n(LOST_TCP_RETRANS_UNSEEN, unseen);
 
@@ -466,7 +488,7 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 	struct tuple t;
 
 	common_tuple(&req->__req_common, &t);
-	if (!wanted(&t) || !owner_wanted(owner))
+	if (!wanted(&t) || !owner_wanted(sk, owner))
 		return 0;
 	peer = peer_for(&t);
 	if (peer) {
@@ -519,7 +541,7 @@ static __always_inline void sample_rtt(struct sock *sk, struct tcp_owner *owner)
 	struct tuple t;
 	bool first;
 
-	if (!owner || owner->rtt_wanted == RTT_UNWANTED || !owner_wanted(owner))
+	if (!owner || owner->rtt_wanted == RTT_UNWANTED || !owner_wanted(sk, owner))
 		return;
 	tp = TCP_SK(sk);
 	if (!tp)

@@ -14,6 +14,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::netlab::{NetPair, Side};
@@ -42,6 +43,8 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     let log_inside = "/var/opt/mssql/sales_log.ldf";
     assert_eq!(container.inside(&log).to_str(), Some(log_inside));
     assert!(!std::path::Path::new(log_inside).exists());
+    // The data file in the container's own root (overlayfs), on no volume.
+    let data_inside = "/var/opt/sales.mdf";
     let sim = SqlServerSim::start(
         &bins(),
         Placement {
@@ -50,7 +53,7 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
             ..Default::default()
         },
         "0.0.0.0:0",
-        &volume.upper.path("sales.mdf"),
+        std::path::Path::new(data_inside),
         &log,
         SMALL_FILES,
     );
@@ -107,6 +110,23 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         "the log file on the volume's disk {disk}: {instance}"
     );
 
+    // The data file on the overlay: its writes go to the upper directory
+    // podman made for the container, on that directory's disk.
+    let upper = podman_upper_dir(&id);
+    let upper_dev = std::fs::metadata(&upper).unwrap().dev();
+    let upper_disk = format!("{}:{}", libc::major(upper_dev), libc::minor(upper_dev));
+    let data = instance["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == data_inside)
+        .unwrap_or_else(|| panic!("no {data_inside} in {instance}"));
+    eprintln!("data file: {data}; podman's upper directory {upper} on {upper_disk}");
+    assert_eq!(data["role"], "data", "{data}");
+    assert_eq!(data["overlay"]["upper_dir"], upper.as_str(), "{data}");
+    // This VM's root filesystem is on a whole disk (no partition).
+    assert_eq!(data["disks"][0], upper_disk.as_str(), "{data}");
+
     // Every retransmission on its sessions: the SPID and the container.
     let client_ip = pair.v4(Side::A).to_string();
     let retransmits: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::B))
@@ -153,6 +173,20 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         assert_eq!(r["container"]["name"], container.name.as_str(), "{r}");
         assert_eq!(r["sql"]["container"], id.as_str(), "{r}");
     }
+}
+
+/// The upper directory of container `id`'s root, as podman says it.
+fn podman_upper_dir(id: &str) -> String {
+    let out = std::process::Command::new("podman")
+        .args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podman inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// Retransmissions in `records` of the server's namespace, by the server's port.
@@ -238,6 +272,23 @@ fn a_run_limited_to_a_container_or_a_pid_writes_only_its_processes() {
         assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
     }
     pair.clear_drops(Side::A);
+    // Nothing left to send again when the runs end, one after the other.
+    for port in [contained.port, hosted.port] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let filter = format!("sport = :{port}");
+            let left = pair.exec(Side::B, &["ss", "-Htn", "state", "all", &filter]);
+            let busy: Vec<&str> = left
+                .lines()
+                .filter(|l| !l.starts_with("LISTEN") && !l.starts_with("TIME-WAIT"))
+                .collect();
+            if busy.is_empty() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "still open: {busy:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     std::thread::sleep(Duration::from_millis(1200));
     let (all, only_container, only_pid) = (all.stop(), only_container.stop(), only_pid.stop());
 

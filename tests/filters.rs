@@ -11,8 +11,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use std::process::Command;
+
+use common::netlab::{NetPair, Side, wait_listening_in};
 use common::*;
 use stalltrace_lab::fio::HeldFio;
+use stalltrace_lab::scenario::ScratchDir;
 
 /// fio on two disks under `--disk` naming one: the named disk's reads are
 /// counted as the kernel counts them, and no record names the other, whose
@@ -96,30 +100,40 @@ fn a_disk_that_does_not_exist_is_said_in_one_line() {
     assert!(out.stdout.is_empty());
 }
 
-/// Two fio processes on one disk, a run with `--pid` of one beside a run
-/// with no filter: the limited run's slow_io all name that process, while
-/// the other run has the other's too; its block counts are still the whole
-/// disk's, as /proc/diskstats counts them.
+/// Two fio processes on one disk, runs limited by `--pid` and by `--comm`
+/// to one of them beside a run with no filter: each limited run's slow_io
+/// all name that process, while the other run has the other's too; their
+/// block counts are still the whole disk's, as /proc/diskstats counts them.
 #[test]
 fn a_run_limited_to_one_process_has_only_its_slow_io_and_the_whole_disk() {
     require_root();
     let disk = LoopDevice::new(Backing::Tmpfs, 64, true);
+    // The watched fio under a name of its own, for --comm.
+    let dir = ScratchDir::new("/tmp");
+    let named = dir.0.join("fio-watched");
+    let fio = Command::new("sh")
+        .args(["-c", "command -v fio"])
+        .output()
+        .unwrap();
+    std::os::unix::fs::symlink(String::from_utf8(fio.stdout).unwrap().trim(), &named).unwrap();
     let (mut watched, mut other) = (
-        HeldFio::new(&disk.dev, 2, false),
-        HeldFio::new(&disk.dev, 2, false),
+        HeldFio::new(named.to_str().unwrap(), &disk.dev, 2, false),
+        HeldFio::new("fio", &disk.dev, 2, false),
     );
     let (watched_pid, other_pid) = (u64::from(watched.pid()), u64::from(other.pid()));
+    // Every I/O slower than 1 µs: plenty of each process's.
     let common = [
         "--interval",
         "500ms",
         "--slow-io-ms",
-        "0.02",
+        "0.001",
         "--disk",
         &disk.dev,
     ];
     let pid = watched_pid.to_string();
     let all = Tracer::start(&common);
-    let limited = Tracer::start(&[&common[..], &["--pid", &pid]].concat());
+    let by_pid = Tracer::start(&[&common[..], &["--pid", &pid]].concat());
+    let by_comm = Tracer::start(&[&common[..], &["--comm", "fio-watched"]].concat());
     let before = disk.diskstats();
     watched.release();
     other.release();
@@ -127,11 +141,15 @@ fn a_run_limited_to_one_process_has_only_its_slow_io_and_the_whole_disk() {
     other.wait().unwrap();
     let after = disk.diskstats();
     std::thread::sleep(std::time::Duration::from_millis(1200));
-    let (all, limited) = (all.stop(), limited.stop());
+    let (all, by_pid, by_comm) = (all.stop(), by_pid.stop(), by_comm.stop());
 
     assert_eq!(
-        limited[0]["filters"]["pids"],
+        by_pid[0]["filters"]["pids"],
         serde_json::json!([watched_pid])
+    );
+    assert_eq!(
+        by_comm[0]["filters"]["comms"],
+        serde_json::json!(["fio-watched"])
     );
     let slow_pids = |records: &[serde_json::Value]| -> BTreeMap<u64, usize> {
         let mut by_pid = BTreeMap::new();
@@ -140,29 +158,104 @@ fn a_run_limited_to_one_process_has_only_its_slow_io_and_the_whole_disk() {
         }
         by_pid
     };
-    let (everyone, only) = (slow_pids(&all), slow_pids(&limited));
+    let everyone = slow_pids(&all);
     eprintln!(
-        "slow_io by submitter: all {everyone:?}, --pid {pid} {only:?}; fio pids {watched_pid} and {other_pid}"
+        "slow_io by submitter, no filter: {everyone:?}; fio pids {watched_pid} (watched) and {other_pid}"
     );
     assert!(
-        everyone.get(&other_pid).is_some_and(|&n| n > 0)
-            && only.get(&watched_pid).is_some_and(|&n| n > 0),
-        "both processes must have slow I/O to judge: {everyone:?}, {only:?}"
-    );
-    assert_eq!(
-        only.keys().collect::<Vec<_>>(),
-        [&watched_pid],
-        "slow_io of other processes"
+        everyone.get(&other_pid).is_some_and(|&n| n > 0),
+        "the other process must have slow I/O to judge: {everyone:?}"
     );
     let kernel = after.reads_completed - before.reads_completed;
-    let counted = sum_field(&block_records(&limited, &disk.name, "read"), "count");
-    eprintln!(
-        "{}: {counted} reads recorded under --pid, diskstats {kernel}",
-        disk.name
-    );
     assert!(kernel > 1000, "too little I/O to judge");
-    assert_eq!(
-        counted, kernel,
-        "the disk's reads under --pid vs /proc/diskstats"
+    for (records, filter) in [(&by_pid, "--pid"), (&by_comm, "--comm")] {
+        let only = slow_pids(records);
+        let counted = sum_field(&block_records(records, &disk.name, "read"), "count");
+        eprintln!("{filter}: slow_io {only:?}; {counted} reads recorded, diskstats {kernel}");
+        assert!(
+            only.get(&watched_pid).is_some_and(|&n| n > 0),
+            "{filter}: no slow_io of its process"
+        );
+        assert_eq!(
+            only.keys().collect::<Vec<_>>(),
+            [&watched_pid],
+            "{filter}: slow_io of other processes"
+        );
+        assert_eq!(
+            counted, kernel,
+            "{filter}: the disk's reads vs /proc/diskstats"
+        );
+    }
+}
+
+/// A listener older than the run, under `--pid` of its process: no call is
+/// made on it once the run has started, yet its SYN-ACKs sent again (the
+/// client's side drops them) are all the unlimited run's, and those of
+/// another process's listener are absent.
+#[test]
+fn a_listener_older_than_the_run_is_watched_under_its_pid() {
+    require_root();
+    let pair = NetPair::new();
+    let ports = [23401u16, 23402];
+    let listen = |port: u16| {
+        let code = format!(
+            "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', {port}))\ns.listen(8)\ntime.sleep(60)"
+        );
+        pair.spawn(Side::B, &["python3", "-c", &code])
+    };
+    let (mut watched, mut other) = (listen(ports[0]), listen(ports[1]));
+    wait_listening_in(pair.netns(Side::B), ports[0], &mut watched);
+    wait_listening_in(pair.netns(Side::B), ports[1], &mut other);
+    let common = [
+        "--interval",
+        "500ms",
+        "--slow-io-ms",
+        "0",
+        "--netns",
+        pair.netns(Side::B),
+    ];
+    let pid = watched.pid().to_string();
+    let all = Tracer::start(&common);
+    let limited = Tracer::start(&[&common[..], &["--pid", &pid]].concat());
+    for port in ports {
+        pair.blackhole(Side::A, port);
+    }
+    let server = pair.v4(Side::B).to_string();
+    let clients: Vec<_> = ports
+        .iter()
+        .map(|port| {
+            let code = format!(
+                "import socket\ntry:\n    socket.create_connection(('{server}', {port}), timeout=3.5)\nexcept OSError:\n    pass"
+            );
+            pair.spawn(Side::A, &["python3", "-c", &code])
+        })
+        .collect();
+    for mut client in clients {
+        client.wait_timeout(std::time::Duration::from_secs(10));
+    }
+    // The listeners closed, their half-open connections go with them: no
+    // SYN-ACK is sent again between the two runs' ends.
+    drop((watched, other));
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let (all, limited) = (all.stop(), limited.stop());
+
+    let netns = pair.netns_inode(Side::B);
+    let synacks = |records: &[serde_json::Value]| -> BTreeMap<u64, usize> {
+        let mut by_port = BTreeMap::new();
+        for r in retransmits_in(records, netns)
+            .into_iter()
+            .filter(|r| r["kind"] == "syn")
+        {
+            *by_port.entry(r["sport"].as_u64().unwrap()).or_default() += 1;
+        }
+        by_port
+    };
+    let (everyone, only) = (synacks(&all), synacks(&limited));
+    eprintln!("SYN-ACKs sent again by port: all {everyone:?}, --pid {pid} {only:?}");
+    let at = |port: u16| everyone.get(&u64::from(port)).copied().unwrap_or(0);
+    assert!(
+        at(ports[0]) > 0 && at(ports[1]) > 0,
+        "no SYN-ACK sent again: {everyone:?}"
     );
+    assert_eq!(only, BTreeMap::from([(u64::from(ports[0]), at(ports[0]))]));
 }

@@ -85,6 +85,8 @@ struct block_stats {
 
 /* --pid, --comm, --container (process_filter.bpf.h): how many of each a run may name. */
 #define PROCESS_FILTER_MAX 64
+/* The sockets the watched processes held at the start that the kernel is told of (tcp.bpf.c). */
+#define PROCESS_SOCKETS_MAX 4096
 
 struct block_disk {
 	__u64 id;         /* major << 32 | first minor; 0 = free slot */

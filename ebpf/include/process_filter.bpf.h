@@ -2,11 +2,12 @@
 /*
  * process_filter.bpf.h - --pid, --comm and --container: is the
  * current task one of the processes a run watches? Asked only in process
- * context, where current is the process the work is for: at a bio's
- * submission (block.bpf.c) and where a socket's owner is noted (tcp.bpf.c).
- * Each kind given must match; an absent kind matches every process. A run
- * without these flags loads with the three constants at 0, and the verifier
- * drops every check.
+ * context, of the task doing the work: at a bio's submission (block.bpf.c:
+ * writeback and other kernel threads' I/O is no process's) and where a
+ * socket's owner is noted (tcp.bpf.c). Each kind given must match; an absent
+ * kind matches every process. A run without these flags loads with the
+ * three constants at 0, and the verifier drops every check. The task is
+ * read with probe reads (bpf_get_current_task): its BTF pointer needs 5.11.
  */
 #ifndef STALLTRACE_PROCESS_FILTER_BPF_H
 #define STALLTRACE_PROCESS_FILTER_BPF_H
@@ -49,19 +50,10 @@ static __always_inline bool process_filtered(void)
 	return filter_tgids || filter_comms || filter_mntns;
 }
 
-static __always_inline __u32 current_mntns(void)
-{
-#ifdef STALLTRACE_RAW_TP
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-#else
-	struct task_struct *task = bpf_get_current_task_btf();
-#endif
-
-	return KREAD(task, nsproxy, mnt_ns, ns.inum);
-}
 
 static __always_inline bool current_process_wanted(void)
 {
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	char comm[STALLTRACE_COMM_LEN] = {};
 	__u32 tgid, mntns;
 
@@ -71,12 +63,16 @@ static __always_inline bool current_process_wanted(void)
 			return false;
 	}
 	if (filter_comms) {
-		bpf_get_current_comm(comm, sizeof(comm));
+		/*
+		 * The process's name (/proc/PID/comm), not the thread's: a thread may
+		 * name itself. Read up to its NUL, so the rest stays zero.
+		 */
+		bpf_probe_read_kernel_str(comm, sizeof(comm), BPF_CORE_READ(task, group_leader)->comm);
 		if (!bpf_map_lookup_elem(&process_comm_filter, comm))
 			return false;
 	}
 	if (filter_mntns) {
-		mntns = current_mntns();
+		mntns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
 		if (!bpf_map_lookup_elem(&process_mntns_filter, &mntns))
 			return false;
 	}

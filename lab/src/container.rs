@@ -1,14 +1,15 @@
 //! Containers under podman on this VM, for the simulator and for the image.
 //!
 //! [`SimContainer`] runs a program of this host in a container of its own:
-//! a root directory with nothing but mount points, the host's /usr
-//! read-only (the program's libraries, libssl among them), the program's
-//! directory read-only at its own path, and the lab's volumes read-write,
-//! each at a path of the container's own (as `-v data:/var/opt/mssql`
-//! mounts SQL Server's): the paths the process opens are not the host's.
-//! The container has its own cgroup (podman's `libpod-<id>`), mount, UTS
-//! and IPC namespaces, and the network namespace the lab names; it keeps
-//! the host's pid namespace, so the pids it prints are the host's.
+//! its root from an image of nothing but mount points (imported into
+//! podman's storage, so the root is an overlay whose upper directory is in
+//! that storage, as an image's container's is), the host's /usr read-only
+//! (the program's libraries, libssl among them), the program's directory
+//! read-only at its own path, and the lab's volumes read-write, each at a
+//! path of the container's own (as `-v data:/var/opt/mssql` mounts SQL
+//! Server's): the paths the process opens are not the host's. The
+//! container has its own cgroup (podman's `libpod-<id>`), mount, pid, UTS
+//! and IPC namespaces, and the network namespace the lab names.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,7 +38,8 @@ pub fn podman_run() -> Command {
 pub struct SimContainer {
     /// Its name (`podman run --name`), unique.
     pub name: String,
-    root: PathBuf,
+    /// The podman image of its root, removed on drop.
+    image: String,
     cidfile: PathBuf,
     /// (host directory, where the container sees it)
     volumes: Vec<(PathBuf, PathBuf)>,
@@ -48,7 +50,8 @@ impl SimContainer {
     /// the path the container sees it at.
     pub fn new(volumes: &[(&Path, &str)]) -> Self {
         let root = std::env::temp_dir().join(unique("stalltrace-ctr"));
-        for dir in ["usr", "etc", "tmp", "proc", "sys", "dev", "run"] {
+        // var/opt: where a database file outside the volumes goes (on the overlay).
+        for dir in ["usr", "etc", "tmp", "proc", "sys", "dev", "run", "var/opt"] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
         }
         // Debian's merged /usr.
@@ -61,9 +64,28 @@ impl SimContainer {
             std::os::unix::fs::symlink(target, root.join(link)).unwrap();
         }
         let cidfile = root.with_extension("cid");
+        let tar = root.with_extension("tar");
+        let image = format!("localhost/{}", unique("stalltrace-ctr-root"));
+        let ran = |cmd: &mut Command| {
+            let out = cmd.output().expect("tar and podman");
+            assert!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        ran(Command::new("tar")
+            .arg("-C")
+            .arg(&root)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."));
+        ran(Command::new("podman").arg("import").arg(&tar).arg(&image));
+        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_file(&tar);
         Self {
             name: unique("stalltrace-sql"),
-            root,
+            image,
             cidfile,
             volumes: volumes
                 .iter()
@@ -105,8 +127,7 @@ impl SimContainer {
                 inside.display()
             ));
         }
-        // --rootfs: the image argument is a root directory.
-        cmd.arg("--rootfs").arg(&self.root).arg(program);
+        cmd.arg(&self.image).arg(program);
         cmd
     }
 
@@ -131,7 +152,9 @@ impl Drop for SimContainer {
                 .arg(&self.cidfile)
                 .output();
         }
-        let _ = std::fs::remove_dir_all(&self.root);
+        let _ = Command::new("podman")
+            .args(["rmi", "--force", "--ignore", &self.image])
+            .output();
         let _ = std::fs::remove_file(&self.cidfile);
     }
 }

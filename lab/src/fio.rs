@@ -129,14 +129,15 @@ pub fn fio(dev: &str, job: &[&str]) -> Fio {
 }
 
 /// fio reading `dev` at random for `seconds` once released: a shell that
-/// waits, then execs fio (`--thread`: its I/O runs in that process), so its
-/// pid is known before the I/O starts. `own_mount_namespace`: started by
-/// `unshare -m`, as a container's processes are. Killed if dropped unwaited.
+/// waits, then execs `fio` (fio, or a link to it whose name is then the
+/// process's; `--thread`: its I/O runs in that process), so its pid is known
+/// before the I/O starts. `own_mount_namespace`: started by `unshare -m`, as
+/// a container's processes are. Killed if dropped unwaited.
 pub struct HeldFio(Child);
 
 impl HeldFio {
-    pub fn new(dev: &str, seconds: u32, own_mount_namespace: bool) -> Self {
-        let job = "read _ && exec fio --name=held --filename=\"$0\" --rw=randread --bs=4k \
+    pub fn new(fio: &str, dev: &str, seconds: u32, own_mount_namespace: bool) -> Self {
+        let job = "read _ && exec \"$2\" --name=held --filename=\"$0\" --rw=randread --bs=4k \
                    --direct=1 --ioengine=psync --thread --time_based --runtime=\"$1\" >/dev/null";
         let mut cmd = if own_mount_namespace {
             let mut cmd = Command::new("unshare");
@@ -146,7 +147,7 @@ impl HeldFio {
             Command::new("sh")
         };
         let child = cmd
-            .args(["-c", job, dev, &seconds.to_string()])
+            .args(["-c", job, dev, &seconds.to_string(), fio])
             .stdin(Stdio::piped())
             .spawn()
             .expect("sh and fio");

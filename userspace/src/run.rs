@@ -13,8 +13,6 @@ use crate::block::{BlockOptions, BlockProbe};
 use crate::cli::{ProbeArgs, RunArgs};
 use crate::enrich::Tagger;
 use crate::error::UserError;
-use crate::host::netns::{self, Netns};
-use crate::host::process_filter::ProcessFilter;
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
 use crate::netdev::{NetdevOptions, NetdevProbe};
@@ -25,11 +23,10 @@ use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, HookStatus
 use crate::records::OUTPUT_LOST;
 pub use crate::records::run::FamilyReport;
 use crate::records::run::{
-    Filters, HeartbeatRecord, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord,
+    HeartbeatRecord, LostRecord, ProgramCost, StartRecord, StopReason, StopRecord,
 };
 use crate::records::stall::Phase;
 use crate::sqlserver::dmv::{Dmv, DmvConfig};
-use crate::sqlserver::inventory::{Discovery, check_sql_pid};
 use crate::sqlserver::live::SqlServer;
 use crate::sqlserver::tls::TlsPolicy;
 use crate::stall::Detector;
@@ -37,8 +34,10 @@ use crate::tcp::flows::FlowOptions;
 use crate::tcp::{TcpOptions, TcpProbe};
 
 mod bpf_stats;
+mod plan;
 mod sink;
 
+pub use plan::Plan;
 use sink::{STOP_WITHIN, file_budget, finish_output, open_output, output_failed};
 
 /// Per-event records (retransmits, slow I/Os) the stall detector reads per
@@ -59,24 +58,6 @@ pub struct Attached {
     pub sql: Option<SqlServer>,
     pub reports: Vec<FamilyReport>,
     pub hooks: Vec<HookStatus>,
-}
-
-/// Everything the families are set up with.
-pub struct Plan {
-    pub slow_io: Option<Duration>,
-    pub ports: Vec<u16>,
-    pub netns: Vec<Netns>,
-    pub ifaces: Vec<String>,
-    /// `--disk`: the whole disks (major, first minor) the block family is limited to.
-    pub disks: Vec<(u32, u32)>,
-    /// `--pid`, `--comm`, `--container`: the processes watched.
-    pub processes: ProcessFilter,
-    pub hz: u32,
-    pub sql: Discovery,
-    /// `--sql-tls`: when the SSL_write uprobes are attached.
-    pub sql_tls: TlsPolicy,
-    /// `--bulk-mbps`: the `tcp_flow` threshold; 0: no `tcp_flow` records.
-    pub bulk_mbps: f64,
 }
 
 /// Attach every family. A family that fails is an error unless `--degrade`.
@@ -274,22 +255,8 @@ pub fn run_into(
     } else {
         None
     };
-    let slow_io = crate::cli::slow_io_threshold(args.slow_io_ms);
-    let netns = args
-        .filters
-        .netns
-        .iter()
-        .map(|spec| netns::resolve(spec))
-        .collect::<Result<Vec<_>, _>>()?;
-    crate::netdev::check_ifaces(&netns, &args.filters.ifaces)?;
-    let disks = crate::block::resolve_disks(&args.filters.disks)?;
-    let f = &args.filters;
-    let processes = ProcessFilter::resolve(&f.pids, &f.comms, &f.containers)?;
-    if let Some(comm) = args.sql.sql_pid.map(check_sql_pid).transpose()?.flatten() {
-        eprintln!(
-            "stalltrace: --sql-pid names {comm}, not sqlservr: its sessions are taken as SQL Server's"
-        );
-    }
+    let (hz, hz_source) = host::kernel::hz();
+    let plan = Plan::resolve(args, hz)?;
     // Settings are checked before anything attaches: a bad file is a clean exit.
     let dmv = args
         .sql
@@ -308,24 +275,6 @@ pub fn run_into(
             Server::start(addr, metrics.clone()).map(|server| (metrics, server))
         })
         .transpose()?;
-    let (hz, hz_source) = host::kernel::hz();
-    let plan = Plan {
-        slow_io,
-        ports: args.filters.ports.clone(),
-        netns,
-        ifaces: args.filters.ifaces.clone(),
-        disks,
-        hz,
-        sql: Discovery {
-            pid: args.sql.sql_pid,
-            tds_ports: args.sql.sql_ports.clone(),
-            ag_ports: args.sql.sql_ag_ports.clone(),
-            processes: processes.clone(),
-        },
-        sql_tls: args.sql.sql_tls,
-        bulk_mbps: args.bulk_mbps,
-        processes,
-    };
     let Attached {
         mut families,
         mut sql,
@@ -365,7 +314,7 @@ pub fn run_into(
         kernel: host::kernel::release(),
         interval_ms: args.interval.as_millis() as u64,
         duration_ms: args.duration.map(|d| d.as_millis() as u64),
-        slow_io_ms: if slow_io.is_some() {
+        slow_io_ms: if plan.slow_io.is_some() {
             args.slow_io_ms
         } else {
             0.0
@@ -373,15 +322,7 @@ pub fn run_into(
         bpf_stats: args.bpf_stats || host::kernel::bpf_stats_enabled(),
         kernel_hz: hz,
         kernel_hz_source: hz_source.to_string(),
-        filters: Filters {
-            ports: plan.ports.clone(),
-            netns: plan.netns.clone(),
-            ifaces: plan.ifaces.clone(),
-            disks: plan.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
-            pids: plan.processes.tgids.clone(),
-            comms: plan.processes.comms.clone(),
-            containers: plan.processes.containers.clone(),
-        },
+        filters: plan.filters(),
         bulk_mbps: (args.bulk_mbps > 0.0).then_some(args.bulk_mbps),
         prometheus: metrics.as_ref().map(|(_, server)| server.addr),
         stalls: thresholds,

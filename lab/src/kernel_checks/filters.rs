@@ -48,8 +48,8 @@ pub fn process(opts: &Opts, judge: &mut Judge) {
         Ok(c) => c,
         Err(e) => return judge.fail(e),
     };
-    let mut watched = HeldFio::new(&opts.disk, 2, true);
-    let mut other = HeldFio::new(&opts.disk, 2, false);
+    let mut watched = HeldFio::new("fio", &opts.disk, 2, true);
+    let mut other = HeldFio::new("fio", &opts.disk, 2, false);
     if let Err(e) = container.enter(watched.pid()) {
         return judge.fail(e);
     }
@@ -72,6 +72,19 @@ pub fn process(opts: &Opts, judge: &mut Judge) {
         Err(e) => return judge.fail(e),
     };
     if !judge.families_attached(&run.start, &["block", "tcp"]) {
+        return;
+    }
+    // The filters' code must load where the families load without it.
+    let fell_back: Vec<String> = run.start["families"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f.get("fallback_reason").is_some())
+        .map(|f| f.to_string())
+        .collect();
+    if matches!(opts.mode, super::Mode::Auto)
+        && !judge.expect(fell_back.is_empty(), || format!("fell back: {fell_back:?}"))
+    {
         return;
     }
     watched.release();

@@ -71,6 +71,10 @@ impl Cache {
     }
 }
 
+/// A runtime's socket gave no answer in time, or none at all.
+#[derive(Debug)]
+pub struct Unreachable;
+
 /// Container names by id, from the runtimes' sockets.
 pub struct Names {
     sockets: Vec<(Runtime, PathBuf)>,
@@ -138,12 +142,16 @@ impl Names {
 
     /// `container`'s name, asked of its runtime now and waited for (at
     /// start, to resolve `--container NAME`; never on the records' path).
-    pub fn name_now(&self, container: &Container) -> Option<String> {
-        let (_, socket) = self
+    /// `Err` when its runtime's socket failed.
+    pub fn name_now(&self, container: &Container) -> Result<Option<String>, Unreachable> {
+        let Some((_, socket)) = self
             .sockets
             .iter()
-            .find(|(runtime, _)| Some(*runtime) == container.runtime)?;
-        ask(socket, &container.id).ok().flatten()
+            .find(|(runtime, _)| Some(*runtime) == container.runtime)
+        else {
+            return Ok(None);
+        };
+        ask(socket, &container.id).map_err(|()| Unreachable)
     }
 
     fn name(&self, container: &Container) -> Option<String> {

@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod link;
 pub mod netlink;
 pub mod netns;
+pub mod overlay;
 pub mod process_filter;
 pub mod procfs;
 

@@ -31,7 +31,7 @@ pub struct ProcessFilter {
 }
 
 impl ProcessFilter {
-    /// Resolves the flags against this host's /proc and cgroup v2 hierarchy.
+    /// Resolves the flags against this host's /proc.
     pub fn resolve(
         pids: &[u32],
         comms: &[String],
@@ -40,13 +40,27 @@ impl ProcessFilter {
         let proc = Path::new("/proc");
         let mut filter = Self::default();
         for &pid in pids {
-            if !proc.join(pid.to_string()).join("stat").exists() {
-                return Err(UserError::new(
-                    format!("--pid {pid}: no such process"),
-                    "name a running process by the pid `ps` shows on this host (not inside a container's pid namespace)",
-                ));
+            let status = std::fs::read_to_string(proc.join(format!("{pid}/status")));
+            let tgid = status.ok().and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Tgid:"))
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+            });
+            match tgid {
+                None => {
+                    return Err(UserError::new(
+                        format!("--pid {pid}: no such process"),
+                        "name a running process by the pid `ps` shows on this host (not inside a container's pid namespace)",
+                    ));
+                }
+                Some(tgid) if tgid != pid => {
+                    return Err(UserError::new(
+                        format!("--pid {pid}: a thread of process {tgid}"),
+                        format!("give the process, --pid {tgid}: its threads are all watched"),
+                    ));
+                }
+                Some(_) => push_once(&mut filter.tgids, pid),
             }
-            push_once(&mut filter.tgids, pid);
         }
         for comm in comms {
             if comm.is_empty() || comm.len() >= COMM_LEN {
@@ -58,15 +72,51 @@ impl ProcessFilter {
             push_once(&mut filter.comms, comm.clone());
         }
         for spec in containers {
-            let (id, mntns) = find_container(proc, spec)?;
+            let (id, namespaces) = find_container(proc, spec)?;
             push_once(&mut filter.containers, id);
-            push_once(&mut filter.mount_namespaces, mntns);
+            for ns in namespaces {
+                push_once(&mut filter.mount_namespaces, ns);
+            }
         }
         filter.bounded()
     }
 
     pub fn is_empty(&self) -> bool {
         self.tgids.is_empty() && self.comms.is_empty() && self.mount_namespaces.is_empty()
+    }
+
+    /// The inodes of the sockets the watched processes hold now, at most
+    /// `max`; the second value says whether there were more.
+    pub fn socket_inodes(&self, proc_root: &Path, max: usize) -> (Vec<u64>, bool) {
+        let mut inodes = Vec::new();
+        let Ok(entries) = std::fs::read_dir(proc_root) else {
+            return (inodes, false);
+        };
+        let pids = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+        for pid in pids.filter(|&pid| self.matches(proc_root, pid)) {
+            let Ok(fds) = std::fs::read_dir(proc_root.join(format!("{pid}/fd"))) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                let Ok(link) = std::fs::read_link(fd.path()) else {
+                    continue;
+                };
+                let inode = link
+                    .to_str()
+                    .and_then(|l| l.strip_prefix("socket:["))
+                    .and_then(|l| l.strip_suffix(']'))
+                    .and_then(|n| n.parse::<u64>().ok());
+                if let Some(inode) = inode.filter(|i| !inodes.contains(i)) {
+                    if inodes.len() == max {
+                        return (inodes, true);
+                    }
+                    inodes.push(inode);
+                }
+            }
+        }
+        (inodes, false)
     }
 
     /// Whether process `pid` is watched, read from `proc_root` now.
@@ -123,9 +173,11 @@ fn mount_namespace(dir: &Path) -> Option<u32> {
         .map(|m| m.ino() as u32)
 }
 
-/// The running container `spec` names (its id, a prefix of it, or its
-/// name): its full id and its mount namespace.
-fn find_container(proc: &Path, spec: &str) -> Result<(String, u32), UserError> {
+/// The running container `spec` names (its full id, its name, or a unique
+/// prefix of its id, in that order: a name may look like a prefix): its full
+/// id and the mount namespaces its processes are in (a process may make one
+/// of its own inside it, as systemd's PrivateTmp does).
+fn find_container(proc: &Path, spec: &str) -> Result<(String, Vec<u32>), UserError> {
     let not_found = || {
         UserError::new(
             format!("--container {spec}: no running container has this id or name"),
@@ -141,9 +193,9 @@ fn find_container(proc: &Path, spec: &str) -> Result<(String, u32), UserError> {
             "run stalltrace as root",
         )
     })?;
-    // Each container once, by one of its processes (the runtimes' monitors
-    // are not in the container's cgroup, so none of them is taken).
-    let mut found: Vec<(Container, u32)> = Vec::new();
+    // Each container once, with every mount namespace of its processes (the
+    // runtimes' monitors are not in the container's cgroup).
+    let mut found: Vec<(Container, Vec<u32>)> = Vec::new();
     for pid in entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
@@ -151,36 +203,46 @@ fn find_container(proc: &Path, spec: &str) -> Result<(String, u32), UserError> {
         let Some(c) = container::of_pid(proc, pid) else {
             continue;
         };
-        if found.iter().any(|(known, _)| known.id == c.id) {
+        let Some(ns) = mount_namespace(&proc.join(pid.to_string())) else {
             continue;
-        }
-        if let Some(ns) = mount_namespace(&proc.join(pid.to_string())) {
-            found.push((c, ns));
+        };
+        match found.iter_mut().find(|(known, _)| known.id == c.id) {
+            Some((_, namespaces)) => push_once(namespaces, ns),
+            None => found.push((c, vec![ns])),
         }
     }
-    let by_id: Vec<&(Container, u32)> = found
+    let take = |(c, namespaces): &(Container, Vec<u32>)| Ok((c.id.clone(), namespaces.clone()));
+    if let Some(exact) = found.iter().find(|(c, _)| c.id == spec) {
+        return take(exact);
+    }
+    // By name: the runtimes' sockets, asked now; a socket that fails once is
+    // not asked again (a hung runtime costs one timeout, not one per container).
+    let mut failed: Vec<Option<container::Runtime>> = Vec::new();
+    for entry in &found {
+        if failed.contains(&entry.0.runtime) {
+            continue;
+        }
+        match Names::shared().name_now(&entry.0) {
+            Ok(Some(name)) if name == spec => return take(entry),
+            Ok(_) => {}
+            Err(_) => failed.push(entry.0.runtime),
+        }
+    }
+    let by_id: Vec<&(Container, Vec<u32>)> = found
         .iter()
         .filter(|(c, _)| c.id.starts_with(spec))
         .collect();
     match by_id.as_slice() {
-        [(c, ns)] => return Ok((c.id.clone(), *ns)),
-        [] => {}
-        _ => {
-            return Err(UserError::new(
-                format!(
-                    "--container {spec}: {} containers have ids starting so",
-                    by_id.len()
-                ),
-                "give more of the id",
-            ));
-        }
+        [one] => take(one),
+        [] => Err(not_found()),
+        _ => Err(UserError::new(
+            format!(
+                "--container {spec}: {} containers have ids starting so",
+                by_id.len()
+            ),
+            "give more of the id",
+        )),
     }
-    // By name: the runtimes' sockets, asked now (once each).
-    found
-        .into_iter()
-        .find(|(c, _)| Names::shared().name_now(c).as_deref() == Some(spec))
-        .map(|(c, ns)| (c.id, ns))
-        .ok_or_else(not_found)
 }
 
 #[cfg(test)]
@@ -199,6 +261,15 @@ mod tests {
         let me = std::process::id();
         let filter = ProcessFilter::resolve(&[me], &[], &[]).unwrap();
         assert!(filter.matches(Path::new("/proc"), me));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let inode = std::fs::metadata(format!("/proc/self/fd/{}", {
+            use std::os::fd::AsRawFd;
+            listener.as_raw_fd()
+        }))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+        let (inodes, more) = filter.socket_inodes(Path::new("/proc"), 4096);
+        assert!(inodes.contains(&inode) && !more, "{inode} in {inodes:?}");
         let unknown = ProcessFilter::resolve(&[], &[], &["0123456789ab-none".into()]);
         assert!(
             unknown

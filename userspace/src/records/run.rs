@@ -217,7 +217,8 @@ pub struct StartRecord {
     /// Where `kernel_hz` came from: `/proc/config.gz`, `/boot/config`, or `assumed (no kernel
     /// config found)` (250).
     pub kernel_hz_source: String,
-    /// What the run was limited to (--port, --netns, --iface); empty lists mean everything.
+    /// What the run was limited to (--port, --netns, --iface, --disk, --pid, --comm,
+    /// --container); empty lists mean everything.
     pub filters: Filters,
     /// `--bulk-mbps`: a TCP flow sending this many Mbit/s gets `tcp_flow` records. Absent when
     /// they are off (`--bulk-mbps 0`).

@@ -161,8 +161,24 @@ pub struct FileSummary {
     /// backups.
     pub role: String,
     /// The whole disks under it (`major:minor`): the filesystem's, then for device-mapper and md
-    /// the disks under those.
+    /// the disks under those. On overlayfs, the upper directory's filesystem's; empty when that
+    /// directory is out of stalltrace's reach.
     pub disks: Vec<String>,
+    /// Present when the file is on overlayfs (a container's root rather than a volume): its
+    /// writes go to the upper directory, and SQL Server's I/O then also pays for the overlay
+    /// (a copy-up of the whole file at its first write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<OverlayFile>,
+}
+
+/// Where the writes of a file on overlayfs go.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[schemars(deny_unknown_fields, rename = "overlay_file")]
+pub struct OverlayFile {
+    /// The overlay's upper directory, as its mounter (the container runtime) named it; absent
+    /// when stalltrace cannot reach it (e.g. stalltrace itself in a container).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_dir: Option<PathBuf>,
 }
 
 /// What a SQL Server connection is: `client` (to a TDS listener), `availability_group` (an

@@ -18,11 +18,23 @@ pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
         netns: 4026531840,
         tds_ports: vec![1433],
         ag_ports: vec![5022],
-        files: vec![FileSummary {
-            path: "/var/opt/mssql/data/sales.mdf".into(),
-            role: "data".into(),
-            disks: vec!["259:0".into()],
-        }],
+        files: vec![
+            FileSummary {
+                path: "/var/opt/mssql/data/sales.mdf".into(),
+                role: "data".into(),
+                disks: vec!["259:0".into()],
+                overlay: None,
+            },
+            // In a container's root rather than on a volume.
+            FileSummary {
+                path: "/var/opt/mssql/log/sales_log.ldf".into(),
+                role: "log".into(),
+                disks: vec!["254:0".into()],
+                overlay: Some(crate::records::sql::OverlayFile {
+                    upper_dir: Some("/var/lib/containers/storage/overlay/0f3e/diff".into()),
+                }),
+            },
+        ],
         disk_roles: [
             ("259:0".to_string(), "data".to_string()),
             ("259:1".to_string(), "mixed".to_string()),
@@ -64,6 +76,7 @@ pub(super) fn sql_instance(w: &mut JsonWriter, ts: &str) {
                 path: format!("/var/opt/mssql/data/tenant_{i:04}.mdf").into(),
                 role: "data".into(),
                 disks: vec!["259:0".into()],
+                overlay: None,
             })
             .collect(),
         ..instance.clone()

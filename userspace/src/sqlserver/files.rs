@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::host;
+use crate::records::sql::OverlayFile;
+
 /// What a file is to SQL Server, from its name (SQL Server's own conventions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -57,6 +60,8 @@ pub struct DbFile {
     /// device-mapper and md, the disks under those (as `major:minor`).
     #[serde(serialize_with = "disk_names")]
     pub disks: Vec<Disk>,
+    /// On overlayfs (a container's root): where its writes go.
+    pub overlay: Option<OverlayFile>,
     /// Its extents on the filesystem's disk, in 512-byte sectors (start, end
     /// exclusive), from FIEMAP. Empty when the filesystem cannot say.
     #[serde(skip)]
@@ -79,10 +84,31 @@ impl DbFile {
         if !meta.is_file() {
             return None; // a FIFO or device named like a database file: never opened
         }
-        let dev = meta.dev();
+        let (mut dev, mut overlay) = (meta.dev(), None);
+        if libc::major(dev) == 0 {
+            if !host::overlay::is_on_overlay(through) {
+                return None; // tmpfs and the like: no block I/O to attribute
+            }
+            // `through` is /proc/PID/fd/N: the worker's mounts say where its writes go.
+            let upper = std::fs::read_to_string(through.parent()?.parent()?.join("mountinfo"))
+                .ok()
+                .and_then(|mounts| host::overlay::upper_dir(&mounts, path))
+                .and_then(|dir| Some((std::fs::metadata(&dir).ok()?.dev(), dir)));
+            dev = upper.as_ref().map_or(0, |(upper_dev, _)| *upper_dev);
+            overlay = Some(OverlayFile {
+                upper_dir: upper.map(|(_, dir)| dir),
+            });
+        }
         let (major, minor) = (libc::major(dev), libc::minor(dev));
         if major == 0 {
-            return None; // tmpfs, overlay without a device: no block I/O to attribute
+            // On overlayfs with its upper directory out of reach: listed, on no disk.
+            return Some(Self {
+                path: path.to_path_buf(),
+                role,
+                disks: Vec::new(),
+                overlay,
+                extents: Vec::new(),
+            });
         }
         let node = sys.join(format!("dev/block/{major}:{minor}"));
         // A partition's sectors are offset from its disk's, and requests carry the disk's.
@@ -106,6 +132,7 @@ impl DbFile {
             path: path.to_path_buf(),
             role,
             disks,
+            overlay,
             extents,
         })
     }

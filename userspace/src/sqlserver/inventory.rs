@@ -257,6 +257,7 @@ impl Inventory {
                         path: f.path.clone(),
                         role: f.role.name().to_string(),
                         disks: f.disks.iter().map(|(a, b)| format!("{a}:{b}")).collect(),
+                        overlay: f.overlay.clone(),
                     })
                     .collect(),
                 disk_roles: BTreeMap::new(),
@@ -399,6 +400,7 @@ mod tests {
             path: PathBuf::from(path),
             role,
             disks,
+            overlay: None,
             extents: vec![(0, 8)],
         };
         let r = roles(&[

@@ -7,12 +7,13 @@ pub mod flows;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::{Btf, Ebpf};
 
-use crate::abi::{tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
+use crate::abi::{self, tcp_peer_key, tcp_peer_stats, tcp_retransmit_event};
 use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::hist::KernelHistDelta;
@@ -77,6 +78,25 @@ fn fill_filters(ebpf: &mut Ebpf, opts: &TcpOptions) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
         for port in &opts.ports {
             map.insert(port, 1, 0).map_err(|e| e.to_string())?;
+        }
+    }
+    if !opts.processes.is_empty() {
+        // The sockets they hold already (a listener older than the run): no call may come.
+        let max = abi::PROCESS_SOCKETS_MAX as usize;
+        let (inodes, more) = opts.processes.socket_inodes(Path::new("/proc"), max);
+        if more {
+            eprintln!(
+                "stalltrace: the watched processes hold more than {max} sockets: the others are \
+                 watched from their next send or receive on"
+            );
+        }
+        let mut map: BpfHashMap<_, u64, u8> = BpfHashMap::try_from(
+            ebpf.map_mut("process_sockets")
+                .ok_or("no process_sockets map")?,
+        )
+        .map_err(|e| e.to_string())?;
+        for inode in &inodes {
+            map.insert(inode, 1, 0).map_err(|e| e.to_string())?;
         }
     }
     probes::process_filter::fill(ebpf, &opts.processes)
