@@ -1,15 +1,18 @@
-//! SQL Server in a container: the simulator under podman (runc), in a
-//! container with its own cgroup and mount namespace, its data and log on a
-//! volume (a directory of the host mounted at /var/opt/mssql, a path the
-//! host does not have), its TDS port in a network namespace of the lab. stalltrace runs on the host with no
-//! container option: it finds the instance and names the container on every
-//! record about it.
+//! SQL Server in a container: the simulator under podman (runc), from an
+//! image built from Debian's packages (its own libssl), in a container with
+//! its own cgroup and mount and pid namespaces, its log on a volume (a
+//! directory of the host mounted at /var/opt/mssql, a path the host does not
+//! have) and its data file on the container's overlay root, its TDS port in
+//! a network namespace of the lab. stalltrace runs on the host: with no
+//! container option it finds the instance and names the container on every
+//! record about it; with `--container` or `--pid` it keeps to that process.
 //!
-//! Oracles: podman's own id for the container (`--cidfile`), sqlclient's
-//! report (each session's SPID and client port), and the files the test put
-//! on the volume. The container has a pid namespace of its own: the
-//! simulator's account of its worker's pid is translated to the host's by
-//! the worker's NSpid (the lab's `SqlServerSim::worker`).
+//! Oracles: podman's own id for the container (`--cidfile`) and its upper
+//! directory (`podman inspect`), sqlclient's report (each session's SPID and
+//! client port), the files the test put on the volume, and a run with no
+//! filter beside the limited ones. The simulator's account of its worker's
+//! pid is translated to the host's by the worker's NSpid (the lab's
+//! `SqlServerSim::worker`).
 
 mod common;
 
@@ -24,11 +27,13 @@ use serde_json::Value;
 use stalltrace_lab::container::{PodmanApi, SimContainer};
 use stalltrace_lab::scenario::ScratchDir;
 
-/// Under 5% loss on the client link and with the log's disk slowed down for
-/// the container's cgroup: the instance says its container (runtime, id,
-/// cgroup) and its files as it names them, on the volume's disk; every
-/// retransmission on its sessions names the SPID and the container, and its
-/// slow log writes name the file and the container.
+/// Under 5% loss on the client link (encrypted sessions) and with the log's
+/// disk slowed down for the container's cgroup: the instance says its
+/// container (runtime, id, cgroup), its image's libssl, and its files as it
+/// names them, the log on the volume's disk and the data file on the
+/// overlay's upper directory's; every retransmission on its sessions names
+/// the SPID (from the TLS plaintext) and the container, and its slow log
+/// writes name the file and the container.
 #[test]
 fn a_sql_server_in_a_container_is_named_by_its_container() {
     require_root();
@@ -65,7 +70,9 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     // Loss first, at full speed; then the slow log, with fewer commits.
     let server = format!("{}:{}", pair.v4(Side::B), sim.port);
     let client_side = Placement::in_netns(pair.netns(Side::A));
-    let mut client = SqlClientRun::start(&bins(), client_side, &server, 4, 300, 5);
+    // Encrypted, as today's drivers are: the SPIDs come from the worker's
+    // SSL_write, i.e. from uprobes on the image's own libssl.
+    let mut client = SqlClientRun::sqlclient(&bins(), client_side, &server, "on", 4, 300, 5);
     client.wait_for_sessions(&pair, sim.port, 4, Duration::from_secs(20));
     pair.drop_random(Side::A, 5, Some(sim.port));
     let report = client.finish();
@@ -98,6 +105,11 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
             .contains(&format!("libpod-{id}")),
         "{instance}"
     );
+    // Its libssl is the image's (Debian's libssl3), in its own mount namespace.
+    let tls = &instance["tls"];
+    assert_eq!(tls["state"], "available", "{instance}");
+    let library = tls["library"].as_str().unwrap_or_default();
+    assert!(library.contains("libssl.so.3"), "{instance}");
     let disk = format!("{}:{}", volume.upper.disk.major, volume.upper.disk.minor);
     assert!(
         instance["files"]
@@ -144,6 +156,7 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
             let port = r["dport"].as_u64().unwrap() as u16;
             let sql = &r["sql"];
             !(sessions.get(&port).is_some_and(|&spid| sql["spid"] == spid)
+                && sql["spid_source"] == "tls_plaintext"
                 && sql["client"] == format!("{client_ip}:{port}").as_str()
                 && sql["container"] == id.as_str())
         })

@@ -1,16 +1,17 @@
 //! Containers under podman on this VM, for the simulator and for the image.
 //!
 //! [`SimContainer`] runs a program of this host in a container of its own:
-//! its root from an image of nothing but mount points (imported into
+//! its root from an image built from Debian's packages ([`SIM_IMAGE`], in
 //! podman's storage, so the root is an overlay whose upper directory is in
-//! that storage, as an image's container's is), the host's /usr read-only
-//! (the program's libraries, libssl among them), the program's directory
-//! read-only at its own path, and the lab's volumes read-write, each at a
-//! path of the container's own (as `-v data:/var/opt/mssql` mounts SQL
-//! Server's): the paths the process opens are not the host's. The
-//! container has its own cgroup (podman's `libpod-<id>`), mount, pid, UTS
-//! and IPC namespaces, and the network namespace the lab names.
+//! that storage; the program's libraries, libssl among them, are the
+//! image's), the program's directory read-only at its own path, and the
+//! lab's volumes read-write, each at a path of the container's own (as `-v
+//! data:/var/opt/mssql` mounts SQL Server's): the paths the process opens
+//! are not the host's. The container has its own cgroup (podman's
+//! `libpod-<id>`), mount, pid, UTS and IPC namespaces, and the network
+//! namespace the lab names.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -38,55 +39,69 @@ pub fn podman_run() -> Command {
 pub struct SimContainer {
     /// Its name (`podman run --name`), unique.
     pub name: String,
-    /// The podman image of its root, removed on drop.
-    image: String,
     cidfile: PathBuf,
     /// (host directory, where the container sees it)
     volumes: Vec<(PathBuf, PathBuf)>,
 }
 
+/// The simulator's image: Debian's minimal base with libssl3, from Debian's
+/// packages only (mmdebstrap, as the package test's image), so the worker's
+/// libssl is the image's, as SQL Server's is its image's OpenSSL. Built once
+/// per host and kept in podman's store under this tag, as a build cache
+/// (`podman rmi` it to build it again).
+pub const SIM_IMAGE: &str = "localhost/stalltrace-lab-sim:bookworm";
+
+/// [`SIM_IMAGE`], built if podman has none; one process at a time builds
+/// it (nextest runs tests in processes of their own).
+fn sim_image() -> &'static str {
+    let lock = std::fs::File::create(std::env::temp_dir().join("stalltrace-lab-sim.lock"))
+        .expect("the image's lock file");
+    // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
+    assert_eq!(
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) },
+        0,
+        "flock"
+    );
+    let exists = Command::new("podman")
+        .args(["image", "exists", SIM_IMAGE])
+        .status();
+    if exists.is_ok_and(|s| s.success()) {
+        return SIM_IMAGE;
+    }
+    let tar = std::env::temp_dir().join(format!("{}.tar", unique("stalltrace-sim-image")));
+    let ran = |cmd: &mut Command| {
+        let out = cmd.output().expect("mmdebstrap and podman");
+        let _ = (!out.status.success()).then(|| std::fs::remove_file(&tar));
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ran(Command::new("mmdebstrap")
+        .args([
+            "--quiet",
+            "--variant=minbase",
+            "--include=libssl3",
+            crate::systemd_guest::DEBIAN_SUITE,
+        ])
+        .arg(&tar));
+    ran(Command::new("podman")
+        .arg("import")
+        .arg(&tar)
+        .arg(SIM_IMAGE));
+    let _ = std::fs::remove_file(&tar);
+    SIM_IMAGE
+}
+
 impl SimContainer {
-    /// A container (not yet started) with `volumes`: a host directory, and
-    /// the path the container sees it at.
+    /// A container (not yet started) of [`SIM_IMAGE`] with `volumes`: a host
+    /// directory, and the path the container sees it at.
     pub fn new(volumes: &[(&Path, &str)]) -> Self {
-        let root = std::env::temp_dir().join(unique("stalltrace-ctr"));
-        // var/opt: where a database file outside the volumes goes (on the overlay).
-        for dir in ["usr", "etc", "tmp", "proc", "sys", "dev", "run", "var/opt"] {
-            std::fs::create_dir_all(root.join(dir)).unwrap();
-        }
-        // Debian's merged /usr.
-        for (link, target) in [
-            ("bin", "usr/bin"),
-            ("sbin", "usr/sbin"),
-            ("lib", "usr/lib"),
-            ("lib64", "usr/lib64"),
-        ] {
-            std::os::unix::fs::symlink(target, root.join(link)).unwrap();
-        }
-        let cidfile = root.with_extension("cid");
-        let tar = root.with_extension("tar");
-        let image = format!("localhost/{}", unique("stalltrace-ctr-root"));
-        let ran = |cmd: &mut Command| {
-            let out = cmd.output().expect("tar and podman");
-            assert!(
-                out.status.success(),
-                "{cmd:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        ran(Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .arg("-cf")
-            .arg(&tar)
-            .arg("."));
-        ran(Command::new("podman").arg("import").arg(&tar).arg(&image));
-        let _ = std::fs::remove_dir_all(&root);
-        let _ = std::fs::remove_file(&tar);
+        sim_image();
         Self {
             name: unique("stalltrace-sql"),
-            image,
-            cidfile,
+            cidfile: std::env::temp_dir().join(format!("{}.cid", unique("stalltrace-ctr"))),
             volumes: volumes
                 .iter()
                 .map(|(host, inside)| (host.to_path_buf(), PathBuf::from(inside)))
@@ -115,7 +130,6 @@ impl SimContainer {
                 Some(ns) => format!("--network=ns:/run/netns/{ns}"),
                 None => "--network=none".into(),
             })
-            .arg(bind(Path::new("/usr"), "ro"))
             .arg(bind(
                 program.parent().expect("a program in a directory"),
                 "ro",
@@ -127,7 +141,7 @@ impl SimContainer {
                 inside.display()
             ));
         }
-        cmd.arg(&self.image).arg(program);
+        cmd.arg(SIM_IMAGE).arg(program);
         cmd
     }
 
@@ -152,9 +166,6 @@ impl Drop for SimContainer {
                 .arg(&self.cidfile)
                 .output();
         }
-        let _ = Command::new("podman")
-            .args(["rmi", "--force", "--ignore", &self.image])
-            .output();
         let _ = std::fs::remove_file(&self.cidfile);
     }
 }
