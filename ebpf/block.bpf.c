@@ -63,14 +63,23 @@ static __always_inline bool disk_watched(struct gendisk *disk)
 	return bpf_map_lookup_elem(&block_selected_disks, &id) != NULL;
 }
 
-/* The submitter's name: direct loads from current in tp_btf, the helper in raw_tp. */
+/*
+ * The submitter's name: direct loads from current in tp_btf where the kernel
+ * hands out current's BTF pointer (5.11+; the same check as the helper's
+ * typedef test in tcp.bpf.c), the helper elsewhere.
+ */
 static __always_inline void current_comm(char *comm)
 {
 #ifdef STALLTRACE_RAW_TP
 	bpf_get_current_comm(comm, STALLTRACE_COMM_LEN);
 #else
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task;
 
+	if (!bpf_core_type_exists(btf_bpf_get_current_task_btf)) {
+		bpf_get_current_comm(comm, STALLTRACE_COMM_LEN);
+		return;
+	}
+	task = bpf_get_current_task_btf();
 	((__u64 *)comm)[0] = *(__u64 *)&task->comm[0];
 	((__u64 *)comm)[1] = *(__u64 *)&task->comm[8];
 #endif

@@ -332,6 +332,11 @@ fn requests_are_timed_as_their_clients_timed_them() {
         );
         assert_counts_match(name, &records, &counted, run);
         let untimed = requests_untimed(&records);
+        // A retransmission of a response whose hook the kernel skipped (on
+        // this VM, while PID 1 was interrupted; declared in `lost`) leaves
+        // its delivery at the transmission before: a slow request may count
+        // as fast.
+        let unjudged = retransmits_unjudged(&records);
         for (port, latencies) in &timings {
             let slow = latencies
                 .iter()
@@ -345,8 +350,15 @@ fn requests_are_timed_as_their_clients_timed_them() {
                 .count() as u64;
             // And a request the kernel could not time may have been a slow one.
             assert!(
-                our_slow.abs_diff(slow) <= near + untimed,
-                "{name}: port {port}: stalltrace has {our_slow} slow requests, the client {slow}"
+                our_slow.abs_diff(slow) <= near + untimed + unjudged,
+                "{name}: port {port}: stalltrace has {our_slow} slow requests, the client {slow} \
+                 ({near} within {fastest} µs of the threshold, {untimed} untimed, {unjudged} \
+                 retransmissions unjudged); the client's latencies from {} ms: {:?}",
+                SLOW_REQUEST_MS - 20,
+                latencies
+                    .iter()
+                    .filter(|&&v| v + 20_000 >= SLOW_REQUEST_MS * 1000)
+                    .collect::<Vec<_>>()
             );
         }
         // The client's percentiles to its kernel's receipt, as above: its own

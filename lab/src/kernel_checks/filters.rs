@@ -79,6 +79,7 @@ pub fn process(opts: &Opts, judge: &mut Judge) {
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|f| ["block", "tcp"].contains(&f["family"].as_str().unwrap_or_default()))
         .filter(|f| f.get("fallback_reason").is_some())
         .map(|f| f.to_string())
         .collect();
