@@ -25,6 +25,7 @@ use common::sqllab::{Cgroup, Placement, SMALL_FILES, SlowDisk, SqlClientRun, Sql
 use common::*;
 use serde_json::Value;
 use stalltrace_lab::container::{PodmanApi, SimContainer};
+use stalltrace_lab::prometheus::{free_port, get};
 use stalltrace_lab::scenario::ScratchDir;
 
 /// Under 5% loss on the client link (encrypted sessions) and with the log's
@@ -42,7 +43,17 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     let container = SimContainer::new(&[(&volume.upper.dir, "/var/opt/mssql")]);
     // Where stalltrace asks podman for the container's name.
     let _api = PodmanApi::start();
-    let mut tracer = Tracer::start(&["--interval", "500ms", "--slow-io-ms", "5"]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut tracer = Tracer::start(&[
+        "--interval",
+        "500ms",
+        "--slow-io-ms",
+        "5",
+        "--prometheus",
+        &listen,
+        "--prometheus-containers",
+        "4",
+    ]);
     let log = volume.upper.path("sales_log.ldf");
     // As the worker names it; the host has no such file.
     let log_inside = "/var/opt/mssql/sales_log.ldf";
@@ -83,6 +94,7 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
     let slow_commits = SqlClientRun::start(&bins(), client_side, &server, 2, 10, 3).finish();
     assert_eq!(slow_commits.errors(), 0, "sqlclient: {}", slow_commits.0);
     std::thread::sleep(Duration::from_millis(1200));
+    let scrape = get(&format!("http://{listen}/metrics")).expect("a scrape of /metrics");
     let records = tracer.stop();
     assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
     let sessions: BTreeMap<u16, u16> = report.sessions().into_iter().collect();
@@ -181,6 +193,33 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         slow.len()
     );
     assert!(on_log > 0, "no slow write names {log_inside}: {slow:?}");
+    // Per container in /metrics (--prometheus-containers), as the stream has it.
+    let scraped = |name: &str| -> f64 {
+        let series = format!("{name}{{container=\"{}\"}} ", &id[..12]);
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in the scrape"))
+    };
+    let sent_segments: u64 = of_type(&records, "tcp_retransmit")
+        .iter()
+        .filter(|r| r["sql"]["container"] == id.as_str() && r["err"] == 0)
+        .map(|r| r["segs"].as_u64().unwrap())
+        .sum();
+    let containers_slow = of_type(&records, "slow_io")
+        .iter()
+        .filter(|r| r["container"]["id"] == id.as_str())
+        .count();
+    eprintln!("metrics: {sent_segments} segments, {containers_slow} slow I/Os of the container");
+    assert_eq!(
+        scraped("stalltrace_container_retransmitted_segments_total"),
+        sent_segments as f64
+    );
+    assert_eq!(
+        scraped("stalltrace_container_slow_ios_total"),
+        containers_slow as f64
+    );
     for r in &slow {
         assert_eq!(r["container"]["id"], id.as_str(), "{r}");
         assert_eq!(r["container"]["name"], container.name.as_str(), "{r}");

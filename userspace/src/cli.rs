@@ -166,6 +166,11 @@ pub struct RunArgs {
     /// Off (0) by default: every peer is a series in every Prometheus that scrapes.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "prometheus", value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::metrics::MAX_PEERS)))]
     pub prometheus_peers: u32,
+    /// With --prometheus: slow I/Os and SQL Server sessions' retransmitted segments per
+    /// container (by short id) for the first N containers; the rest are summed as
+    /// container="other". Off (0) by default: containers come and go.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "prometheus", value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::metrics::MAX_CONTAINERS)))]
+    pub prometheus_containers: u32,
     /// Send each I/O slower than this many milliseconds as a `slow_io` record; 0 turns them off.
     #[arg(long, default_value_t = DEFAULT_SLOW_IO_MS, value_parser = parse_slow_io_ms, allow_negative_numbers = true)]
     pub slow_io_ms: f64,

@@ -271,7 +271,7 @@ pub fn run_into(
     let metrics = args
         .prometheus
         .map(|addr| {
-            let metrics = Metrics::new(args.prometheus_peers);
+            let metrics = Metrics::new(args.prometheus_peers, args.prometheus_containers);
             Server::start(addr, metrics.clone()).map(|server| (metrics, server))
         })
         .transpose()?;

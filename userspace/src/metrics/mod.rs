@@ -6,6 +6,10 @@
 //! Counters count from the start of the run: Prometheus' `rate()` handles the
 //! restart of a new run.
 
+mod capped;
+mod containers;
+pub use containers::MAX_CONTAINERS;
+mod measured;
 mod peers;
 pub use peers::MAX_PEERS;
 mod records;
@@ -17,14 +21,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub use records::wanted;
+pub use measured::wanted;
 pub use registry::{Kind, Registry};
 pub use server::Server;
 
 use crate::output::RecordReader;
 use crate::records::OUTPUT_LOST;
 use crate::records::run::ProgramStats;
-use records::{FromRecords, Measured};
+use measured::Measured;
+use records::FromRecords;
 use registry::{Labels, SERIES_TTL};
 
 #[derive(Debug)]
@@ -50,15 +55,16 @@ const RENDER_EVERY: Duration = Duration::from_millis(500);
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(0)
+        Self::new(0, 0)
     }
 }
 
 impl Metrics {
-    /// `peers`: how many TCP peers get series of their own (`--prometheus-peers`).
-    pub fn new(peers: u32) -> Self {
+    /// `peers`, `containers`: how many TCP peers and containers get series
+    /// of their own (`--prometheus-peers`, `--prometheus-containers`).
+    pub fn new(peers: u32, containers: u32) -> Self {
         let mut registry = Registry::default();
-        let from_records = FromRecords::new(&mut registry, peers);
+        let from_records = FromRecords::new(&mut registry, peers, containers);
         registry.declare(
             "stalltrace_program_run_seconds_total",
             Kind::Counter,

@@ -1,17 +1,15 @@
 //! `--prometheus-peers N`: retransmissions and retransmission timeouts per TCP
 //! peer, so that an alert can name the peer a database's sessions stall on.
 //!
-//! Peers are unbounded on a busy host (every client address), and each one a
-//! series in every Prometheus that scrapes it, so they are off by default and
-//! capped: the first N peers (by network namespace and address) get series of
-//! their own, and what the others do is counted under `peer="other"`, so the
-//! sums stay whole. A peer quiet for SERIES_TTL gives its place up (its series
-//! expire with it).
+//! Peers are unbounded on a busy host (every client address), so they are
+//! off by default and capped (capped.rs): the first N peers, by network
+//! namespace and address, get series of their own; the others are counted
+//! under `peer="other"`.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
-use super::registry::{Kind, Labels, Registry, SERIES_TTL};
+use super::capped::{Capped, OTHER};
+use super::registry::{Kind, Labels, Registry};
 use crate::records::tcp::TcpRetransmitRecord;
 
 /// The most `--prometheus-peers` takes: a few thousand series in all.
@@ -20,14 +18,10 @@ pub const MAX_PEERS: u32 = 1000;
 const SEGMENTS: &str = "stalltrace_tcp_peer_retransmitted_segments_total";
 const TIMEOUTS: &str = "stalltrace_tcp_peer_retransmission_timeouts_total";
 
-/// The label of every peer past the cap.
-const OTHER: &str = "other";
-
 #[derive(Debug)]
 pub struct Peers {
-    cap: usize,
-    /// Peers with series of their own: (netns, address) → last seen.
-    placed: HashMap<(String, String), Instant>,
+    /// By (netns, address).
+    places: Capped<(String, String)>,
 }
 
 impl Peers {
@@ -49,8 +43,7 @@ impl Peers {
         r.expires(SEGMENTS);
         r.expires(TIMEOUTS);
         Some(Self {
-            cap: cap.min(MAX_PEERS) as usize,
-            placed: HashMap::new(),
+            places: Capped::new(cap.min(MAX_PEERS) as usize),
         })
     }
 
@@ -70,36 +63,17 @@ impl Peers {
 
     fn labels(&mut self, netns: String, addr: &str, now: Instant) -> Labels {
         let key = (netns, addr.to_string());
-        if let Some(seen) = self.placed.get_mut(&key) {
-            *seen = now;
-        } else if self.placed.len() < self.cap || self.free_a_place(now) {
-            self.placed.insert(key.clone(), now);
-        } else {
+        if !self.places.place(&key, now) {
             return vec![("peer", OTHER.to_string()), ("netns", String::new())];
         }
         vec![("peer", key.1), ("netns", key.0)]
-    }
-
-    /// Drops the peer quiet longest, if it has been quiet for SERIES_TTL.
-    fn free_a_place(&mut self, now: Instant) -> bool {
-        let quietest = self
-            .placed
-            .iter()
-            .min_by_key(|(_, seen)| **seen)
-            .map(|(k, seen)| (k.clone(), *seen));
-        match quietest {
-            Some((key, seen)) if now.duration_since(seen) >= SERIES_TTL => {
-                self.placed.remove(&key);
-                true
-            }
-            _ => false,
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::registry::SERIES_TTL;
 
     fn rtx(addr: &str, segs: u32) -> TcpRetransmitRecord {
         let mut t = TcpRetransmitRecord::from_event(&Default::default(), 250);

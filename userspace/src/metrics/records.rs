@@ -9,24 +9,24 @@
 //!
 //! Labels are bounded by design: devices, ops, disk roles, interfaces (with
 //! their namespace), retransmission kinds, stall kinds and causes, lost
-//! sources, record types, programs. Never a peer, port, session or pid.
+//! sources, record types, programs. Never a port, session or pid; peers and
+//! containers only when asked for, capped (peers.rs, containers.rs).
 
 use std::collections::{BTreeSet, HashMap};
 
-use serde::Deserialize;
-use serde_json::Value;
-
+use super::containers::Containers;
+use super::measured::{Envelope, Measured};
 use super::peers::Peers;
 use super::registry::{Edges, Kind, Labels, Registry};
 use crate::abi;
 use crate::hist::{HistogramRecord, bucket_range};
+use crate::records::OUTPUT_LOST;
 use crate::records::block::BlockRecord;
 use crate::records::netdev::NetdevRecord;
-use crate::records::run::{LostRecord, StartRecord};
+use crate::records::run::StartRecord;
 use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::{self, Cause, Phase, StallRecord};
-use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord, TcpRttRecord};
-use crate::records::{OUTPUT_LOST, Record};
+use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord};
 
 /// `2^k - 1`: the top of the kernel's bucket octave `k` (0 for k = 0).
 fn octave_top(k: u32) -> u64 {
@@ -188,65 +188,6 @@ const NETDEV_COUNTS: [Counts<NetdevRecord>; 3] = [
     ),
 ];
 
-/// The record types that feed the metrics: those [`Measured::read`] reads.
-pub fn wanted(kind: &str) -> bool {
-    matches!(
-        kind,
-        StartRecord::TYPE
-            | BlockRecord::TYPE
-            | TcpRetransmitRecord::TYPE
-            | TcpRttRecord::TYPE
-            | NetdevRecord::TYPE
-            | SqlRequestsRecord::TYPE
-            | StallRecord::TYPE
-            | LostRecord::TYPE
-    )
-}
-
-/// The envelope's fields the metrics read (output/json.rs writes them on
-/// every line, around the record's own).
-#[derive(Debug, Deserialize)]
-pub struct Envelope {
-    ts: String,
-    schema: u32,
-}
-
-/// An emitted record the metrics read, as its type.
-#[derive(Debug)]
-pub enum Measured {
-    Start(Envelope, Box<StartRecord>),
-    Block(Box<BlockRecord>),
-    TcpRetransmit(Box<TcpRetransmitRecord>),
-    TcpRtt(Box<TcpRttRecord>),
-    Netdev(Box<NetdevRecord>),
-    SqlRequests(Box<SqlRequestsRecord>),
-    Stall(Box<StallRecord>),
-    Lost(LostRecord),
-}
-
-impl Measured {
-    /// The one place the metrics read JSON: an emitted line read as the
-    /// record type `kind` names (fields the type does not know, the
-    /// envelope's among them, skipped). None for a type the metrics do not
-    /// read, and for a record that does not read as its type.
-    pub fn read(kind: &str, line: &Value) -> Option<Self> {
-        fn read<'a, R: Deserialize<'a>>(line: &'a Value) -> Option<R> {
-            R::deserialize(line).ok()
-        }
-        Some(match kind {
-            StartRecord::TYPE => Self::Start(read(line)?, read(line)?),
-            BlockRecord::TYPE => Self::Block(read(line)?),
-            TcpRetransmitRecord::TYPE => Self::TcpRetransmit(read(line)?),
-            TcpRttRecord::TYPE => Self::TcpRtt(read(line)?),
-            NetdevRecord::TYPE => Self::Netdev(read(line)?),
-            SqlRequestsRecord::TYPE => Self::SqlRequests(read(line)?),
-            StallRecord::TYPE => Self::Stall(read(line)?),
-            LostRecord::TYPE => Self::Lost(read(line)?),
-            _ => return None,
-        })
-    }
-}
-
 /// Reads records into the registry.
 #[derive(Debug)]
 pub struct FromRecords {
@@ -256,11 +197,14 @@ pub struct FromRecords {
     seen: BTreeSet<(stall::Kind, Cause)>,
     /// `--prometheus-peers`: per-peer retransmissions, capped.
     peers: Option<Peers>,
+    /// `--prometheus-containers`: per-container slow I/Os and retransmissions, capped.
+    containers: Option<Containers>,
 }
 
 impl FromRecords {
-    /// `peers`: how many TCP peers get series of their own (0: none).
-    pub fn new(r: &mut Registry, peers: u32) -> Self {
+    /// `peers`, `containers`: how many TCP peers and containers get series
+    /// of their own (0: none).
+    pub fn new(r: &mut Registry, peers: u32, containers: u32) -> Self {
         use Kind::*;
         let seconds = seconds();
         for (name, help) in declared(&BLOCK_TIMES).chain(declared(&NETDEV_TIMES)) {
@@ -386,6 +330,7 @@ impl FromRecords {
             open: HashMap::new(),
             seen: BTreeSet::new(),
             peers: Peers::new(r, peers),
+            containers: Containers::new(r, containers),
         }
     }
 
@@ -397,10 +342,18 @@ impl FromRecords {
         match record {
             Measured::Start(envelope, s) => start(r, &envelope, &s),
             Measured::Block(b) => block(r, &b),
+            Measured::SlowIo(s) => {
+                if let Some(containers) = &mut self.containers {
+                    containers.slow_io(r, &s);
+                }
+            }
             Measured::TcpRetransmit(t) => {
                 let sent_timeout = retransmit(r, &t);
                 if let (Some(peers), Some(timeout)) = (&mut self.peers, sent_timeout) {
                     peers.retransmitted(r, &t, timeout);
+                }
+                if let (Some(containers), Some(_)) = (&mut self.containers, sent_timeout) {
+                    containers.retransmitted(r, &t);
                 }
             }
             Measured::TcpRtt(t) => histogram(

@@ -15,11 +15,12 @@ fn netdev_help_names_the_kernel_sampling_rates() {
 }
 
 use super::*;
-use serde_json::json;
+use crate::records::Record;
+use serde_json::{Value, json};
 
 fn registry() -> (Registry, FromRecords) {
     let mut r = Registry::default();
-    let f = FromRecords::new(&mut r, 0);
+    let f = FromRecords::new(&mut r, 0, 0);
     (r, f)
 }
 
@@ -276,7 +277,8 @@ fn no_record_reads_from_its_envelope_alone() {
         let read = Measured::read(kind, &line(kind, json!({})));
         assert!(read.is_none(), "{kind} read from nothing");
     }
-    assert!(wanted("tcp_rtt") && wanted("start") && !wanted("slow_io") && !wanted("tcp_flow"));
+    use crate::metrics::wanted;
+    assert!(wanted("tcp_rtt") && wanted("start") && wanted("slow_io") && !wanted("tcp_flow"));
 }
 
 /// Request latency per instance and part, and the slow requests split by
