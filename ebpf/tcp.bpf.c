@@ -38,8 +38,6 @@
 #include "slots.bpf.h"
 #include "process_filter.bpf.h"
 
-#define AF_INET 2
-#define AF_INET6 10
 #define IPPROTO_TCP 6
 #define TCPHDR_SYN 0x02
 #define ICSK_TIME_LOSS_PROBE 5
@@ -149,8 +147,7 @@ static __always_inline struct tcp_owner *owner_of(const struct sock *sk, __u32 p
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, PROCESS_SOCKETS_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, PROCESS_SOCKETS_MAX); /* preallocated: a few hundred KiB */
 	__type(key, __u64); /* socket inode */
 	__type(value, __u8);
 } process_sockets SEC(".maps");
@@ -168,7 +165,7 @@ static __always_inline bool owner_wanted(const struct sock *sk, const struct tcp
 		return true;
 	if (owner)
 		return owner->process_wanted;
-	inode = BPF_CORE_READ(sk, sk_socket, file, f_inode, i_ino);
+	inode = sock_inode(sk);
 	return inode && bpf_map_lookup_elem(&process_sockets, &inode);
 }
 
@@ -203,49 +200,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1024 * 1024);
 } tcp_events SEC(".maps");
-
-/* Addresses and ports of a socket, v4-mapped v6 folded to v4. */
-struct tuple {
-	__u8 saddr[16]; /* first: the verifier wants 8-byte stack loads 8-byte aligned */
-	__u8 daddr[16];
-	__u32 netns;
-	__u16 family;
-	__u16 sport;
-	__u16 dport;
-} __attribute__((aligned(8)));
-
-static __always_inline __u16 swap16(__u16 v)
-{
-	return (v >> 8) | (v << 8);
-}
-
-static __always_inline bool v4_mapped(const __u8 *a)
-{
-	return *(__u64 *)a == 0 && *(__u16 *)(a + 8) == 0 && *(__u16 *)(a + 10) == 0xffff;
-}
-
-static __always_inline void common_tuple(const struct sock_common *skc, struct tuple *t)
-{
-	__builtin_memset(t, 0, sizeof(*t));
-	t->netns = KREAD(skc, skc_net.net, ns.inum);
-	t->family = KREAD(skc, skc_family);
-	t->sport = KREAD(skc, skc_num);
-	t->dport = swap16(KREAD(skc, skc_dport));
-	if (t->family == AF_INET6) {
-		bpf_probe_read_kernel(t->saddr, 16, &skc->skc_v6_rcv_saddr);
-		bpf_probe_read_kernel(t->daddr, 16, &skc->skc_v6_daddr);
-		if (v4_mapped(t->daddr)) {
-			t->family = AF_INET;
-			*(__u32 *)t->saddr = *(__u32 *)(t->saddr + 12);
-			*(__u32 *)t->daddr = *(__u32 *)(t->daddr + 12);
-			__builtin_memset(t->saddr + 4, 0, 12);
-			__builtin_memset(t->daddr + 4, 0, 12);
-		}
-	} else {
-		*(__u32 *)t->saddr = KREAD(skc, skc_rcv_saddr);
-		*(__u32 *)t->daddr = KREAD(skc, skc_daddr);
-	}
-}
 
 static __always_inline bool wanted(const struct tuple *t)
 {

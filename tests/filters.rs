@@ -121,12 +121,12 @@ fn a_run_limited_to_one_process_has_only_its_slow_io_and_the_whole_disk() {
         HeldFio::new("fio", &disk.dev, 2, false),
     );
     let (watched_pid, other_pid) = (u64::from(watched.pid()), u64::from(other.pid()));
-    // Every I/O slower than 1 µs: plenty of each process's.
+    // Every I/O slower than 5 µs: plenty of each process's, not too many to hold.
     let common = [
         "--interval",
         "500ms",
         "--slow-io-ms",
-        "0.001",
+        "0.005",
         "--disk",
         &disk.dev,
     ];

@@ -48,13 +48,20 @@ pub struct SimContainer {
 /// packages only (mmdebstrap, as the package test's image), so the worker's
 /// libssl is the image's, as SQL Server's is its image's OpenSSL. Built once
 /// per host and kept in podman's store under this tag, as a build cache
-/// (`podman rmi` it to build it again).
-pub const SIM_IMAGE: &str = "localhost/stalltrace-lab-sim:bookworm";
+/// (`podman rmi` it to build it again); the tag names what is in it, so a
+/// change of either makes a new one.
+pub const SIM_IMAGE: &str = "localhost/stalltrace-lab-sim:bookworm-minbase-libssl3";
 
 /// [`SIM_IMAGE`], built if podman has none; one process at a time builds
 /// it (nextest runs tests in processes of their own).
 fn sim_image() -> &'static str {
-    let lock = std::fs::File::create(std::env::temp_dir().join("stalltrace-lab-sim.lock"))
+    assert!(
+        SIM_IMAGE.contains(crate::systemd_guest::DEBIAN_SUITE),
+        "SIM_IMAGE names another suite"
+    );
+    // One path for every process, whatever its TMPDIR.
+    let lock = std::fs::File::create("/run/lock/stalltrace-lab-sim.lock")
+        .or_else(|_| std::fs::File::create("/tmp/stalltrace-lab-sim.lock"))
         .expect("the image's lock file");
     // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
     assert_eq!(

@@ -283,8 +283,8 @@ pub struct FilterArgs {
     /// Only processes of this name (slow_io and TCP records), as /proc/PID/comm gives it.
     #[arg(long = "comm", value_name = "NAME")]
     pub comms: Vec<String>,
-    /// Only the processes of this running container (slow_io and TCP records): its id, a
-    /// prefix of it, or its name (podman's, docker's).
+    /// Only the processes of this running container (slow_io and TCP records): its full id,
+    /// its name (podman's, docker's), or a unique prefix of its id.
     #[arg(long = "container", value_name = "ID|NAME")]
     pub containers: Vec<String>,
 }

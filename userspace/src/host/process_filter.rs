@@ -151,7 +151,7 @@ impl ProcessFilter {
         {
             return Err(UserError::new(
                 format!(
-                    "too many processes named: at most {max} of each of --pid, --comm and --container"
+                    "too many processes named: at most {max} --pid, {max} --comm, and containers with {max} mount namespaces in all"
                 ),
                 "name fewer",
             ));
@@ -194,7 +194,10 @@ fn find_container(proc: &Path, spec: &str) -> Result<(String, Vec<u32>), UserErr
         )
     })?;
     // Each container once, with every mount namespace of its processes (the
-    // runtimes' monitors are not in the container's cgroup).
+    // runtimes' monitors are not in the container's cgroup), but the host's
+    // and stalltrace's own: a process that joined one of those (nsenter from
+    // a privileged pod) would make every process of the host match.
+    let shared = [Path::new("/proc/1"), Path::new("/proc/self")].map(mount_namespace);
     let mut found: Vec<(Container, Vec<u32>)> = Vec::new();
     for pid in entries
         .flatten()
@@ -203,15 +206,22 @@ fn find_container(proc: &Path, spec: &str) -> Result<(String, Vec<u32>), UserErr
         let Some(c) = container::of_pid(proc, pid) else {
             continue;
         };
-        let Some(ns) = mount_namespace(&proc.join(pid.to_string())) else {
-            continue;
-        };
+        let ns =
+            mount_namespace(&proc.join(pid.to_string())).filter(|ns| !shared.contains(&Some(*ns)));
         match found.iter_mut().find(|(known, _)| known.id == c.id) {
-            Some((_, namespaces)) => push_once(namespaces, ns),
-            None => found.push((c, vec![ns])),
+            Some((_, namespaces)) => namespaces.extend(ns.filter(|ns| !namespaces.contains(ns))),
+            None => found.push((c, ns.into_iter().collect())),
         }
     }
-    let take = |(c, namespaces): &(Container, Vec<u32>)| Ok((c.id.clone(), namespaces.clone()));
+    let take = |(c, namespaces): &(Container, Vec<u32>)| {
+        if namespaces.is_empty() {
+            return Err(UserError::new(
+                format!("--container {spec}: its processes share the host's mount namespace"),
+                "name them with --pid or --comm instead",
+            ));
+        }
+        Ok((c.id.clone(), namespaces.clone()))
+    };
     if let Some(exact) = found.iter().find(|(c, _)| c.id == spec) {
         return take(exact);
     }

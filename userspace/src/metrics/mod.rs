@@ -26,8 +26,9 @@ pub use registry::{Kind, Registry};
 pub use server::Server;
 
 use crate::output::RecordReader;
-use crate::records::OUTPUT_LOST;
+use crate::records::block::SlowIoRecord;
 use crate::records::run::ProgramStats;
+use crate::records::{OUTPUT_LOST, Record};
 use measured::Measured;
 use records::FromRecords;
 use registry::{Labels, SERIES_TTL};
@@ -45,6 +46,8 @@ pub struct Metrics {
     /// The last scrape's text: scrapes closer together than RENDER_EVERY get
     /// it again, so scraping, however often, costs the tracer little.
     rendered: Arc<Mutex<Option<Rendered>>>,
+    /// `slow_io` records feed only the per-container series: read only for them.
+    reads_slow_io: bool,
 }
 
 /// A scrape's text and when it was made.
@@ -93,6 +96,7 @@ impl Metrics {
                 from_records,
             })),
             rendered: Arc::new(Mutex::new(None)),
+            reads_slow_io: containers > 0,
         }
     }
 }
@@ -100,7 +104,7 @@ impl Metrics {
 /// The writer hands every record over through this (output/json.rs).
 impl RecordReader for Metrics {
     fn reads(&self, kind: &str) -> bool {
-        wanted(kind)
+        wanted(kind) && (kind != SlowIoRecord::TYPE || self.reads_slow_io)
     }
 
     fn read(&self, kind: &str, record: &Value) {

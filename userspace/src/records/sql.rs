@@ -166,7 +166,7 @@ pub struct FileSummary {
     pub disks: Vec<String>,
     /// Present when the file is on overlayfs (a container's root rather than a volume): its
     /// writes go to the upper directory, and SQL Server's I/O then also pays for the overlay
-    /// (a copy-up of the whole file at its first write).
+    /// (a copy-up of the whole file when it is first opened for writing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlay: Option<OverlayFile>,
 }
