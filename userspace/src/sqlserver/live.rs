@@ -222,6 +222,13 @@ impl SqlServer {
         ts: &str,
         out: &mut JsonWriter,
     ) -> io::Result<()> {
+        // A session that opened while the interval's refresh ran has requests
+        // but no client yet: look once more, so that its record names it.
+        self.requests.drain(&self.inventory);
+        if self.requests.has_unknown_session(&self.inventory) {
+            self.refresh(ts);
+            self.emit_news(out)?;
+        }
         for record in self.requests.records(interval_ms, &self.inventory) {
             out.emit(ts, &record)?;
         }

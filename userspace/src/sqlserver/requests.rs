@@ -93,6 +93,15 @@ impl Requests {
         }
     }
 
+    /// Whether a session with requests since the last record is one discovery
+    /// has not seen (it opened after the last refresh began).
+    pub fn has_unknown_session(&self, inventory: &Inventory) -> bool {
+        self.by_worker
+            .values()
+            .flat_map(|tally| tally.by_session.iter())
+            .any(|(&ino, f)| f.requests.client.is_none() && inventory.session_seen(ino).is_none())
+    }
+
     /// One record per instance that had requests since the last call or has
     /// MARS sessions (whose requests are not timed: the record says so).
     pub fn records(&mut self, interval_ms: u64, inventory: &Inventory) -> Vec<SqlRequestsRecord> {
