@@ -11,6 +11,7 @@ use crate::abi;
 use crate::error::UserError;
 use crate::host::container::{self, Container};
 use crate::host::container_lookup::Names;
+use crate::host::procfs;
 
 /// The kernel's TASK_COMM_LEN: a comm is at most 15 bytes and a NUL.
 pub const COMM_LEN: usize = abi::STALLTRACE_COMM_LEN as usize;
@@ -96,24 +97,15 @@ impl ProcessFilter {
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
         for pid in pids.filter(|&pid| self.matches(proc_root, pid)) {
-            let Ok(fds) = std::fs::read_dir(proc_root.join(format!("{pid}/fd"))) else {
-                continue;
-            };
-            for fd in fds.flatten() {
-                let Ok(link) = std::fs::read_link(fd.path()) else {
+            let open = procfs::open_files(&proc_root.join(pid.to_string()));
+            for inode in open.sockets {
+                if inodes.contains(&inode) {
                     continue;
-                };
-                let inode = link
-                    .to_str()
-                    .and_then(|l| l.strip_prefix("socket:["))
-                    .and_then(|l| l.strip_suffix(']'))
-                    .and_then(|n| n.parse::<u64>().ok());
-                if let Some(inode) = inode.filter(|i| !inodes.contains(i)) {
-                    if inodes.len() == max {
-                        return (inodes, true);
-                    }
-                    inodes.push(inode);
                 }
+                if inodes.len() == max {
+                    return (inodes, true);
+                }
+                inodes.push(inode);
             }
         }
         (inodes, false)
