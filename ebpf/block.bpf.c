@@ -33,6 +33,7 @@
 #include "common.bpf.h"
 #include "slots.bpf.h"
 #include "block_state.bpf.h" /* the statistics, tables and lookups the hooks below keep */
+#include "block_settle.bpf.h" /* ending the lives the hooks did not end */
 #include "process_filter.bpf.h"
 
 /* Set by the daemon at load time (--slow-io-ms); 0 sends no slow_io events. */
@@ -53,6 +54,13 @@ const volatile __u64 self_tgid = 0;
  */
 const volatile __u64 disk_filter = 0;
 
+/*
+ * For tests only (STALLTRACE_FAULT_SKIP_COMPLETIONS=writes, block/mod.rs):
+ * the completion hook returns at once for every write, as if the kernel had
+ * not run it. 0 in every real run, and the verifier drops the branch.
+ */
+const volatile __u64 fault_skip_writes = 0;
+
 static __always_inline bool disk_watched(struct gendisk *disk)
 {
 	__u64 id;
@@ -64,25 +72,30 @@ static __always_inline bool disk_watched(struct gendisk *disk)
 }
 
 /*
- * The submitter's name: direct loads from current in tp_btf where the kernel
- * hands out current's BTF pointer (5.11+; the same check as the helper's
- * typedef test in tcp.bpf.c), the helper elsewhere.
+ * The submitter (pid, tgid, name) into a bio's slot: direct loads from
+ * current in tp_btf where the kernel hands out current's BTF pointer (5.11+;
+ * the same check as the helper's typedef test in tcp.bpf.c), the helpers
+ * elsewhere. The loads save two helper calls on every bio.
  */
-static __always_inline void current_comm(char *comm)
+static __always_inline void note_submitter(struct bio_slot *slot)
 {
-#ifdef STALLTRACE_RAW_TP
-	bpf_get_current_comm(comm, STALLTRACE_COMM_LEN);
-#else
+#ifndef STALLTRACE_RAW_TP
 	struct task_struct *task;
 
-	if (!bpf_core_type_exists(btf_bpf_get_current_task_btf)) {
-		bpf_get_current_comm(comm, STALLTRACE_COMM_LEN);
+	if (bpf_core_type_exists(btf_bpf_get_current_task_btf)) {
+		task = bpf_get_current_task_btf();
+		slot->tgid = task->tgid;
+		slot->pid = task->pid;
+		((__u64 *)slot->comm)[0] = *(__u64 *)&task->comm[0];
+		((__u64 *)slot->comm)[1] = *(__u64 *)&task->comm[8];
 		return;
 	}
-	task = bpf_get_current_task_btf();
-	((__u64 *)comm)[0] = *(__u64 *)&task->comm[0];
-	((__u64 *)comm)[1] = *(__u64 *)&task->comm[8];
 #endif
+	__u64 id = bpf_get_current_pid_tgid();
+
+	slot->tgid = id >> 32;
+	slot->pid = (__u32)id;
+	bpf_get_current_comm(slot->comm, STALLTRACE_COMM_LEN);
 }
 
 /*
@@ -102,7 +115,7 @@ HOOK(block_bio_queue)
 	struct gendisk *disk = bio_disk(bio);
 	struct bio_slot *slot;
 	bool stale = false;
-	__u64 now, id;
+	__u64 now;
 	__u32 index;
 
 	if (!disk || !disk_watched(disk))
@@ -126,10 +139,7 @@ HOOK(block_bio_queue)
 	 */
 	if (!slow_io_ns)
 		return 0;
-	id = bpf_get_current_pid_tgid();
-	slot->tgid = id >> 32;
-	slot->pid = (__u32)id;
-	current_comm(slot->comm);
+	note_submitter(slot);
 	/*
 	 * A process filter leaves out only the slow_io events of other processes:
 	 * the histograms and the in-flight gauge stay the disk's, because the
@@ -181,64 +191,6 @@ static __always_inline bool issued_in_this_life(__u64 allocated, const struct bl
 	return !allocated || allocated <= slot->issue_ns;
 }
 
-/* Whether the completion hook ran for `key` at or after `since` and left it unsettled (rq_unsettled_*). */
-static __always_inline bool hook_left_unsettled(__u64 key, __u64 since)
-{
-	__u32 home = slot_home(key, RQ_SLOT_BITS);
-	__u64 *owner = bpf_map_lookup_elem(&rq_unsettled_key, &home);
-	__u64 *at = bpf_map_lookup_elem(&rq_unsettled_ns, &home);
-
-	return owner && at && *owner == key && *at >= since;
-}
-
-static __always_inline void count_unsettled(__u32 major, __u32 minor, __u32 op)
-{
-	struct block_key key = { .major = major, .minor = minor, .op = op };
-	__u64 one = 1, *n;
-
-	n = bpf_map_lookup_elem(&block_unsettled, &key);
-	if (!n && !bpf_map_update_elem(&block_unsettled, &key, &one, BPF_NOEXIST))
-		return;
-	if (!n) /* created meanwhile by another CPU */
-		n = bpf_map_lookup_elem(&block_unsettled, &key);
-	if (n)
-		__sync_fetch_and_add(n, 1);
-}
-
-/*
- * Settle a life whose completion the hook did not settle, on its own disk and
- * op (with shared tag sets it may have been another disk): the daemon counts
- * it in `count` either way, with no sample in the histograms.
- */
-static __always_inline void settle_missed(struct block_rq_slot *slot, __u64 key)
-{
-	__u32 major = slot->disk_id >> 32, minor = (__u32)slot->disk_id;
-	/* looked up either way: the daemon writes records for the (disk, op)s it has statistics for */
-	struct block_stats *stats = stats_for(major, minor, slot->op);
-	struct block_disk *disk = disk_of(slot);
-
-	if (hook_left_unsettled(key, slot->issue_ns))
-		count_unsettled(major, minor, slot->op);
-	else if (stats)
-		__sync_fetch_and_add(&stats->unseen, 1);
-	if (disk)
-		__sync_fetch_and_add(&disk->inflight, -1);
-	slot->in_flight = 0;
-}
-
-/* What the requeue hook would have done for a requeue the kernel did not run it for. */
-static __always_inline void settle_requeue(struct block_rq_slot *slot)
-{
-	struct block_stats *stats = stats_for(slot->disk_id >> 32, (__u32)slot->disk_id, slot->op);
-	struct block_disk *disk = disk_of(slot);
-
-	if (stats)
-		__sync_fetch_and_add(&stats->requeues, 1);
-	if (disk)
-		__sync_fetch_and_add(&disk->inflight, -1);
-	slot->in_flight = 0;
-}
-
 /*
  * Issue: only bookkeeping (the slot and the disk's gauge). Every histogram of
  * a request is fed at its completion, where the per-(disk, op) statistics are
@@ -268,6 +220,14 @@ HOOK(block_rq_issue, struct request *rq)
 			slot_release(slot);
 			slot = NULL;
 		}
+	} else if (slot && !issued_in_this_life(KREAD(rq, start_time_ns), slot)) {
+		/*
+		 * A life the settle pass or the idle reconcile ended (they leave the
+		 * slot to the request's next issue): this is a new one, perhaps of
+		 * another disk sharing the tag set, and starts from a slot of its own.
+		 */
+		slot_release(slot);
+		slot = NULL;
 	}
 	if (!slot) {
 		slot = slot_claim(&rq_slots, RQ_SLOT_BITS, key, now, SLOT_STALE_NS, &stale, &index);
@@ -313,7 +273,8 @@ HOOK(block_rq_requeue, struct request *rq)
 		return 0;
 	major = KREAD(gd, major);
 	minor = KREAD(gd, first_minor);
-	stats = stats_for(major, minor, block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len)));
+	stats = stats_of(disk_find(major, minor), major, minor,
+			 block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len)));
 	if (stats)
 		__sync_fetch_and_add(&stats->requeues, 1);
 
@@ -358,8 +319,8 @@ static __always_inline void complete_bios(struct request *rq, struct block_stats
 		if (slot) {
 			if (i == 0)
 				*first = *slot;
-			__sync_fetch_and_add(&stats->bios, 1);
-			hist_add(&stats->total, now - slot->head.stamp_ns);
+			stats->bios += 1;
+			hist_add_alone(&stats->total, now - slot->head.stamp_ns);
 			slot_release(slot);
 		}
 		bio = KREAD(bio, bi_next);
@@ -431,25 +392,16 @@ static __always_inline void send_slow_io(struct request *rq, struct bio_slot *or
 	bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
 }
 
-/* The completion hook leaves `key` unsettled: note it for settle_missed() (rq_unsettled_*). */
-static __always_inline void note_unsettled(__u64 key, __u64 now)
-{
-	__u32 home = slot_home(key, RQ_SLOT_BITS);
-	__u64 *owner = bpf_map_lookup_elem(&rq_unsettled_key, &home);
-	__u64 *at = bpf_map_lookup_elem(&rq_unsettled_ns, &home);
-
-	if (owner && at) {
-		*at = now;
-		*owner = key;
-	}
-}
-
 /*
- * `error` was the errno up to 5.15 (int, e.g. -5 for EIO) and is a
- * blk_status_t (u8) by 6.1: the low 32 bits of the argument are either, and
- * slow_io carries them as they are (docs/records.md).
+ * A request's completion, under run_alone(): the statistics only this hook
+ * writes take plain adds (requests, bytes, the device, in-flight, tag-wait
+ * and queue histograms; and a request-based disk's bios and total:
+ * block_bio_complete adds to those only for bio-based disks, as the kernel
+ * does not trace a bio's completion again once its request's is traced).
+ * Fields other hooks write too (errors, unseen, requeues) stay atomic.
  */
-HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+static __always_inline void complete_request(struct request *rq, int error, unsigned int nr_bytes, bool in_fast,
+					     __u32 fast_index)
 {
 	struct gendisk *gd = request_disk(rq);
 	__u32 data_len = KREAD(rq, __data_len);
@@ -464,9 +416,13 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	__u64 key;
 
 	if (!gd || !disk_watched(gd))
-		return 0;
+		return;
 	op = block_op_of(KREAD(rq, cmd_flags), data_len);
-	stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);
+	/* a constant in each caller: each program looks in one map only (see the hooks below) */
+	if (in_fast)
+		stats = bpf_map_lookup_elem(&block_stats_fast, &fast_index);
+	else
+		stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);
 	if (!stats) {
 		/*
 		 * Counted as lost. The request stays in flight: its next issue, or its
@@ -475,15 +431,15 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 		 */
 		if (nr_bytes >= data_len)
 			note_unsettled(ptr_key(rq, PROG_RQ_COMPLETE), bpf_ktime_get_ns());
-		return 0;
+		return;
 	}
 	now = bpf_ktime_get_ns();
 	if (error)
 		__sync_fetch_and_add(&stats->errors, 1);
-	__sync_fetch_and_add(&stats->bytes, nr_bytes < data_len ? nr_bytes : data_len);
+	stats->bytes += nr_bytes < data_len ? nr_bytes : data_len;
 	complete_bios(rq, stats, nr_bytes, now, &first);
 	if (nr_bytes < data_len)
-		return 0; /* partial completion: the request goes on */
+		return; /* partial completion: the request goes on */
 
 	/*
 	 * Only a request whose issue was seen is a device completion. That leaves
@@ -495,9 +451,9 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key, &index);
 	if (!slot) {
 		note_unsettled(key, now);
-		return 0;
+		return;
 	}
-	__sync_fetch_and_add(&stats->requests, 1);
+	stats->requests += 1;
 	/* the kernel's allocation stamp (see the top), read once for both uses */
 	allocated_ns = KREAD(rq, start_time_ns);
 	if (!issued_in_this_life(allocated_ns, slot)) {
@@ -509,13 +465,13 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 		if (slot->in_flight)
 			settle_missed(slot, key);
 		slot_release(slot);
-		return 0;
+		return;
 	}
 	first_issue_ns = slot->head.stamp_ns;
 	device_ns = now - slot->issue_ns;
 	if (slot->in_flight) {
-		hist_add(&stats->device, device_ns);
-		hist_add(&stats->inflight, slot->depth);
+		hist_add_alone(&stats->device, device_ns);
+		hist_add_alone(&stats->inflight, slot->depth);
 		disk = disk_of(slot);
 		if (disk)
 			__sync_fetch_and_add(&disk->inflight, -1);
@@ -524,15 +480,91 @@ HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
 	if (first.head.owner)
 		split = phase_split(&first, allocated_ns, first_issue_ns, &phases);
 	if (split) {
-		hist_add(&stats->tag_wait, phases.tag_wait_ns);
-		hist_add(&stats->queue, phases.queue_ns);
+		hist_add_alone(&stats->tag_wait, phases.tag_wait_ns);
+		hist_add_alone(&stats->queue, phases.queue_ns);
 	}
+	/* before the release: the settle pass, on another CPU, reads in_flight first */
+	slot->in_flight = 0;
 	slot_release(slot);
 
 	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns &&
 	    first.reported && !(self_tgid && first.tgid == self_tgid))
 		send_slow_io(rq, &first, op, now, &phases, split, device_ns, error);
+}
+
+/*
+ * The completion of a request of a disk whose statistics are in the hash
+ * (block_stats), tail-called by the hook below. Two
+ * programs because the verifier walks a loop once per map a pointer kept
+ * across it may come from: complete_bios() with a statistics pointer from
+ * either block_stats_fast or block_stats, in one program, is past its budget
+ * of a million instructions.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} block_complete_hashed SEC(".maps");
+
+/*
+ * Always 0, but in writable memory, so the verifier does not know it: a tail
+ * call with a key it knows is patched into a direct jump that the kernel
+ * tracks per program array, and SIGKILLed daemons left such arrays behind
+ * (tests/faults.rs `sigkill_at_any_moment_leaves_nothing_behind`).
+ */
+__u32 complete_hashed_key = 0;
+
+/*
+ * `error` was the errno up to 5.15 (int, e.g. -5 for EIO) and is a
+ * blk_status_t (u8) by 6.1: the low 32 bits of the argument are either, and
+ * slow_io carries them as they are (docs/records.md). A run nested in one
+ * of its own (5.10, 5.15: see run_alone()) settles nothing, as the kernel
+ * skipping it would: the request's next issue counts it as a completion the
+ * hook left unsettled.
+ */
+static __always_inline int complete_alone(struct request *rq, int error, unsigned int nr_bytes, bool in_fast,
+					  __u32 fast_index)
+{
+	__u32 *running = run_alone(PROG_RQ_COMPLETE);
+
+	if (!running) {
+		note_unsettled(ptr_key(rq, PROG_RQ_COMPLETE_NESTED), bpf_ktime_get_ns());
+		return 0;
+	}
+	complete_request(rq, error, nr_bytes, in_fast, fast_index);
+	run_done(running);
 	return 0;
+}
+
+/*
+ * A disk the daemon placed in block_stats_fast (abi.h) is completed here,
+ * finding its statistics by index; any other (a disk that appeared later, an
+ * op past BLOCK_FAST_OPS) in tail_block_rq_complete.
+ */
+HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+{
+	struct gendisk *gd = request_disk(rq);
+	struct block_disk *disk;
+	__u32 op;
+
+	if (fault_skip_writes && (KREAD(rq, cmd_flags) & STALLTRACE_REQ_OP_MASK) == REQ_OP_WRITE)
+		return 0;
+	if (!gd || !disk_watched(gd))
+		return 0;
+	disk = disk_find(KREAD(gd, major), KREAD(gd, first_minor));
+	op = block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len));
+	if (disk && disk->fast && op < BLOCK_FAST_OPS)
+		return complete_alone(rq, error, nr_bytes, true, disk->fast - 1 + op);
+	bpf_tail_call(ctx, &block_complete_hashed, complete_hashed_key);
+	/* the family fills the array before attaching: never here, but if so, counted as a completion left unsettled */
+	note_unsettled(ptr_key(rq, PROG_RQ_COMPLETE), bpf_ktime_get_ns());
+	return 0;
+}
+
+TAIL_HOOK(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+{
+	return complete_alone(rq, error, nr_bytes, false, 0);
 }
 
 /*
@@ -548,7 +580,7 @@ HOOK(block_bio_complete, struct request_queue *q, struct bio *bio)
 
 	if (!slot)
 		return 0;
-	stats = stats_for(slot->major, slot->minor, slot->op);
+	stats = stats_of(disk_find(slot->major, slot->minor), slot->major, slot->minor, slot->op);
 	if (stats) {
 		if (KREAD(bio, bi_status)) {
 			__sync_fetch_and_add(&stats->errors, 1);

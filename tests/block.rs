@@ -7,6 +7,8 @@
 //! vCPUs would measure each other.
 
 mod common;
+#[path = "block/stats_maps.rs"]
+mod stats_maps;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -227,8 +229,9 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
 
     // One I/O at a time: one in flight at every issue. Exception: a completion
     // the kernel skipped the hook for (`block.kernel_skipped`) leaves its
-    // request counted until that request is issued again, and the issues in
-    // between see one more; the test then only asks for the median.
+    // request counted until that request is issued again or the next settle
+    // pass (at most about an interval: tests/faults/skipped.rs), and the issues
+    // in between see one more; the test then only asks for the median.
     let count = sum_field(&reads, "count");
     eprintln!(
         "{count} reads, {} timed, fio did {}; in flight {inflight:?}",

@@ -16,6 +16,8 @@ mod churn;
 mod common;
 #[path = "faults/ringbuf.rs"]
 mod ringbuf;
+#[path = "faults/skipped.rs"]
+mod skipped;
 #[path = "faults/sql.rs"]
 mod sql;
 #[path = "faults/sweep.rs"]

@@ -221,7 +221,7 @@ fn backup_tells_network_limited_from_disk_limited() {
     require_root();
     let o = checked(scenario::backup::run(&bins(), Fault::Injected));
     assert_expected(&o);
-    assert!(o.value("network_mbps") <= 40.0 * 1.05);
+    assert!(o.value("network_mbps") <= 20.0 * 1.05);
     let slow_dev = o
         .expected
         .iter()

@@ -365,9 +365,9 @@ fn dashboard_queries() -> Vec<(String, String)> {
 
 /// The dashboard against a real Prometheus evaluating the deployed rules,
 /// after a run with every figure it draws: a simulator's sessions under 5%
-/// loss of what the server sends (retransmissions and timeouts, by peer;
-/// requests of 200 ms and more; a stall episode), its files on the host's
-/// disk. Each panel's query and the annotation's, run over the run as
+/// loss of what the server sends and one second of all of it
+/// (retransmissions and timeouts, by peer; requests of 200 ms and more; a
+/// stall episode), its files on the host's disk. Each panel's query and the annotation's, run over the run as
 /// Grafana draws them (a range query), give a value above 0 at some point:
 /// a counter that only exists at 0 does not pass. The losses panel has
 /// series exactly when the stream had a `lost` record by then. No Grafana
@@ -405,6 +405,14 @@ fn every_panel_of_the_grafana_dashboard_draws_from_the_deployed_rules() {
     );
     client.wait_for_logins(&pair, sim.port, 4, Duration::from_secs(20));
     pair.drop_random(Side::A, 5, Some(sim.port));
+    // A second in which nothing the server sends arrives: retransmission
+    // timeouts for certain. Random loss alone does not always give one (the
+    // tail-loss probe repairs most single losses before the timer would).
+    std::thread::sleep(Duration::from_secs(4));
+    pair.drop_random(Side::A, 100, Some(sim.port));
+    std::thread::sleep(Duration::from_secs(1));
+    pair.clear_drops(Side::A);
+    pair.drop_random(Side::A, 5, Some(sim.port));
     let report = client.finish();
     pair.clear_drops(Side::A);
     assert_eq!(report.errors(), 0, "sqlclient: {}", report.0);
@@ -429,7 +437,7 @@ fn every_panel_of_the_grafana_dashboard_draws_from_the_deployed_rules() {
     let records = tracer.stop();
     drop(sim);
     for (title, expr, n, top) in &answers {
-        eprintln!("{n:>3} series, max {top:<10.4} {title}: {expr}");
+        eprintln!("{n:>3} series, max {top:<10.3e} {title}: {expr}");
     }
     let lost = of_type(&so_far, "lost")
         .iter()

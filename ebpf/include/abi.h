@@ -92,13 +92,31 @@ struct block_disk {
 	__u64 id;         /* major << 32 | first minor; 0 = free slot */
 	__u64 claimed_ns; /* when the disk was first seen */
 	__u32 claims;     /* slots.bpf.h's claim count (the disk table is a slot table) */
-	__u32 pad;
+	__u32 fast;       /* 1 + the disk's first entry in block_stats_fast; 0: its statistics are in block_stats */
 	__s64 inflight; /* requests issued and not yet completed or requeued */
 };
 
 /*
- * Per-object slots (see slots.bpf.h): every slot starts with this head.
+ * The disks present when the daemon starts keep their read, write and flush
+ * statistics in a per-CPU array (block_stats_fast), BLOCK_FAST_OPS entries a
+ * disk from block_disk.fast - 1, which the hooks index without the hash
+ * lookup block_stats costs; the daemon enters those disks in the disk table
+ * before any hook runs. At most BLOCK_FAST_DISKS_MAX disks; the rest, and
+ * disks that appear later, are in block_stats.
  */
+#define BLOCK_FAST_OPS 3 /* BLOCK_OP_READ, BLOCK_OP_WRITE, BLOCK_OP_FLUSH */
+#define BLOCK_FAST_DISKS_MAX 64
+
+/*
+ * Per-object slots (see slots.bpf.h): a key's home slot is the top bits of
+ * key * SLOT_HASH_MULTIPLIER (Fibonacci hashing), and it may sit in any of
+ * the SLOT_PROBES slots from there. Here because the daemon enters disks in
+ * the disk table itself (userspace/src/block/fast.rs). Every slot starts
+ * with this head.
+ */
+#define SLOT_PROBES 4
+#define SLOT_HASH_MULTIPLIER 0x9E3779B97F4A7C15ULL
+
 struct slot_head {
 	__u64 owner;    /* the object's address; 0 = free */
 	__u64 stamp_ns; /* when it was claimed */
@@ -139,6 +157,9 @@ struct bio_slot {
  * only to settle requests whose completion never reached the hooks.
  */
 #define BLOCK_RQ_SLOT_BITS 15 /* 32768 requests in flight */
+
+/* The settle pass (block.bpf.c) visits this many request slots a run. */
+#define SETTLE_CHUNK 256
 
 struct block_rq_slot {
 	struct slot_head head; /* owner: the request; stamp_ns: first issued */

@@ -24,6 +24,18 @@ struct {
 	__type(value, struct block_stats);
 } block_stats SEC(".maps");
 
+/*
+ * The same statistics for the disks present at the start (abi.h, block_disk.fast):
+ * the daemon sets max_entries at load to BLOCK_FAST_OPS per such disk, so it
+ * preallocates only what the hash would hold for them.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct block_stats);
+} block_stats_fast SEC(".maps");
+
 /* One all-zero block_stats: the initial value of a new block_stats entry (too big for the stack). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -76,8 +88,9 @@ struct {
 } rq_slots SEC(".maps");
 
 /*
- * A request whose slot is still in flight when it is issued again (or when
- * its disk idles) completed without the completion hook settling it. Either
+ * A request whose slot is still in flight when it is issued again, when the
+ * kernel has freed it (the settle pass, block.bpf.c) or when its disk
+ * idles completed without the completion hook settling it. Either
  * the kernel never ran the hook for that completion (block_stats.unseen: the
  * stream's `block.kernel_skipped`), or the hook ran and could not settle it:
  * it found no slot, or no statistics entry to count it in (the stream's
@@ -123,6 +136,7 @@ enum block_program {
 	PROG_RQ_REQUEUE,
 	PROG_RQ_COMPLETE,
 	PROG_BIO_COMPLETE,
+	PROG_RQ_COMPLETE_NESTED, /* a completion run nested in another (run_alone()) */
 };
 
 static __always_inline __u32 block_op_of(__u32 opf, __u32 bytes)
@@ -178,6 +192,35 @@ static __always_inline struct block_disk *disk_for(__u64 id, __u64 now, __u32 *i
 	if (!disk)
 		count_lost(LOST_DISK_STATE_FULL);
 	return disk;
+}
+
+/* The disk's entry in the disk table, or NULL; never claims one. */
+static __always_inline struct block_disk *disk_find(__u32 major, __u32 minor)
+{
+	__u64 id = ((__u64)major << 32) | minor;
+	__u32 index;
+
+	return slot_find(&block_disks, BLOCK_DISK_TABLE_BITS, id, &index);
+}
+
+/*
+ * The statistics of (major, minor, op): the disk's entries in
+ * block_stats_fast when it has them (`disk`, its disk table entry, may be
+ * NULL), else block_stats.
+ */
+static __always_inline struct block_stats *stats_of(struct block_disk *disk, __u32 major, __u32 minor,
+						    __u32 op)
+{
+	struct block_stats *stats;
+	__u32 index;
+
+	if (disk && disk->fast && op < BLOCK_FAST_OPS) {
+		index = disk->fast - 1 + op;
+		stats = bpf_map_lookup_elem(&block_stats_fast, &index);
+		if (stats)
+			return stats;
+	}
+	return stats_for(major, minor, op);
 }
 
 /* The disk table entry a request slot recorded at issue. */

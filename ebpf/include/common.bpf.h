@@ -54,4 +54,20 @@ static __always_inline void hist_add(struct hist *h, __u64 value)
 	__sync_fetch_and_add(&h->sum, value);
 }
 
+/*
+ * Record one value into a histogram that one program alone writes, and that
+ * program guarded against running nested in itself (run_alone(),
+ * slots.bpf.h): nothing else can interleave with its adds on this CPU, so
+ * plain adds are exact, and a locked add costs ~5 ns each (bench block).
+ */
+static __always_inline void hist_add_alone(struct hist *h, __u64 value)
+{
+	__u32 idx = hist_bucket_index(value);
+
+	if (idx >= HIST_BUCKETS) /* cannot happen; tells the verifier the bound */
+		idx = HIST_BUCKETS - 1;
+	h->buckets[idx] += 1;
+	h->sum += value;
+}
+
 #endif /* STALLTRACE_COMMON_BPF_H */

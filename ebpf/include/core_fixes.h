@@ -31,10 +31,15 @@
  * The daemon tries a hook's tracepoint program first and its function
  * program only when that cannot load or attach; the program name
  * (<prefix>_<hook>__<func>) ties the two together.
+ *
+ * TAIL_HOOK: a second program for a hook's tracepoint, never attached: the
+ * hook's program tail-calls it through a program array its family fills
+ * before attaching (block.bpf.c says why one hook needs two).
  */
 #ifdef STALLTRACE_RAW_TP
 #define HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(on_##tp, ##args)
 #define OPTIONAL_HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(maybe_##tp, ##args)
+#define TAIL_HOOK(tp, args...) SEC("raw_tp/" #tp) int BPF_PROG(tail_##tp, ##args)
 #define FUNC_HOOK(hook, func, args...) SEC("kprobe/" #func) int BPF_KPROBE(on_##hook##__##func, ##args)
 #define OPTIONAL_FUNC_HOOK(hook, func, args...)                                                        \
 	SEC("kprobe/" #func) int BPF_KPROBE(maybe_##hook##__##func, ##args)
@@ -42,6 +47,7 @@
 #else
 #define HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(on_##tp, ##args)
 #define OPTIONAL_HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(maybe_##tp, ##args)
+#define TAIL_HOOK(tp, args...) SEC("tp_btf/" #tp) int BPF_PROG(tail_##tp, ##args)
 #define FUNC_HOOK(hook, func, args...) SEC("fentry/" #func) int BPF_PROG(on_##hook##__##func, ##args)
 #define OPTIONAL_FUNC_HOOK(hook, func, args...)                                                        \
 	SEC("fentry/" #func) int BPF_PROG(maybe_##hook##__##func, ##args)

@@ -29,13 +29,14 @@
 #include "core_fixes.h"
 #include "abi.h" /* struct slot_head */
 
-#define SLOT_PROBES 4
 
 /*
  * Per-CPU scratch for ptr_key(), one word per program: programs nest on a
  * CPU (a completion in interrupt context can run inside a task-context
- * submit hook), but a program never nests inside itself (the kernel skips
- * and counts such runs), so a word per program is never shared.
+ * submit hook), but since 6.1 a program never nests inside itself (the
+ * kernel skips and counts such runs), so a word per program is not shared
+ * there. 5.10 and 5.15 run it nested: a hook that must not share its
+ * per-CPU state takes run_alone() (below).
  */
 #define PTR_SCRATCH_WORDS 16
 
@@ -68,10 +69,47 @@ static __always_inline __u64 ptr_key(const void *ptr, __u32 program)
 #endif
 }
 
+/*
+ * Per-CPU: whether a program (one word per program, as ptr_scratch) is
+ * running on this CPU. Kernels before 6.1 start a tracing program inside an
+ * interrupted run of itself (a completion in an interrupt landing on a
+ * task-context completion); since 6.1 the kernel skips such a run. A hook
+ * whose per-CPU state is updated with plain stores takes this guard so that
+ * every kernel behaves as the newer ones do.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PTR_SCRATCH_WORDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} program_running SEC(".maps");
+
+/*
+ * Mark `program` running on this CPU; NULL when it already is (this run is
+ * nested in it) or the map is unreachable. Plain loads and stores suffice: a
+ * nested run starts and ends inside the one it interrupted, so a run that
+ * finds the mark clear owns the CPU until it clears the mark with
+ * run_done().
+ */
+static __always_inline __u32 *run_alone(__u32 program)
+{
+	__u32 *running = bpf_map_lookup_elem(&program_running, &program);
+
+	if (!running || *running)
+		return NULL;
+	*running = 1;
+	return running;
+}
+
+static __always_inline void run_done(__u32 *running)
+{
+	*running = 0;
+}
+
 /* Home slot: Fibonacci hashing (the top bits of the product depend on every bit of the key). */
 static __always_inline __u32 slot_home(__u64 key, __u32 bits)
 {
-	return (__u32)((key * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+	return (__u32)((key * SLOT_HASH_MULTIPLIER) >> (64 - bits));
 }
 
 /*

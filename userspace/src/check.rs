@@ -89,8 +89,11 @@ fn findings(args: &CheckArgs, out: &mut Vec<String>) -> String {
         for (i, mode) in modes.into_iter().enumerate() {
             let label = if i == 0 { "for run" } else { "fallback" };
             let globals = run_defaults(family.name);
+            // As `run` prepares it, so that what loads here is what `run` loads.
+            let block_tail = |ebpf: &mut aya::Ebpf| crate::block::prepare::fill_tail(ebpf, &btf);
             let setup = probes::Setup {
                 globals: &globals,
+                before_attach: (family.name == "block").then_some(&block_tail as _),
                 ..Default::default()
             };
             match probes::attach_family(family, mode, &setup, &btf) {
@@ -209,6 +212,12 @@ fn mode_flag(mode: ModeChoice) -> String {
 /// One hook's line: what served it and what it cannot tell, or why nothing could.
 fn hook_state(h: &HookStatus) -> String {
     let mut state = match (h.attached, &h.error) {
+        (true, _) if h.via == Some(probes::AttachKind::ProgRun) => {
+            format!(
+                "loaded: {}, not attached",
+                probes::AttachKind::ProgRun.in_words()
+            )
+        }
         (true, _) => {
             let via = h.via.map_or("?".to_string(), |v| v.in_words());
             // The target is said only where it is not the hook's own name (a

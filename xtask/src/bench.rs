@@ -9,6 +9,7 @@
 mod block;
 mod daemon;
 mod fio;
+mod floor;
 mod hostcpu;
 mod interrupt;
 mod loopdisk;

@@ -29,6 +29,7 @@ mod lifecycle;
 mod net;
 mod netdev;
 mod run;
+mod settle;
 mod sql;
 mod sql_requests;
 
@@ -158,6 +159,11 @@ pub const CHECKS: &[Check] = &[
         name: "block/diskstats",
         family: "block",
         run: block::diskstats,
+    },
+    Check {
+        name: "block/settle",
+        family: "block",
+        run: settle::skipped_completions,
     },
     Check {
         name: "filters/process",

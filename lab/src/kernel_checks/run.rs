@@ -42,6 +42,16 @@ impl Run {
     }
 
     pub fn start_with(opts: &Opts, settings: &[&str], args: &[&str]) -> Result<Self, String> {
+        Self::start_with_env(opts, settings, args, &[])
+    }
+
+    /// [`Run::start_with`] with `env` set for stalltrace (its fault injection).
+    pub fn start_with_env(
+        opts: &Opts,
+        settings: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let out = std::env::temp_dir().join(format!("{}.jsonl", unique("kernel-checks")));
         let stderr = out.with_extension("stderr");
         let t0 = Instant::now();
@@ -52,6 +62,7 @@ impl Run {
             .args(settings)
             .args(opts.mode.flags())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).map_err(|e| format!("{e}"))?)

@@ -2,21 +2,23 @@
 //! one `block` record per disk and op per interval, and its ring buffer into
 //! `slow_io` records.
 
+pub mod fast;
 pub mod interval;
+pub mod prepare;
 pub mod reconcile;
+pub mod settle;
 pub mod stamps;
 pub mod sweep;
 pub mod sysfs;
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aya::Btf;
-use aya::maps::{
-    Array, HashMap as BpfHashMap, MapData, MapError, PerCpuHashMap, PerCpuValues, RingBuf,
-};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 
 use crate::abi::{
     self, bio_slot, block_disk, block_key, block_rq_slot, block_stats, slow_io_event,
@@ -28,15 +30,13 @@ use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
 use crate::records::block::{BlockOp, BlockRecord, SlowIoRecord};
+use fast::FastDisks;
 use interval::{Interval, Series};
 use reconcile::Settled;
+use settle::SettlePass;
 use sysfs::Sysfs;
 
 const NS_TO_US: f64 = 1e-3;
-
-/// Before attach: tries at creating the statistics entries of the disks present, and the wait between.
-const PREPARE_ATTEMPTS: usize = 20;
-const PREPARE_RETRY: Duration = Duration::from_millis(25);
 
 /// `lost` source: request completions the kernel did not run the completion
 /// hook for (docs/records.md).
@@ -45,6 +45,7 @@ pub const KERNEL_SKIPPED: &str = "block.kernel_skipped";
 /// The maps the daemon reads.
 struct Maps {
     stats: PerCpuHashMap<MapData, block_key, block_stats>,
+    stats_fast: PerCpuArray<MapData, block_stats>,
     disks: Array<MapData, block_disk>,
     bio_slots: Array<MapData, bio_slot>,
     rq_slots: Array<MapData, block_rq_slot>,
@@ -113,16 +114,37 @@ pub struct BlockProbe {
     prepared: HashSet<(u32, u32)>,
     /// When stale slots were last freed (sweep.rs).
     last_sweep: Instant,
+    /// Ends, once an interval, the lives of requests the kernel freed unseen (settle.rs).
+    settle: Option<SettlePass>,
+    /// The disks whose statistics are in `block_stats_fast` (fast.rs).
+    fast: FastDisks,
 }
 
 /// The load-time globals of a run with `slow_io` (`check` loads a default run's).
-pub fn load_globals(slow_io: Option<Duration>, disk_filter: bool) -> [(&'static str, u64); 3] {
+pub fn load_globals(slow_io: Option<Duration>, disk_filter: bool) -> [(&'static str, u64); 4] {
     [
         ("slow_io_ns", slow_io.map_or(0, |d| d.as_nanos() as u64)),
         // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
         ("self_tgid", u64::from(std::process::id())),
         ("disk_filter", u64::from(disk_filter)),
+        ("fault_skip_writes", u64::from(fault_skip_writes())),
     ]
+}
+
+/// Fault injection for the tests of skipped completions:
+/// `STALLTRACE_FAULT_SKIP_COMPLETIONS=writes` makes the completion hook do
+/// nothing for every write, as when the kernel does not run it. Never set in
+/// production: said on stderr whenever it is on, so that nobody runs with
+/// writes untimed unawares.
+fn fault_skip_writes() -> bool {
+    let on = std::env::var("STALLTRACE_FAULT_SKIP_COMPLETIONS").is_ok_and(|v| v == "writes");
+    if on {
+        eprintln!(
+            "stalltrace: STALLTRACE_FAULT_SKIP_COMPLETIONS=writes: the block family skips every \
+             write's completion (fault injection for tests); unset it to measure writes"
+        );
+    }
+    on
 }
 
 impl BlockProbe {
@@ -132,54 +154,29 @@ impl BlockProbe {
         let selected: Option<HashSet<(u32, u32)>> =
             (!opts.disks.is_empty()).then(|| opts.disks.iter().copied().collect());
         // The disks present now get their entries before any hook can run.
-        let prepare = |ebpf: &mut aya::Ebpf| -> Result<(), String> {
-            probes::process_filter::fill(ebpf, &opts.processes)?;
-            if let Some(selected) = &selected {
-                let map = ebpf
-                    .map_mut("block_selected_disks")
-                    .ok_or("the object has no map block_selected_disks")?;
-                let mut table: BpfHashMap<&mut MapData, u64, u8> =
-                    BpfHashMap::try_from(map).map_err(|e| e.to_string())?;
-                for &disk in selected {
-                    table
-                        .insert(sweep::disk_id(disk), 1, 0)
-                        .map_err(|e| e.to_string())?;
-                }
-            }
-            let map = ebpf
-                .map_mut("block_stats")
-                .ok_or("the object has no map block_stats")?;
-            let mut stats: PerCpuHashMap<&mut MapData, block_key, block_stats> =
-                PerCpuHashMap::try_from(map).map_err(|e| e.to_string())?;
-            let mut missing: Vec<(u32, u32)> = Sysfs::default()
-                .disks_with_media()
-                .into_iter()
-                .map(|(_, major, minor)| (major, minor))
-                .filter(|disk| selected.as_ref().is_none_or(|s| s.contains(disk)))
-                .collect();
-            // An entry comes from the kernel's atomic per-CPU pool, which is
-            // refilled in the background: just after boot it can run dry (seen
-            // on 5.10), and the disk's first I/Os would then find no entry either.
-            // A few short waits for the refill; what still fails is retried at
-            // every interval after attach.
-            for _ in 0..PREPARE_ATTEMPTS {
-                missing.retain(|&(major, minor)| !prepare_disk(&mut stats, major, minor));
-                if missing.is_empty() {
-                    break;
-                }
-                std::thread::sleep(PREPARE_RETRY);
-            }
-            Ok(())
+        let fast = RefCell::new(FastDisks::choose(&Sysfs::default(), |disk| {
+            selected.as_ref().is_none_or(|s| s.contains(disk))
+        }));
+        let prepare = |ebpf: &mut aya::Ebpf| {
+            prepare::before_attach(
+                ebpf,
+                btf,
+                &opts.processes,
+                selected.as_ref(),
+                &mut fast.borrow_mut(),
+            )
         };
+        let max_entries = [(fast::MAP, fast.borrow().entries())];
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&prepare),
-            ..Default::default()
+            max_entries: &max_entries,
         };
         let mut family = probes::attach_family(probes::embedded("block"), opts.mode, &setup, btf)?;
         let taken = Self::take_maps(&mut family);
         match taken {
             Ok(maps) => {
+                let settle = SettlePass::of(&family);
                 let mut probe = Self {
                     family,
                     maps,
@@ -192,6 +189,8 @@ impl BlockProbe {
                     selected,
                     prepared: HashSet::new(),
                     last_sweep: Instant::now(),
+                    settle,
+                    fast: fast.into_inner(),
                 };
                 probe.prepare_disks();
                 Ok(probe)
@@ -207,6 +206,7 @@ impl BlockProbe {
         let ebpf = &mut family.ebpf;
         Ok(Maps {
             stats: probes::take_map(ebpf, "block_stats")?,
+            stats_fast: probes::take_map(ebpf, fast::MAP)?,
             disks: probes::take_map(ebpf, "block_disks")?,
             bio_slots: probes::take_map(ebpf, "bio_slots")?,
             rq_slots: probes::take_map(ebpf, "rq_slots")?,
@@ -237,8 +237,9 @@ impl BlockProbe {
                 continue;
             }
             present.insert((major, minor));
+            let fast = self.fast.has((major, minor));
             if self.prepared.contains(&(major, minor))
-                || !prepare_disk(&mut self.maps.stats, major, minor)
+                || (!fast && !prepare::prepare_disk(&mut self.maps.stats, major, minor))
             {
                 continue; // done already, or retried next interval
             }
@@ -266,7 +267,16 @@ impl BlockProbe {
         if gone.is_empty() {
             return;
         }
-        for disk in gone {
+        // Looked at again: a loop device detached and attached again since
+        // `present` was read has the kernel writing its entries already, and
+        // zeroing them would lose what it wrote.
+        let back: HashSet<(u32, u32)> = self
+            .sysfs
+            .disks_with_media()
+            .into_iter()
+            .map(|(_, major, minor)| (major, minor))
+            .collect();
+        for disk in gone.into_iter().filter(|d| !back.contains(d)) {
             let index = sweep::disk_index(&self.maps.disks, sweep::disk_id(disk));
             sweep::forget_disk(
                 &mut self.maps.stats,
@@ -275,6 +285,7 @@ impl BlockProbe {
                 disk,
                 index,
             );
+            self.fast.forget(&mut self.maps.stats_fast, disk);
             self.series
                 .retain(|&(major, minor, _), _| (major, minor) != disk);
             self.unsettled_seen
@@ -301,7 +312,8 @@ impl BlockProbe {
     }
 
     /// Each disk's in-flight gauge, after settling the requests of idle disks
-    /// whose completion the hooks never settled (see reconcile.rs); a disk that
+    /// whose completion the hooks never settled (see reconcile.rs) when the
+    /// settle pass is not there to settle them request by request; a disk that
     /// is gone (not in `present`, and not in sysfs now) has nothing in flight either. Returns the
     /// gauges and what was settled by (major, minor, op).
     #[allow(clippy::type_complexity)]
@@ -329,7 +341,12 @@ impl BlockProbe {
                 // Gone: not listed at the start of this interval, and not there now
                 // (a disk made since, already with a request in flight, is not gone).
                 let gone = !present.contains(&key) && self.sysfs.disk_name(key.0, key.1).is_none();
-                if gone || reconcile::kernel_says_idle(&self.sysfs, &name) {
+                // With the settle pass, only a gone disk: the idle test is the
+                // weaker one (a disk whose completions the kernel all skipped for
+                // an interval looks idle to it, and its gauge would be zeroed
+                // under requests still in flight).
+                let idle = self.settle.is_none() && reconcile::kernel_says_idle(&self.sysfs, &name);
+                if gone || idle {
                     let unsettled = unsettled.get_or_insert_with(|| {
                         reconcile::unsettled(&self.maps.unsettled_keys, &self.maps.unsettled_times)
                     });
@@ -348,6 +365,23 @@ impl BlockProbe {
             gauges.insert(key, inflight);
         }
         (gauges, settled)
+    }
+
+    /// Every (disk, op)'s per-CPU running totals, from `block_stats` and the
+    /// fast disks' array (fast.rs), summed where a (disk, op) is in both.
+    fn statistics(&self) -> Vec<(block_key, Vec<block_stats>)> {
+        let mut all: BTreeMap<(u32, u32, u32), (block_key, Vec<block_stats>)> = BTreeMap::new();
+        let hashed = self.maps.stats.iter().flatten();
+        let hashed = hashed.map(|(key, values)| (key, values.iter().copied().collect()));
+        for (key, per_cpu) in hashed.chain(self.fast.read(&self.maps.stats_fast)) {
+            match all.get_mut(&(key.major, key.minor, key.op)) {
+                Some((_, sum)) => fast::merge(sum, &per_cpu),
+                None => {
+                    all.insert((key.major, key.minor, key.op), (key, per_cpu));
+                }
+            }
+        }
+        all.into_values().collect()
     }
 
     /// Per (disk, op): completions the hook left unsettled, found out since the last call.
@@ -414,11 +448,20 @@ impl Family for BlockProbe {
         out: &mut JsonWriter,
     ) -> io::Result<()> {
         let present = self.prepare_disks();
+        // First, so that what it settles is in this interval's counts and gauges.
+        if let Some(settle) = &self.settle
+            && let Err(e) = settle.run(&self.family.ebpf)
+        {
+            // Said once, then left off: what it settles is then settled at idle (reconcile.rs).
+            eprintln!(
+                "stalltrace: block: running {} failed ({e}); it is off for the rest of the run",
+                settle::HOOK
+            );
+            self.settle = None;
+        }
         let intervals: Vec<(block_key, Interval)> = self
-            .maps
-            .stats
-            .iter()
-            .flatten()
+            .statistics()
+            .into_iter()
             .map(|(key, per_cpu)| {
                 let series = self
                     .series
@@ -518,30 +561,4 @@ impl Family for BlockProbe {
         }
         lost
     }
-}
-
-/// Create `(major, minor)`'s common (disk, op) entries in `block_stats` if
-/// missing (never resetting one the kernel side created). False when one could
-/// not be created.
-fn prepare_disk<T: std::borrow::BorrowMut<MapData>>(
-    stats: &mut PerCpuHashMap<T, block_key, block_stats>,
-    major: u32,
-    minor: u32,
-) -> bool {
-    let Ok(ncpus) = aya::util::nr_cpus() else {
-        return false;
-    };
-    let mut ok = true;
-    for op in [abi::BLOCK_OP_READ, abi::BLOCK_OP_WRITE, abi::BLOCK_OP_FLUSH] {
-        let key = block_key { major, minor, op };
-        let Ok(zeroed) = PerCpuValues::try_from(vec![block_stats::default(); ncpus]) else {
-            return false;
-        };
-        match stats.insert(key, zeroed, u64::from(aya_obj::generated::BPF_NOEXIST)) {
-            Ok(()) => {}
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(_) => ok = false,
-        }
-    }
-    ok
 }

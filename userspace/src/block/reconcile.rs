@@ -1,5 +1,7 @@
 //! Settling requests whose completion the hooks never settled, when their
-//! disk goes idle.
+//! disk goes idle: the fallback for a kernel that refuses the settle pass
+//! (settle.rs), which settles them request by request whether the disk idles
+//! or not, and for disks that are gone.
 //!
 //! The kernel does not always run the completion hook: it skips a program
 //! already running on the CPU (a recursion miss), and the 6.18 Firecracker

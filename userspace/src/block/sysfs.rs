@@ -51,6 +51,13 @@ impl Sysfs {
         out
     }
 
+    /// Whether `disk` is request-based (blk-mq: it has an `mq` directory): its
+    /// I/O reaches the request hooks. Bio-based disks (device-mapper, md,
+    /// zram) complete bios only.
+    pub fn request_based(&self, disk: &str) -> bool {
+        self.root.join("block").join(disk).join("mq").is_dir()
+    }
+
     /// The whole disk `spec` names, as `(name, major, first minor)`: a name in
     /// /sys/class/block (`sda`, `nvme0n1`, `dm-0`), a /dev path (symlinks
     /// such as /dev/disk/by-id/... followed), or `MAJOR:MINOR`. A partition

@@ -71,6 +71,7 @@ impl NetdevProbe {
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&prepare),
+            ..Default::default()
         };
         let mut family = probes::attach_family(probes::embedded("netdev"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;

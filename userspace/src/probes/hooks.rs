@@ -6,9 +6,11 @@
 //! `on_<hook>` or `maybe_<hook>` for the tracepoint program, and
 //! `on_<hook>__<function>` for a kernel function standing in for the
 //! tracepoint where a kernel lacks it (the HOOK macros in
-//! ebpf/include/core_fixes.h).
+//! ebpf/include/core_fixes.h). A `run_<name>` program in a bare `raw_tp`
+//! section is loaded but never attached: its family runs it itself
+//! (BPF_PROG_RUN), in either mode, and works without it.
 
-use aya::programs::{BtfTracePoint, FEntry, KProbe, RawTracePoint};
+use aya::programs::{BtfTracePoint, FEntry, KProbe, ProgramError, RawTracePoint};
 use aya::{Btf, Ebpf};
 use aya_obj::btf::BtfKind;
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
@@ -17,6 +19,9 @@ use super::{AttachKind, HookMode, describe};
 
 impl AttachKind {
     fn from_section(section: &str) -> Option<(Self, &str)> {
+        if section == "raw_tp" {
+            return Some((AttachKind::ProgRun, ""));
+        }
         [
             (AttachKind::TpBtf, "tp_btf/"),
             (AttachKind::RawTp, "raw_tp/"),
@@ -30,8 +35,14 @@ impl AttachKind {
     /// Whether a program of this kind belongs in an object of `mode`.
     fn in_mode(self, mode: HookMode) -> bool {
         match mode {
-            HookMode::TpBtf => matches!(self, AttachKind::TpBtf | AttachKind::Fentry),
-            HookMode::RawTp => matches!(self, AttachKind::RawTp | AttachKind::Kprobe),
+            HookMode::TpBtf => matches!(
+                self,
+                AttachKind::TpBtf | AttachKind::Fentry | AttachKind::ProgRun
+            ),
+            HookMode::RawTp => matches!(
+                self,
+                AttachKind::RawTp | AttachKind::Kprobe | AttachKind::ProgRun
+            ),
         }
     }
 }
@@ -72,12 +83,23 @@ pub fn hooks_in_object(bytes: &[u8], mode: HookMode) -> Vec<Hook> {
         if !kind.in_mode(mode) {
             continue;
         }
-        let (optional, rest) = match (program.strip_prefix("on_"), program.strip_prefix("maybe_")) {
-            (Some(rest), _) => (false, rest),
-            (_, Some(rest)) => (true, rest),
+        let (optional, rest) = match (
+            program.strip_prefix("on_"),
+            program.strip_prefix("maybe_"),
+            program.strip_prefix("run_"),
+        ) {
+            (Some(rest), ..) if kind != AttachKind::ProgRun => (false, rest),
+            (_, Some(rest), _) if kind != AttachKind::ProgRun => (true, rest),
+            (.., Some(rest)) if kind == AttachKind::ProgRun => (true, rest),
             _ => continue, // a helper subprogram, not a hook
         };
         let name = rest.split_once("__").map_or(rest, |(hook, _)| hook);
+        // A program run by stalltrace serves no tracepoint: it is its own target.
+        let target = if kind == AttachKind::ProgRun {
+            name
+        } else {
+            target
+        };
         hooks.push(Hook {
             name: name.to_string(),
             kind,
@@ -144,6 +166,12 @@ pub fn attach_one(
         AttachKind::Kprobe => load_attach!(KProbe, |p: &mut KProbe| p.load(), |p: &mut KProbe| p
             .attach(target, 0)
             .map(drop)),
+        // Loaded only: its family runs it (BPF_PROG_RUN).
+        AttachKind::ProgRun => load_attach!(
+            RawTracePoint,
+            |p: &mut RawTracePoint| p.load(),
+            |_: &mut RawTracePoint| Ok::<(), ProgramError>(())
+        ),
     }
 }
 

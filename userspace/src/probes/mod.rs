@@ -85,6 +85,8 @@ pub struct Setup<'a> {
     /// Runs once the maps exist and before any program attaches (e.g. to fill
     /// filter maps, so no event slips through unfiltered).
     pub before_attach: Option<&'a BeforeAttach<'a>>,
+    /// Maps whose size the daemon decides at load: (map, max_entries).
+    pub max_entries: &'a [(&'static str, u32)],
 }
 
 pub type BeforeAttach<'a> = dyn Fn(&mut Ebpf) -> Result<(), String> + 'a;
@@ -171,6 +173,9 @@ fn attach_mode(
     loader.btf(Some(btf));
     for (name, value) in setup.globals {
         loader.override_global(name, value, true);
+    }
+    for &(name, entries) in setup.max_entries {
+        loader.map_max_entries(name, entries);
     }
     let mut ebpf = loader.load(bytes).map_err(|e| FamilyFailure {
         hooks: statuses.clone(),
@@ -430,7 +435,9 @@ mod tests {
             let hooks: Vec<String> = hooks_in_object(bytes, mode)
                 .into_iter()
                 .map(|h| {
-                    assert!(!h.optional, "{} should be required", h.name);
+                    // The settle pass is the one program run, not attached, and optional.
+                    let run = h.kind == AttachKind::ProgRun;
+                    assert_eq!(h.optional, run, "{}: optional only if run", h.name);
                     assert_eq!(h.name, h.target, "block hooks are tracepoints");
                     h.name
                 })
@@ -442,7 +449,8 @@ mod tests {
                     "block_bio_queue",
                     "block_rq_complete",
                     "block_rq_issue",
-                    "block_rq_requeue"
+                    "block_rq_requeue",
+                    "settle_freed_requests"
                 ],
                 "{mode:?}"
             );

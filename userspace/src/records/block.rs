@@ -138,8 +138,10 @@ pub struct BlockRecord {
     pub errors: u64,
     /// Requests of `count` whose completion the hook ran for but could not settle, found out in
     /// this interval (when the request was issued again, or its disk idled, with the request
-    /// still tracked as in flight): no statistics entry to count it in, or no record of the
-    /// request's issue (a failure of stalltrace's own bookkeeping). Expected to be 0. They are in
+    /// still tracked as in flight): no statistics entry to count it in, no record of the
+    /// request's issue (a failure of stalltrace's own bookkeeping), or, on 5.10 and 5.15, a
+    /// completion that ran inside another completion on the same CPU, which the hook leaves as the
+    /// kernel since 6.1 skips it. Expected to be 0. They are in
     /// `count` and have no histogram samples. Completions the kernel skipped the hook for are
     /// `block.kernel_skipped` in `lost` (and in `count` too).
     pub completions_unseen: u64,

@@ -52,6 +52,10 @@ pub enum AttachKind {
     Fentry,
     /// The entry of a kernel function through a kprobe.
     Kprobe,
+    /// Not attached: a program the daemon runs itself (BPF_PROG_RUN) once an interval, so
+    /// nothing of it is on any I/O's or packet's path (the block family's
+    /// `settle_freed_requests`, docs/records.md).
+    ProgRun,
 }
 
 impl AttachKind {
@@ -61,6 +65,7 @@ impl AttachKind {
             AttachKind::RawTp => "raw_tp",
             AttachKind::Fentry => "fentry",
             AttachKind::Kprobe => "kprobe",
+            AttachKind::ProgRun => "prog_run",
         }
     }
 
@@ -72,6 +77,7 @@ impl AttachKind {
             AttachKind::RawTp => "raw tracepoint",
             AttachKind::Fentry => "function entry",
             AttachKind::Kprobe => "kprobe",
+            AttachKind::ProgRun => "run by stalltrace once an interval",
         };
         match self {
             AttachKind::Kprobe => what.to_string(),

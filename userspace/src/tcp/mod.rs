@@ -113,6 +113,7 @@ impl TcpProbe {
         let setup = probes::Setup {
             globals: &globals,
             before_attach: Some(&before_attach),
+            ..Default::default()
         };
         let mut family = probes::attach_family(probes::embedded("tcp"), opts.mode, &setup, btf)?;
         let ebpf = &mut family.ebpf;

@@ -4,6 +4,10 @@
 //! removed on drop). tmpfs keeps the backing store in memory, so fio measures
 //! the block layer and stalltrace's hooks, not a disk.
 //!
+//! The same on a file on the VM's own disk (`create_on_disk`): no tmpfs,
+//! the loop device reading the file with direct I/O, so that the device's
+//! service time is a real disk's.
+//!
 //! The kernel is shared with other people's tests, so everything here is
 //! uniquely named and `Drop` undoes whatever was set up, on error and on panic.
 
@@ -32,8 +36,23 @@ pub struct LoopDisk {
 const SLACK_MIB: u64 = 64;
 
 impl LoopDisk {
+    /// On a private tmpfs: the worst case, where the hooks' cost is as
+    /// large a share of each I/O as it can be.
     pub fn create(size_mib: u64) -> anyhow::Result<Self> {
-        let dir = PathBuf::from(format!("/tmp/stalltrace-bench-{}", std::process::id()));
+        Self::create_in("/tmp", true, size_mib)
+    }
+
+    /// On a file on the VM's own disk (/var/tmp, not a tmpfs), read with
+    /// direct I/O: each I/O then waits for a real device's service time, as
+    /// on a host the tracer is deployed on.
+    pub fn create_on_disk(size_mib: u64) -> anyhow::Result<Self> {
+        Self::create_in("/var/tmp", false, size_mib)
+    }
+
+    /// A fresh directory under `parent`, a tmpfs on it when `tmpfs`, and
+    /// the loop device on a file there.
+    fn create_in(parent: &str, tmpfs: bool, size_mib: u64) -> anyhow::Result<Self> {
+        let dir = PathBuf::from(format!("{parent}/stalltrace-bench-{}", std::process::id()));
         // create_dir (not _all) fails if it exists: never adopt someone else's directory.
         fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let mut disk = LoopDisk {
@@ -43,15 +62,17 @@ impl LoopDisk {
             direct_io: false,
         };
         let dir = disk.dir.to_string_lossy().into_owned();
-        let opts = format!("size={}m,mode=0700", size_mib + SLACK_MIB);
-        // The source name makes a leftover easy to spot in `mount` output.
-        // Not --make-private afterwards: the mount has already propagated to
-        // peer namespaces, and only a shared umount removes those copies too.
-        run(
-            "mount",
-            &["-t", "tmpfs", "-o", &opts, "stalltrace-bench", &dir],
-        )?;
-        disk.mounted = true;
+        if tmpfs {
+            let opts = format!("size={}m,mode=0700", size_mib + SLACK_MIB);
+            // The source name makes a leftover easy to spot in `mount` output.
+            // Not --make-private afterwards: the mount has already propagated to
+            // peer namespaces, and only a shared umount removes those copies too.
+            run(
+                "mount",
+                &["-t", "tmpfs", "-o", &opts, "stalltrace-bench", &dir],
+            )?;
+            disk.mounted = true;
+        }
 
         eprintln!("bench: writing {size_mib} MiB of random data to a loop device in {dir}");
         let size = u32::try_from(size_mib).context("disk size")?;

@@ -10,7 +10,10 @@
 //! (no accounting: the ratios and targets use it, each over the untraced run
 //! of the same round, and the daemon's CPU and RSS come from it); traced
 //! with the kernel's per-program accounting on (each program's cost per
-//! event, which these runs pay for, so they judge nothing); and the bpftrace
+//! event, which these runs pay for, so they judge nothing); the floor (see
+//! `floor`): right after each round's daemon stops, empty programs on
+//! exactly its network-path hooks with the accounting on, so that its cost
+//! per segment reads as floor + work in the same round; and the bpftrace
 //! peer, with and without the accounting. `drive` runs them, `results` turns
 //! them into medians, intervals and verdicts, `render` into the section of
 //! docs/BENCHMARKS.md.
@@ -43,13 +46,14 @@ pub const RATIO_TARGET: f64 = 0.02;
 pub const NS_PER_SENT_SEGMENT_TARGET: f64 = 150.0;
 
 /// Rounds and seconds per client run (overridable, see [`Settings`]). A
-/// round is 15 client runs (3 workloads x untraced, traced, traced with the
-/// accounting, bpftrace, bpftrace with the accounting), a daemon and a
-/// bpftrace started once each, a quiet-host check and the kernel's counters
-/// read around each run: about 28 s with 1 s runs, so 9 rounds take about
-/// 270 s with the namespaces, warm-up and the usual peers' tries, as 5
-/// rounds of 3 s did before. 9 rounds give a 96% interval from the 2nd to
-/// the 8th of the per-round values (6 are the least for any).
+/// round is 18 client runs (3 workloads x untraced, traced, traced with the
+/// accounting, the floor, bpftrace, bpftrace with the accounting), a daemon,
+/// a floor and a bpftrace started once each, a quiet-host check and the
+/// kernel's counters read around each run: 6 rounds with 1 s runs took 235 s
+/// with the namespaces, warm-up and the usual peers' tries (on a host
+/// another job kept busy), so 9 rounds take about 5–6 minutes. 9 rounds give
+/// a 96% interval from the 2nd to the 8th of the per-round values (6 are the
+/// least for any).
 const ROUNDS: u64 = 9;
 const RUNTIME_S: u64 = 1;
 
@@ -91,6 +95,9 @@ pub struct Measured {
     /// Network-path hooks as the daemon reported them attached, one string per
     /// family: "tcp: tcp_probe (tp_btf), ...".
     pub hooks: Vec<String>,
+    /// The floor's programs, compiled for the daemon's network-path hooks
+    /// (None before a traced block ran).
+    pub floor: Option<super::floor::Object>,
     pub congestion_control: String,
     /// Anything that may have disturbed the figures.
     pub warnings: Vec<String>,

@@ -71,6 +71,23 @@ pub fn stats_first(round: usize) -> bool {
     (i + i / PERMUTATIONS.len()).is_multiple_of(2)
 }
 
+/// Whether, in a peer block holding two peers (the block suite's bpftrace
+/// and rezolus), the second one runs first in round `round`. Two peers share
+/// one block rather than each taking a block of its own: the six
+/// permutations of three blocks, which the net and tls suites share, stay as
+/// they are, and each peer still takes each place among the blocks equally
+/// often; within the block the order goes bpftrace, bpftrace, rezolus,
+/// rezolus, bpftrace, bpftrace over the six permutations and flips for the
+/// next six, so over twelve rounds each peer goes first with each order of
+/// blocks once and with each order of [`stats_first`] equally often (a
+/// plain alternation would be the same pattern as `stats_first`, and one
+/// peer would always have its accounting run first).
+pub fn second_peer_first(round: usize) -> bool {
+    let i = round.max(1) - 1;
+    let n = PERMUTATIONS.len();
+    ((i % n) / 2 + i / n) % 2 == 1
+}
+
 /// The order of a suite's `n` parts in round `round`: rotated by one each round.
 pub fn parts(round: usize, n: usize) -> Vec<usize> {
     let i = round.max(1) - 1;
@@ -131,6 +148,14 @@ pub struct PartRuns<K, R> {
     /// The bpftrace peer, without and with the accounting.
     pub peer: Vec<TracedRun<R, PeerProgram>>,
     pub peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
+    /// A second peer in the same block (the block suite's rezolus), likewise;
+    /// empty for suites without one, or where it is not installed.
+    pub second_peer: Vec<TracedRun<R, PeerProgram>>,
+    pub second_peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
+    /// Empty programs on the daemon's hooks (see `floor`), in the traced
+    /// block after the daemon stopped, with the accounting on; their process
+    /// is the bench's own, so its use is zero. Empty for suites without a floor.
+    pub floor: Vec<TracedRun<R, PeerProgram>>,
 }
 
 impl<K, R> PartRuns<K, R> {
@@ -143,6 +168,9 @@ impl<K, R> PartRuns<K, R> {
             traced_bpf_stats: Vec::new(),
             peer: Vec::new(),
             peer_bpf_stats: Vec::new(),
+            second_peer: Vec::new(),
+            second_peer_bpf_stats: Vec::new(),
+            floor: Vec::new(),
         }
     }
 
@@ -155,6 +183,16 @@ impl<K, R> PartRuns<K, R> {
     /// Files a bpftrace run likewise.
     pub fn file_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
         file(stats, run, &mut self.peer, &mut self.peer_bpf_stats);
+    }
+
+    /// Files a second peer's run likewise.
+    pub fn file_second_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
+        file(
+            stats,
+            run,
+            &mut self.second_peer,
+            &mut self.second_peer_bpf_stats,
+        );
     }
 }
 
@@ -357,6 +395,24 @@ mod tests {
         };
         assert!((u.cpu_pct_of_one_cpu() - 0.5).abs() < 1e-12);
         assert_eq!(u.peak_rss_mib(), 2.0);
+    }
+
+    #[test]
+    fn two_peers_in_one_block_take_turns_fairly() {
+        let second: Vec<bool> = (1..=12).map(second_peer_first).collect();
+        assert_eq!(second.iter().filter(|&&b| b).count(), 6);
+        let mut with_stats = BTreeMap::new();
+        for round in 1..=12 {
+            // Each order of blocks meets both orders of the peers.
+            if round <= 6 {
+                assert_ne!(second_peer_first(round), second_peer_first(round + 6));
+            }
+            *with_stats
+                .entry((second_peer_first(round), stats_first(round)))
+                .or_insert(0) += 1;
+        }
+        assert_eq!(with_stats.values().copied().collect::<Vec<_>>(), [3; 4]);
+        assert!(!second_peer_first(1));
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //! kernel headers; whether they run is found out at run time ([`unavailable`],
 //! in `usual`), not assumed, and published with the reason.
 //!
+//! The block suite has a second peer as deployed elsewhere, not a script of
+//! ours: rezolus's blockio_latency sampler (in `rezolus`), run when it is
+//! installed and listed with the usual peers when not.
+//!
 //! A peer is measured like stalltrace: its run time per event from the
 //! kernel's bpf_stats (turned on by this process with `BPF_ENABLE_STATS` only
 //! for the runs that measure it, [`StatsOn`]), its programs told from anyone
@@ -30,13 +34,19 @@ use serde::Serialize;
 
 use super::interrupt;
 use super::tracer::programs::Counter;
-use super::tracer::{self, Usage};
 use crate::util;
 
+mod child;
 mod cost;
+pub mod rezolus;
 mod usual;
 
-pub use cost::{Comparison, PeerCost, PeerInfo, RoundCost, factor_verdict, same_hooks, sum_costs};
+pub use child::PeerChild;
+pub use cost::{
+    Comparison, PEER_FACTOR_TARGET, PeerCost, PeerInfo, PeerProgramResult, RoundCost, SameHooks,
+    factor_verdict, program_results, same_hooks, sum_costs,
+};
+pub use rezolus::Rezolus;
 pub use usual::{Unavailable, unavailable};
 
 /// One bpftrace script of ours.
@@ -71,14 +81,18 @@ pub const TCP_RETRANSMIT: Script = Script {
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running bpftrace, held as a guard: `Drop` stops it (SIGINT, then
-/// SIGKILL), and it dies with this process (PR_SET_PDEATHSIG).
+/// A running bpftrace, held as a guard (see [`PeerChild`]).
 pub struct Bpftrace {
-    pid: libc::pid_t,
-    reaped: bool,
+    child: PeerChild,
     out: PathBuf,
-    /// Its programs, as `bpftool perf list` shows them attached: (id, tracepoint).
-    pub programs: Vec<(u64, String)>,
+}
+
+impl std::ops::Deref for Bpftrace {
+    type Target = PeerChild;
+
+    fn deref(&self) -> &PeerChild {
+        &self.child
+    }
 }
 
 /// The kernel's accounting of one of a peer's programs.
@@ -135,20 +149,10 @@ impl Bpftrace {
             .stdin(Stdio::null())
             .stdout(File::create(&out)?)
             .stderr(File::create(dir.join(format!("{tag}.err")))?);
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) {
-                0 => Ok(()),
-                _ => Err(io::Error::last_os_error()),
-            });
-        }
         with_own_tracefs(&mut cmd);
-        let child = cmd.spawn().context("cannot start bpftrace")?;
         let mut peer = Bpftrace {
-            pid: child.id() as libc::pid_t,
-            reaped: false,
+            child: PeerChild::spawn("bpftrace", &mut cmd, libc::SIGINT)?,
             out,
-            programs: Vec::new(),
         };
         let began = Instant::now();
         loop {
@@ -157,7 +161,7 @@ impl Bpftrace {
             if text.lines().any(|l| l.trim() == "ready") {
                 break;
             }
-            if peer.try_reap().is_some() {
+            if peer.child.try_reap() {
                 let err = fs::read_to_string(dir.join(format!("{tag}.err"))).unwrap_or_default();
                 bail!("bpftrace exited before it attached: {}", err.trim());
             }
@@ -166,7 +170,7 @@ impl Bpftrace {
             }
             sleep(Duration::from_millis(20));
         }
-        peer.programs = perf_programs(peer.pid as u32);
+        peer.child.programs = perf_programs(peer.pid as u32);
         if peer.programs.is_empty() {
             bail!(
                 "bpftrace (pid {}) runs but bpftool lists no program of its",
@@ -176,84 +180,26 @@ impl Bpftrace {
         Ok(peer)
     }
 
-    /// Its programs' counters over one run (`delta`, by program id, from two
-    /// [`tracer::programs::Snapshot`]s of [`Bpftrace::prog_ids`]), by tracepoint; zero unless
-    /// bpf_stats were on.
-    pub fn costs(&self, delta: &BTreeMap<u64, Counter>) -> Vec<PeerProgram> {
-        self.programs
-            .iter()
-            .map(|(id, tp)| {
-                let c = delta.get(id);
-                PeerProgram {
-                    tracepoint: tp.clone(),
-                    run_count: c.map_or(0, |c| c.run_count),
-                    run_time_ns: c.map_or(0, |c| c.run_time_ns),
-                }
-            })
-            .collect()
-    }
-
-    /// Its process's CPU and peak RSS so far (an error once it has exited).
-    pub fn usage(&self) -> anyhow::Result<Usage> {
-        tracer::process_usage(self.pid as u32)
-            .with_context(|| format!("bpftrace (pid {}) has exited", self.pid))
-    }
-
-    /// The ids of its programs: how its BPF links are told from anyone else's.
-    pub fn prog_ids(&self) -> Vec<u64> {
-        self.programs.iter().map(|(id, _)| *id).collect()
-    }
-
     /// SIGINT, wait for it to print its maps and exit; its output.
     pub fn stop(mut self) -> anyhow::Result<String> {
-        // SAFETY: kill has no memory-safety preconditions; pid is our unreaped child.
-        unsafe { libc::kill(self.pid, libc::SIGINT) };
-        if !self.wait(Duration::from_secs(20)) {
-            bail!("bpftrace did not exit within 20 s of SIGINT; killed it");
-        }
+        self.child.stop()?;
         Ok(fs::read_to_string(&self.out).unwrap_or_default())
-    }
-
-    fn try_reap(&mut self) -> Option<libc::c_int> {
-        let mut status = 0;
-        // SAFETY: status outlives the call.
-        let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
-        if rc == 0 {
-            return None;
-        }
-        self.reaped = true;
-        Some(status)
-    }
-
-    /// Wait up to `limit`; after that SIGKILL and reap it. Whether it exited by itself.
-    fn wait(&mut self, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
-        while Instant::now() < until {
-            if self.try_reap().is_some() {
-                return true;
-            }
-            sleep(Duration::from_millis(20));
-        }
-        // SAFETY: as in stop(); a blocking waitpid after SIGKILL returns promptly.
-        unsafe {
-            libc::kill(self.pid, libc::SIGKILL);
-            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
-        }
-        self.reaped = true;
-        false
     }
 }
 
-impl Drop for Bpftrace {
-    fn drop(&mut self) {
-        if self.reaped {
-            return;
-        }
-        eprintln!("bench: stopping bpftrace (pid {})", self.pid);
-        // SAFETY: as in stop().
-        unsafe { libc::kill(self.pid, libc::SIGINT) };
-        self.wait(Duration::from_secs(10));
-    }
+/// `programs` ((id, tracepoint)) with their counters from `delta`, by program id.
+fn programs_costs(programs: &[(u64, String)], delta: &BTreeMap<u64, Counter>) -> Vec<PeerProgram> {
+    programs
+        .iter()
+        .map(|(id, tp)| {
+            let c = delta.get(id);
+            PeerProgram {
+                tracepoint: tp.clone(),
+                run_count: c.map_or(0, |c| c.run_count),
+                run_time_ns: c.map_or(0, |c| c.run_time_ns),
+            }
+        })
+        .collect()
 }
 
 /// The programs `pid` holds attached to tracepoints: (prog id, tracepoint).
@@ -273,9 +219,9 @@ fn perf_programs(pid: u32) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// bpftrace processes this process started that are still running.
+/// Peers (bpftrace, rezolus) this process started that are still running.
 pub fn ours_left() -> Vec<String> {
-    super::quiet::our_processes(&["bpftrace"])
+    super::quiet::our_processes(&["bpftrace", "rezolus"])
 }
 
 /// The kernel's per-program accounting, on while this is held (`BPF_ENABLE_STATS`;

@@ -370,15 +370,7 @@ mod tests {
         );
         assert_eq!(
             daemon_args("always"),
-            [
-                "run",
-                "--slow-io-ms",
-                "0",
-                "--interval",
-                "1s",
-                "--sql-tls",
-                "always"
-            ]
+            ["run", "--interval", "1s", "--sql-tls", "always"]
         );
         assert_eq!(Config::None.name(), "none");
         assert_eq!(Config::Always.sql_tls(), Some("always"));

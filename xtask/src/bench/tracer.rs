@@ -22,8 +22,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The flags under test; `--out FILE` is added per run, and [`BPF_STATS`]
-/// for the runs that measure each program's cost.
-pub const ARGS: &[&str] = &["run", "--slow-io-ms", "0", "--interval", "1s"];
+/// for the runs that measure each program's cost. `--slow-io-ms` is left at
+/// its default (50 ms), as deployed: with it on, every bio's submitter is
+/// noted at submission (block_bio_queue), which `--slow-io-ms 0` would skip;
+/// the bench's devices are far faster than 50 ms, so no record is sent.
+pub const ARGS: &[&str] = &["run", "--interval", "1s"];
 
 /// Turns on the kernel's per-program accounting for the daemon's life. The
 /// kernel then wraps every run of every BPF program on the host in two clock
@@ -190,11 +193,10 @@ impl Tracer {
         self.attached()
             .filter(|p| p["family"] == family)
             .map(|p| {
-                format!(
-                    "{} ({})",
-                    p["hook"].as_str().unwrap_or("?"),
-                    p["mode"].as_str().unwrap_or("?")
-                )
+                // What served it (a stand-in function on a kernel without the
+                // tracepoint, or `prog_run`), its mode in an older record.
+                let via = p["via"].as_str().or(p["mode"].as_str()).unwrap_or("?");
+                format!("{} ({via})", p["hook"].as_str().unwrap_or("?"))
             })
             .collect()
     }
@@ -423,15 +425,15 @@ mod tests {
     fn command_line_with_and_without_bpf_stats() {
         assert_eq!(
             command_line(false),
-            "stalltrace run --slow-io-ms 0 --interval 1s --out FILE"
+            "stalltrace run --interval 1s --out FILE"
         );
         assert_eq!(
             command_line(true),
-            "stalltrace run --bpf-stats --slow-io-ms 0 --interval 1s --out FILE"
+            "stalltrace run --bpf-stats --interval 1s --out FILE"
         );
         assert_eq!(
             command_line_with(false, &["--netns", "NS"]),
-            "stalltrace run --slow-io-ms 0 --interval 1s --netns NS --out FILE"
+            "stalltrace run --interval 1s --netns NS --out FILE"
         );
     }
 

@@ -30,6 +30,11 @@ pub struct PerUnit {
     pub bpf_ns: Option<Estimate>,
     /// The same in % of one core at [`RATE`] units per second.
     pub pct_of_core_at_100k: Option<Estimate>,
+    /// Round by round, `bpf_ns` less what empty programs on the same hooks
+    /// cost in the same round (see `floor`): the tool's own work. Only where
+    /// a suite measures a floor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_over_floor_ns: Option<Estimate>,
 }
 
 impl PerUnit {
@@ -39,6 +44,15 @@ impl PerUnit {
             unit,
             pct_of_core_at_100k: bpf_ns.map(|e| e.scaled(pct_of_core_at_rate)),
             bpf_ns,
+            work_over_floor_ns: None,
+        }
+    }
+
+    /// With the tool's work over the floor, round by round.
+    pub fn with_work_over_floor(self, ns_by_round: impl IntoIterator<Item = f64>) -> Self {
+        PerUnit {
+            work_over_floor_ns: Estimate::of(ns_by_round),
+            ..self
         }
     }
 }
@@ -54,8 +68,9 @@ pub struct UnitCost {
     pub process_cpu_pct: Option<Estimate>,
     /// The rate the process figure was measured at, in words ("183k I/O/s").
     pub measured_at: String,
-    /// Peak RSS (VmHWM) of the process, the largest over the rounds.
-    pub peak_rss_mib: f64,
+    /// Peak RSS (VmHWM) of the process, the largest over the rounds; None
+    /// for programs without a process of their own (the floor's).
+    pub peak_rss_mib: Option<f64>,
 }
 
 /// "183k", "4.1k", "950": a rate in words.
@@ -87,9 +102,22 @@ pub fn markdown(rows: &[UnitCost]) -> String {
         return String::new();
     };
     let mut headers = vec!["workload".to_string(), "tool".to_string()];
-    for u in &first.per_unit {
+    // The work-over-the-floor column of a unit only where some row has it.
+    let floors: Vec<bool> = (0..first.per_unit.len())
+        .map(|i| {
+            rows.iter().any(|r| {
+                r.per_unit
+                    .get(i)
+                    .is_some_and(|u| u.work_over_floor_ns.is_some())
+            })
+        })
+        .collect();
+    for (u, floor) in first.per_unit.iter().zip(&floors) {
         headers.push(format!("BPF ns per {}", u.unit));
         headers.push(format!("% of one core at 100k {}/s", plural(u.unit)));
+        if *floor {
+            headers.push(format!("work over the floor, BPF ns per {}", u.unit));
+        }
     }
     headers.extend([
         "process CPU, % of one core".to_string(),
@@ -100,14 +128,17 @@ pub fn markdown(rows: &[UnitCost]) -> String {
         .iter()
         .map(|r| {
             let mut row = vec![r.workload.clone(), r.tool.clone()];
-            for u in &r.per_unit {
+            for (u, floor) in r.per_unit.iter().zip(&floors) {
                 row.push(cell(&u.bpf_ns, 0));
                 row.push(cell(&u.pct_of_core_at_100k, 2));
+                if *floor {
+                    row.push(cell(&u.work_over_floor_ns, 0));
+                }
             }
             row.extend([
                 cell(&r.process_cpu_pct, 2),
                 r.measured_at.clone(),
-                format!("{:.1}", r.peak_rss_mib),
+                r.peak_rss_mib.map_or("–".into(), |m| format!("{m:.1}")),
             ]);
             row
         })
@@ -144,13 +175,37 @@ mod tests {
             ],
             process_cpu_pct: Estimate::of([0.5; 6]),
             measured_at: "10k received segments/s".into(),
-            peak_rss_mib: 33.2,
+            peak_rss_mib: Some(33.2),
         };
         let t = markdown(&[row("stalltrace"), row("bpftrace")]);
         assert!(t.contains("BPF ns per received segment"), "{t}");
         assert!(t.contains("% of one core at 100k sent segments/s"), "{t}");
         assert!(t.contains(" 300 [300–300] |"), "{t}");
         assert!(t.contains("3.00 [3.00–3.00]"), "{t}");
+        assert!(t.contains(" 33.2 |"), "{t}");
+        assert!(!t.contains("over the floor"), "no floor, no column: {t}");
         assert_eq!(markdown(&[]), "");
+
+        // A floor for the first unit: its column there only, "–" where a row has none.
+        let mut st = row("stalltrace");
+        st.per_unit[0] = PerUnit::new("received segment", [300.0; 6])
+            .with_work_over_floor([110.0, 120.0, 130.0, 120.0, 120.0, 120.0]);
+        let floor = UnitCost {
+            peak_rss_mib: None,
+            ..row("floor")
+        };
+        let t = markdown(&[st, floor]);
+        assert!(
+            t.contains("work over the floor, BPF ns per received segment"),
+            "{t}"
+        );
+        assert!(
+            !t.contains("over the floor, BPF ns per sent segment"),
+            "{t}"
+        );
+        assert!(t.contains(" 120 [110–130] |"), "{t}");
+        let floor_row = t.lines().find(|l| l.contains("| floor")).unwrap();
+        let dashes = floor_row.split('|').filter(|c| c.trim() == "–").count();
+        assert_eq!(dashes, 2, "no work over itself, no RSS: {floor_row}");
     }
 }

@@ -1,5 +1,8 @@
 //! The block section of docs/BENCHMARKS.md (also printed to the terminal).
 
+mod floor;
+mod rezolus;
+
 use std::fmt::Write;
 
 use super::results::{BlockResults, Ratios, Side};
@@ -15,19 +18,22 @@ pub fn markdown(r: &BlockResults) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         s,
-        "## block: fio 4k random read on a tmpfs-backed loop device\n\n\
+        "## block: fio 4k random read on a tmpfs-backed and a disk-backed loop device\n\n\
          {}\n\
          - Command: `{}` (this suite took {:.0} s)\n\
-         - Device: {} MiB of random data on a private tmpfs, on a loop device with \
-         direct I/O {}\n\
+         - Devices: {} MiB of random data on a private tmpfs, on a loop device with \
+         direct I/O {} (\"QD16\", \"QD1\": the worst case, no device time); the same on a \
+         file on the VM's own disk under /var/tmp, on a loop device with direct I/O {} \
+         (\"disk QD16\", \"disk QD1\": a real device's service time)\n\
          - Workload: `{}`\n\
          - Traced: `{}` (\"traced\", stalltrace as deployed: the IOPS and p99 ratios and \
          the IOPS target use it); \"traced+bpf-stats\": {} (per-program ns/event and events/s \
          come from it; its IOPS are shown but judge nothing); hooks: {}\n\
-         - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with \
-         the accounting on, \"bpftrace+bpf-stats\")\n\
-         - Order: {} rounds of {} s runs at QD16 and QD1; {}. Figures that judge are \
-         per-round ratios (each run over the untraced run of the same round and depth) or \
+         {}\
+         - Peers: `bpftrace` running the script shown under Peers (\"bpftrace\"; with \
+         the accounting on, \"bpftrace+bpf-stats\"), and {}; {}\n\
+         - Order: {} rounds of {} s runs at QD16 and QD1 on each device; {}. Figures that judge are \
+         per-round ratios (each run over the untraced run of the same round, device and depth) or \
          per-round costs, given as median [95% interval] (method: see \
          [Method](#method-rounds-intervals-verdicts)); the configurations' own figures are \
          medians over rounds, with min–max\n\
@@ -41,10 +47,18 @@ pub fn markdown(r: &BlockResults) -> String {
         } else {
             "off (loop `dio`=0: tmpfs refused O_DIRECT; reads go through the page cache)"
         },
+        if st.disk_loop_direct_io {
+            "on (loop `dio`=1: reads reach the disk)"
+        } else {
+            "off (loop `dio`=0: refused; reads may hit the page cache)"
+        },
         st.fio,
         st.tracer,
         st.tracer_bpf_stats,
         r.hooks.join(", "),
+        floor::setup_line(r),
+        rezolus::setup_words(r),
+        st.peer_order,
         st.rounds,
         st.runtime_s,
         st.order,
@@ -57,9 +71,12 @@ pub fn markdown(r: &BlockResults) -> String {
     s += &Verdict::table([
         &t.iops_ratio_qd16,
         &t.iops_ratio_qd1,
+        &t.iops_ratio_disk_qd16,
+        &t.iops_ratio_disk_qd1,
         &t.ns_per_io_qd16,
         &t.ns_per_event_per_hook,
         &t.versus_peer_qd16,
+        &t.work_over_floor_qd16,
     ]);
 
     fio_table(&mut s, r);
@@ -72,13 +89,17 @@ pub fn markdown(r: &BlockResults) -> String {
          accounting run; median [95% interval]), the same as a share of one core at \
          100 000 IOPS (the formula is under [Method](#method-rounds-intervals-verdicts)), and \
          the tool's own process while fio ran, in the runs without the accounting (stalltrace's \
-         daemon; bpftrace). The process's CPU here does not grow with the I/O rate: with \
-         `--slow-io-ms 0` the daemon sends no per-I/O record and reads its maps once per \
-         interval (a delivered `slow_io` record costs it ~10 µs: see the daemon suite).\n"
+         daemon; bpftrace; rezolus). The floor row is empty programs on stalltrace's hooks (see \
+         [Floor on this VM](#floor-on-this-vm)), run in the bench's own process; \
+         stalltrace's work over the floor is, round by round, its BPF ns per I/O less the \
+         floor's of the same round. The process's CPU here does not grow with the I/O rate: at \
+         the default `--slow-io-ms` (50 ms) no I/O of these devices is slow, so the daemon sends \
+         no per-I/O record and reads its maps once per interval (a delivered `slow_io` record costs it ~10 µs: see the daemon suite).\n"
     );
     s += &unitcost::markdown(&r.unit_costs);
 
     s += &r.peer.markdown();
+    rezolus::section(&mut s, r);
 
     s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
     let rows: Vec<Vec<String>> = r
@@ -87,7 +108,7 @@ pub fn markdown(r: &BlockResults) -> String {
         .map(|d| {
             let m = &d.daemon;
             vec![
-                format!("QD{}", d.iodepth),
+                d.label.clone(),
                 est(&m.cpu_pct_of_one_cpu, 2),
                 m.cpu_pct_of_one_cpu
                     .as_ref()
@@ -115,24 +136,7 @@ pub fn markdown(r: &BlockResults) -> String {
         range(l, 2)
     );
 
-    let f = &r.floor;
-    let _ = writeln!(
-        s,
-        "\n### Floor on this VM\n\n\
-         Measured separately (not by this suite), with a scratch loader on this VM: an empty \
-         tp_btf program on block_rq_issue costs ~{:.0} ns/event with bpf_stats on, and one \
-         `bpf_ktime_get_ns()` call ~{:.0} ns. ns/event above includes that floor (an empty \
-         program already shows it), so the {:.0} ns/hook target leaves ~{:.0} ns for a hook's own work, and ~{:.0} ns for \
-         any hook that takes a timestamp ({:.0} − {:.0} floor − {:.0} clock read).",
-        f.empty_tp_btf_ns,
-        f.ktime_get_ns_call_ns,
-        super::NS_PER_EVENT_TARGET,
-        super::NS_PER_EVENT_TARGET - f.empty_tp_btf_ns,
-        super::NS_PER_EVENT_TARGET - f.empty_tp_btf_ns - f.ktime_get_ns_call_ns,
-        super::NS_PER_EVENT_TARGET,
-        f.empty_tp_btf_ns,
-        f.ktime_get_ns_call_ns,
-    );
+    floor::section(&mut s, r);
     notes(&mut s, r);
     s
 }
@@ -143,18 +147,21 @@ fn est(e: &Option<Estimate>, digits: usize) -> String {
 }
 
 fn fio_table(s: &mut String, r: &BlockResults) {
-    *s += "\n### fio: untraced, traced, traced with the accounting, the bpftrace peer\n\n";
+    *s += "\n### fio: untraced, traced, traced with the accounting, the floor, the peers\n\n";
     let mut rows = Vec::new();
     for d in &r.depths {
-        let sides: [(&str, &Side); 4] = [
-            ("untraced", &d.untraced),
-            ("traced", &d.traced),
-            ("traced+bpf-stats", &d.traced_bpf_stats),
-            ("bpftrace", &d.peer),
+        let sides: [(&str, Option<&Side>); 6] = [
+            ("untraced", Some(&d.untraced)),
+            ("traced", Some(&d.traced)),
+            ("traced+bpf-stats", Some(&d.traced_bpf_stats)),
+            ("floor+bpf-stats", d.floor_bpf_stats.as_ref()),
+            ("bpftrace", Some(&d.peer)),
+            ("rezolus", d.rezolus.as_ref().map(|z| &z.fio)),
         ];
         for (name, side) in sides {
+            let Some(side) = side else { continue };
             rows.push(vec![
-                format!("QD{} {name}", d.iodepth),
+                format!("{} {name}", d.label),
                 format!("{:.0}", side.iops.median),
                 range(&side.iops, 0),
                 format!("{:.1}", side.p50_us.median),
@@ -167,15 +174,21 @@ fn fio_table(s: &mut String, r: &BlockResults) {
                 format!("{:.1} ({:.1})", side.steal_pct.median, side.steal_pct.max),
             ]);
         }
-        let ratio_rows: [(&str, &Ratios); 3] = [
-            ("traced", &d.traced_ratio),
-            ("traced+bpf-stats", &d.bpf_stats_ratio),
-            ("bpftrace", &d.peer_ratio),
+        let ratio_rows: [(&str, Option<&Ratios>); 5] = [
+            ("traced", Some(&d.traced_ratio)),
+            ("traced+bpf-stats", Some(&d.bpf_stats_ratio)),
+            (
+                "floor+bpf-stats",
+                d.floor_bpf_stats.is_some().then_some(&d.floor_ratio),
+            ),
+            ("bpftrace", Some(&d.peer_ratio)),
+            ("rezolus", d.rezolus.as_ref().map(|z| &z.ratio)),
         ];
         for (name, ratio) in ratio_rows {
+            let Some(ratio) = ratio else { continue };
             let span = |e: &Option<Estimate>| e.as_ref().map_or("–".into(), |e| e.range_text(3));
             rows.push(vec![
-                format!("QD{} {name}/untraced, per round", d.iodepth),
+                format!("{} {name}/untraced, per round", d.label),
                 est(&ratio.iops, 3),
                 span(&ratio.iops),
                 ratio
@@ -202,14 +215,13 @@ fn fio_table(s: &mut String, r: &BlockResults) {
         ],
         &rows,
     );
-    *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round \
-           and depth; median [95% interval] of those ratios, and their min–max.\n";
+    *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round, \
+           device and depth; median [95% interval] of those ratios, and their min–max.\n";
 }
 
 fn programs_table(s: &mut String, r: &BlockResults) {
     *s += "\n### Cost per program (kernel bpf_stats, the traced+bpf-stats runs)\n\n";
-    let mut headers =
-        programs::table_headers(r.depths.iter().map(|d| (format!("QD{}", d.iodepth), "I/O")));
+    let mut headers = programs::table_headers(r.depths.iter().map(|d| (d.label.clone(), "I/O")));
     headers.push("≤ 150 ns".into());
     let rows: Vec<Vec<String>> = r
         .programs
@@ -240,9 +252,9 @@ fn programs_table(s: &mut String, r: &BlockResults) {
         .iter()
         .map(|d| {
             format!(
-                "{:.0} ns at QD{} (per round {})",
+                "{:.0} ns at {} (per round {})",
                 d.bpf_ns_per_io,
-                d.iodepth,
+                d.label,
                 est(&d.versus_peer.stalltrace_by_round, 0)
             )
         })
@@ -251,8 +263,11 @@ fn programs_table(s: &mut String, r: &BlockResults) {
         s,
         "\n\"ns/event\" is over every traced+bpf-stats run (run time summed over runs summed); \
          \"per round\" takes each round's runs (both depths) alone. All programs together: {} \
-         of BPF run time per I/O fio completed.",
-        per_io.join(", ")
+         of BPF run time per I/O fio completed; round by round, the floor under it (empty \
+         programs on the same hooks) and stalltrace's work over it: {} (see \
+         [Floor on this VM](#floor-on-this-vm)).",
+        per_io.join(", "),
+        floor::per_io_text(r),
     );
 }
 
@@ -271,6 +286,11 @@ fn notes(s: &mut String, r: &BlockResults) {
           tmpfs-backed loop device most of it is the submission and completion path in a \
           2-CPU VM, which is where the hooks add their cost (see \
           docs/ARCHITECTURE.md, storage timing).\n";
+    *s += "- On the disk-backed device each I/O waits for the VM's virtual disk (its \
+          host's storage behind it), so the hooks' cost is a smaller share of each I/O than \
+          on tmpfs, and its IOPS target is tighter; the host's other I/O (another guest's, \
+          the VM's own) moves its figures more, which the per-round pairing is there to \
+          absorb.\n";
     *s += "- QD1 on a tmpfs-backed loop device is bimodal on the 2-vCPU VM this bench was \
           written on, traced or not: fio alone gave p50 ≈ 10 µs in some runs and ≈ 40–45 µs \
           in others, seemingly by where the scheduler put fio and the loop worker (pinning \

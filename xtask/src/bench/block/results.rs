@@ -2,17 +2,23 @@
 //! configuration; per-round ratios (each run over the untraced run of the
 //! same round and depth) with their median and 95% interval; per-program
 //! cost, summed over the accounting runs and round by round; cost per I/O for
-//! stalltrace and the peer; and the verdict on each target, given only where
-//! the interval allows one (see `verdicts`). Everything here is serialized
-//! as-is into benchmarks.json.
+//! stalltrace, the floor under it and the peer, and stalltrace's work over
+//! the floor; and the verdict on each target, given only where the interval
+//! allows one (see `verdicts`). Everything here is serialized as-is into
+//! benchmarks.json.
 
+mod floor;
+mod rezolus;
 mod verdicts;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{DepthRuns, Measured, PeerRun, Settings, TracedRun};
+use super::{
+    Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, PeerRun, Settings,
+    TracedRun,
+};
 use crate::bench::fio::{self, FioRun};
 use crate::bench::paired;
 use crate::bench::parts::{self, ProcessResult, process};
@@ -43,11 +49,14 @@ pub struct BlockResults {
     pub daemon_lifetime_cpu_s: Summary,
     /// Records the daemon could not deliver, summed over every daemon's life.
     pub lost: BTreeMap<String, u64>,
-    /// What any hook costs on this VM before it does anything: not measured by this suite.
-    pub floor: Floor,
+    /// Empty programs on the daemon's hooks: what any program there costs
+    /// before it does any work of its own. None when no traced block ran.
+    pub floor: Option<floor::FloorResult>,
     pub targets: Targets,
     /// The bpftrace peer doing the same job, and the usual peers that cannot run here.
     pub peer: PeerInfo,
+    /// The second peer; None when it is not installed (the usual peers list it then).
+    pub rezolus: Option<rezolus::RezolusInfo>,
     /// /proc/loadavg before and after: a busy host shows here.
     pub load_average: [String; 2],
     pub warnings: Vec<String>,
@@ -59,6 +68,8 @@ pub struct Setup {
     pub runtime_s: u64,
     pub file_mib: u64,
     pub loop_direct_io: bool,
+    /// The disk-backed device's: the same file size, on /var/tmp.
+    pub disk_loop_direct_io: bool,
     pub fio: String,
     /// The daemon of the traced block: stalltrace as deployed.
     pub tracer: String,
@@ -66,33 +77,35 @@ pub struct Setup {
     pub tracer_bpf_stats: &'static str,
     /// The order of play.
     pub order: &'static str,
+    /// The two peers' order within the peer block.
+    pub peer_order: &'static str,
     /// What each configuration is for, in words.
     pub configs: &'static str,
+    /// How the floor is measured; what it is, under `floor`.
+    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and depth: untraced; traced (stalltrace without the \
      accounting: the IOPS and p99 ratios and the IOPS target use it; the daemon's CPU and RSS \
      come from it); traced_bpf_stats (the same daemon with the kernel's accounting on: ns/event \
      and events/s per program come from it; its IOPS pay the accounting on every program run and \
-     judge nothing); bpftrace and bpftrace_bpf_stats (the peer, likewise)";
+     judge nothing); floor_bpf_stats (right after the daemon stopped, in the same block, empty \
+     programs on its hooks with the accounting on: the floor per I/O, and stalltrace's work over \
+     it, come from it); bpftrace and bpftrace_bpf_stats (the peer, likewise); rezolus and \
+     rezolus_bpf_stats (the second peer, likewise, when installed)";
 
-/// Measured separately on this VM with a scratch loader, not by this suite;
-/// the figures are constants in the source, published so ns/event can be read
-/// against them.
-#[derive(Serialize)]
-pub struct Floor {
-    /// ns/event of an empty tp_btf program on block_rq_issue, bpf_stats on.
-    pub empty_tp_btf_ns: f64,
-    /// One bpf_ktime_get_ns() call from a program.
-    pub ktime_get_ns_call_ns: f64,
-    pub source: &'static str,
-}
+/// How the two peers share the peer block, for the published setup.
+pub const PEER_ORDER: &str = "the peer block holds both peers, one bpftrace then one rezolus or \
+     the other way round (when rezolus is installed), each started once for the block and run \
+     like the daemon (each depth without and with the accounting); which peer goes first \
+     changes every two rounds and the pattern flips every six, so each peer goes first with \
+     every order of blocks";
 
-pub const FLOOR: Floor = Floor {
-    empty_tp_btf_ns: 60.0,
-    ktime_get_ns_call_ns: 60.0,
-    source: "measured separately on this VM with a scratch loader, not by this suite",
-};
+/// What the floor is, for the published setup.
+pub const FLOOR_SETUP: &str = "right after each round's daemon stopped, in the same traced \
+     block, the bench loads and attaches one program of its own on each hook the daemon \
+     attached, with the same attach type (a tracepoint, or the kernel function the daemon \
+     used in its place), and runs each depth once under them with the kernel's accounting on";
 
 #[derive(Serialize)]
 pub struct Side {
@@ -115,26 +128,41 @@ pub struct Ratios {
 
 #[derive(Serialize)]
 pub struct DepthResult {
+    pub backing: Backing,
     pub iodepth: u32,
+    /// How the tables name the part: "QD16" (tmpfs), "disk QD16".
+    pub label: String,
     pub untraced: Side,
     /// Without the accounting: what the ratios and the target are about.
     pub traced: Side,
     /// With the accounting: shown, judges nothing.
     pub traced_bpf_stats: Side,
+    /// The floor, with the accounting: shown, judges nothing. None without floor runs.
+    pub floor_bpf_stats: Option<Side>,
     pub peer: Side,
     pub traced_ratio: Ratios,
     pub bpf_stats_ratio: Ratios,
+    pub floor_ratio: Ratios,
     pub peer_ratio: Ratios,
     /// All block programs' run time per I/O fio completed, over every
     /// accounting run of this depth (sum over sum).
     pub bpf_ns_per_io: f64,
     /// The peer's programs' run time per I/O fio completed, likewise.
     pub peer_ns_per_io: f64,
+    /// The floor's programs' run time per I/O fio completed, round by round.
+    pub floor_ns_per_io: Option<Estimate>,
+    /// stalltrace's BPF run time per I/O less the floor's of the same round,
+    /// round by round: what its programs do beyond what any program there costs.
+    pub work_over_floor_ns_per_io: Option<Estimate>,
     pub peer_cost: PeerCost,
     /// stalltrace against the peer, per I/O, round by round.
     pub versus_peer: Comparison,
     pub daemon: ProcessResult,
     pub peer_process: ProcessResult,
+    /// The second peer (rezolus) at this depth; None when it did not run.
+    pub rezolus: Option<rezolus::RezolusAtDepth>,
+    /// stalltrace against the cheaper peer of each round: what the target judges.
+    pub versus_cheapest_peer: rezolus::Cheapest,
 }
 
 #[derive(Serialize)]
@@ -148,6 +176,7 @@ pub struct ProgramResult {
 
 #[derive(Serialize)]
 pub struct ProgramAtDepth {
+    pub backing: Backing,
     pub iodepth: u32,
     pub run_count: u64,
     pub ns_per_event: Option<f64>,
@@ -158,13 +187,19 @@ pub struct ProgramAtDepth {
 
 #[derive(Serialize)]
 pub struct Targets {
+    /// On the tmpfs-backed device.
     pub iops_ratio_qd16: Verdict,
     pub iops_ratio_qd1: Verdict,
+    /// On the disk-backed device.
+    pub iops_ratio_disk_qd16: Verdict,
+    pub iops_ratio_disk_qd1: Verdict,
     /// Every program together per I/O at QD16.
     pub ns_per_io_qd16: Verdict,
     pub ns_per_event_per_hook: Verdict,
-    /// At QD16: stalltrace's BPF time per I/O at most a third of the peer's.
+    /// At QD16: stalltrace's BPF time per I/O at most the cheaper peer's of each round.
     pub versus_peer_qd16: Verdict,
+    /// At QD16: stalltrace's BPF time per I/O over the floor's.
+    pub work_over_floor_qd16: Verdict,
 }
 
 fn side(runs: &[FioRun]) -> Side {
@@ -202,7 +237,7 @@ fn program_totals<'a>(
 }
 
 /// stalltrace's block programs in one accounting run: run time and I/Os.
-fn round_cost(r: &TracedRun) -> RoundCost {
+pub(super) fn round_cost(r: &TracedRun) -> RoundCost {
     RoundCost {
         ns: r
             .programs
@@ -238,32 +273,44 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
             .map(|(u, t)| 1.0 - t.iops / u.iops)
             .collect()
     };
+    let same = peers::same_hooks(
+        &["block_rq_issue", "block_rq_complete"],
+        &st_programs,
+        &peer_cost,
+    );
+    let versus_cheapest_peer = rezolus::cheapest(d, &st_rounds, same.clone());
     let versus_peer = Comparison::new(
         "I/O",
         &st_rounds,
         &peer_rounds,
         (overhead(&fio_of(&d.traced)), overhead(&peer_fio)),
-        peers::same_hooks(
-            &["block_rq_issue", "block_rq_complete"],
-            &st_programs,
-            &peer_cost,
-        ),
+        same,
     );
+    let floor_fio: Vec<FioRun> = d.floor.iter().map(|r| r.run).collect();
+    let (floor_ns_per_io, work_over_floor_ns_per_io) = floor::estimates(d);
     DepthResult {
-        iodepth: d.part,
+        backing: d.part.backing,
+        iodepth: d.part.iodepth,
+        label: d.part.label(),
         traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.run)),
         bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.run)),
+        floor_ratio: ratios(&d.untraced, &floor_fio),
         peer_ratio: ratios(&d.untraced, &peer_fio),
         untraced: side(&d.untraced),
         traced: side(&fio_of(&d.traced)),
         traced_bpf_stats: side(&fio_of(&d.traced_bpf_stats)),
+        floor_bpf_stats: (!floor_fio.is_empty()).then(|| side(&floor_fio)),
         peer: side(&peer_fio),
         bpf_ns_per_io: versus_peer.stalltrace_ns_per_unit,
         peer_ns_per_io: versus_peer.peer_ns_per_unit,
+        floor_ns_per_io,
+        work_over_floor_ns_per_io,
         peer_cost,
         versus_peer,
         daemon: process(d.traced.iter().map(|r| &r.usage)),
         peer_process: process(d.peer.iter().map(|r| &r.usage)),
+        rezolus: rezolus::at_depth(d),
+        versus_cheapest_peer,
     }
 }
 
@@ -274,8 +321,9 @@ fn program_results(m: &Measured) -> Vec<ProgramResult> {
         m.daemons.iter().map(|l| &l.stop),
         is_block,
         |_, fio| (fio.runtime_s, fio.ios as f64),
-        |&iodepth, d, p| ProgramAtDepth {
-            iodepth,
+        |part, d, p| ProgramAtDepth {
+            backing: part.backing,
+            iodepth: part.iodepth,
             run_count: p.run_count,
             ns_per_event: p.ns_per_event,
             events_per_s: p.events_per_s,
@@ -292,24 +340,42 @@ fn program_results(m: &Measured) -> Vec<ProgramResult> {
     .collect()
 }
 
-/// Cost per I/O of stalltrace and of the peer at each depth.
+/// The floor's row in the cost-per-unit table.
+pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
+
+/// Cost per I/O of stalltrace, of the floor under it and of the peer at each depth.
 fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
     for (d, r) in m.depths.iter().zip(depths) {
-        let workload = format!("fio QD{}", d.part);
+        let workload = format!("fio {}", d.part.label());
+        let per_io = floor::per_io(d);
         out.push(UnitCost {
             workload: workload.clone(),
             tool: "stalltrace".into(),
-            per_unit: vec![PerUnit::new(
-                "I/O",
-                d.traced_bpf_stats.iter().map(|r| round_cost(r).per_unit()),
-            )],
+            per_unit: vec![
+                PerUnit::new(
+                    "I/O",
+                    d.traced_bpf_stats.iter().map(|r| round_cost(r).per_unit()),
+                )
+                .with_work_over_floor(per_io.work),
+            ],
             process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
             measured_at: format!("{} IOPS", rate_text(r.traced.iops.median)),
-            peak_rss_mib: r.daemon.peak_rss_mib,
+            peak_rss_mib: Some(r.daemon.peak_rss_mib),
         });
+        if !d.floor.is_empty() {
+            out.push(UnitCost {
+                workload: workload.clone(),
+                tool: FLOOR_TOOL.into(),
+                per_unit: vec![PerUnit::new("I/O", per_io.floor)],
+                // Its programs run in the bench's own process, which has nothing else to show.
+                process_cpu_pct: None,
+                measured_at: "–".into(),
+                peak_rss_mib: None,
+            });
+        }
         out.push(UnitCost {
-            workload,
+            workload: workload.clone(),
             tool: "bpftrace (peer)".into(),
             per_unit: vec![PerUnit::new(
                 "I/O",
@@ -319,8 +385,18 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
             )],
             process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
             measured_at: format!("{} IOPS", rate_text(r.peer.iops.median)),
-            peak_rss_mib: r.peer_process.peak_rss_mib,
+            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
         });
+        if let Some(rz) = &r.rezolus {
+            out.push(UnitCost {
+                workload,
+                tool: "rezolus (peer)".into(),
+                per_unit: vec![PerUnit::new("I/O", rezolus::per_io(d))],
+                process_cpu_pct: rz.process.cpu_pct_of_one_cpu,
+                measured_at: format!("{} IOPS", rate_text(rz.fio.iops.median)),
+                peak_rss_mib: Some(rz.process.peak_rss_mib),
+            });
+        }
     }
     out
 }
@@ -335,10 +411,12 @@ pub fn aggregate(
     let depths: Vec<DepthResult> = m.depths.iter().map(depth_result).collect();
     let programs = program_results(m);
     let lost = programs::lost(m.daemons.iter().map(|l| &l.stop));
-    let headline = depths
-        .iter()
-        .find(|d| d.iodepth == 16)
-        .unwrap_or(&depths[0]);
+    let find = |backing, iodepth| {
+        depths
+            .iter()
+            .find(|d| d.backing == backing && d.iodepth == iodepth)
+    };
+    let headline = find(Backing::Tmpfs, 16).unwrap_or(&depths[0]);
     let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
         &m.depths,
         settings.rounds,
@@ -346,24 +424,31 @@ pub fn aggregate(
         |r| &r.programs,
     );
     let unit_costs = unit_costs(m, &depths);
-    let qd1 = depths.iter().find(|d| d.iodepth == 1);
+    let iops = |backing, iodepth, target| {
+        find(backing, iodepth).map_or_else(
+            || verdicts::not_measured(backing, iodepth),
+            |d| verdicts::iops(d, target),
+        )
+    };
     let ns_per_io = unit_costs
         .iter()
-        .find(|u| u.tool == "stalltrace" && u.workload == format!("fio QD{}", headline.iodepth))
+        .find(|u| u.tool == "stalltrace" && u.workload == format!("fio {}", headline.label))
         .and_then(|u| u.per_unit.first())
         .and_then(|p| p.bpf_ns.as_ref());
     BlockResults {
         targets: Targets {
-            iops_ratio_qd16: verdicts::iops(headline),
-            iops_ratio_qd1: qd1.map_or_else(|| verdicts::iops(headline), verdicts::iops),
+            iops_ratio_qd16: iops(Backing::Tmpfs, 16, IOPS_RATIO_TARGET),
+            iops_ratio_qd1: iops(Backing::Tmpfs, 1, IOPS_RATIO_TARGET),
+            iops_ratio_disk_qd16: iops(Backing::Disk, 16, DISK_IOPS_RATIO_TARGET),
+            iops_ratio_disk_qd1: iops(Backing::Disk, 1, DISK_IOPS_RATIO_TARGET),
             ns_per_io_qd16: verdicts::ns_per_io(ns_per_io, headline.iodepth),
             ns_per_event_per_hook: verdicts::ns_per_event(&programs),
-            versus_peer_qd16: peers::factor_verdict(
-                &headline.versus_peer,
-                &format!("QD{}", headline.iodepth),
-            ),
+            versus_peer_qd16: verdicts::versus_cheapest(headline),
+            work_over_floor_qd16: verdicts::work_over_floor(headline),
         },
+        floor: floor::result(settings, m),
         peer: PeerInfo::new(&peers::BLOCK_LATENCY, &peer_rounds, m.unavailable.clone()),
+        rezolus: rezolus::info(settings, m),
         unit_cost_formula: unitcost::FORMULA,
         unit_costs,
         daemon_lifetime_cpu_s: Summary::of(
@@ -385,6 +470,7 @@ pub fn aggregate(
             runtime_s: settings.runtime_s,
             file_mib: super::FILE_MIB,
             loop_direct_io: m.direct_io,
+            disk_loop_direct_io: m.disk_direct_io,
             fio: format!(
                 "fio --name=stalltrace-bench --filename=/dev/loopN --iodepth={{16,1}} --runtime={}s {}",
                 settings.runtime_s,
@@ -393,13 +479,14 @@ pub fn aggregate(
             tracer: crate::bench::tracer::command_line(false),
             tracer_bpf_stats: paired::TRACER_BPF_STATS,
             order: paired::ORDER,
+            peer_order: PEER_ORDER,
             configs: CONFIGS,
+            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         depths,
         programs,
         lost,
-        floor: FLOOR,
         load_average,
         warnings: m.warnings.clone(),
     }

@@ -1,6 +1,7 @@
 //! The net suite's paired-run driver: every round, the untraced, traced and
 //! peer blocks in the order `paired` gives, each workload once per
-//! configuration; one daemon and one bpftrace per round.
+//! configuration; one daemon, one floor (right after the daemon, in the
+//! traced block) and one bpftrace per round.
 
 use std::fs;
 use std::path::Path;
@@ -11,6 +12,7 @@ use super::workload::{self, Run, Servers, WORKLOADS, Workload};
 use super::{
     DaemonLife, Measured, PeerRun, Settings, WorkloadRuns, disturbance, on_net_path, transmits,
 };
+use crate::bench::floor::{self, AttachPoint, Floor};
 use crate::bench::netpair::{self, CLIENT, NetPair, SERVER};
 use crate::bench::paired::{self, Block, Window};
 use crate::bench::peers::{self, Bpftrace};
@@ -73,6 +75,7 @@ pub fn measure(
         workloads: WORKLOADS.iter().map(WorkloadRuns::new).collect(),
         daemons: Vec::new(),
         hooks: Vec::new(),
+        floor: None,
         congestion_control: pair
             .try_exec(CLIENT, &["sysctl", "-n", "net.ipv4.tcp_congestion_control"])?
             .trim()
@@ -255,8 +258,10 @@ fn block_under<T>(
 
 /// One daemon for the round: each workload as deployed and with the
 /// accounting on, each run's program counters read around it and named
-/// after the daemon has stopped (by its stop record). A failure (a server
-/// killed, the daemon gone) runs the whole block again with a new daemon.
+/// after the daemon has stopped (by its stop record); then the floor on its
+/// network-path hooks. A failure (a server killed, the daemon gone, the
+/// floor not attaching) runs the whole block again with a new daemon, so
+/// that a round's floor runs always follow its own daemon's.
 fn traced(
     ctx: &Ctx,
     st: &mut State,
@@ -264,7 +269,9 @@ fn traced(
     round: usize,
     parts: &[usize],
 ) -> anyhow::Result<()> {
-    let (runs, life, hooks) = block_under(
+    // Apart from `m.warnings`, which `block_under` holds for the block.
+    let compiled = &mut m.floor;
+    let (runs, life, hooks, floor_runs) = block_under(
         ctx,
         st,
         &mut m.warnings,
@@ -279,6 +286,7 @@ fn traced(
                 .filter(|f| on_net_path(f))
                 .map(|f| format!("{f}: {}", tracer.hooks_of(&f).join(", ")))
                 .collect();
+            let points = net_points(&tracer.start)?;
             let attached = tracer.attached_programs();
             let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
             let net_ids: Vec<u64> = attached
@@ -329,7 +337,8 @@ fn traced(
                 tx_seen,
                 tx_counted,
             };
-            Ok((runs, life, hooks))
+            let floor_runs = floor_block(ctx, st, inner, (round, parts), &points, compiled)?;
+            Ok((runs, life, hooks, floor_runs))
         },
     )?;
     if m.hooks.is_empty() {
@@ -338,8 +347,75 @@ fn traced(
     for (i, stats, run) in runs {
         m.workloads[i].file_traced(stats, run);
     }
+    for (i, run) in floor_runs {
+        m.workloads[i].floor.push(run);
+    }
     m.daemons.push(life);
     Ok(())
+}
+
+/// The network-path hooks the daemon attached (every family but block:
+/// tcp, netdev, sqlserver), each attach point once: families share hooks
+/// (netdev and sqlserver both attach tcp_probe), and the floor puts one
+/// program on a point however many of the daemon's programs sit there.
+fn net_points(start: &serde_json::Value) -> anyhow::Result<Vec<AttachPoint>> {
+    let mut out: Vec<AttachPoint> = Vec::new();
+    let mut families: Vec<&str> = Vec::new();
+    let probes = start["probes"].as_array().into_iter().flatten();
+    for f in probes.filter_map(|p| p["family"].as_str()) {
+        if on_net_path(f) && !families.contains(&f) {
+            families.push(f);
+        }
+    }
+    for family in families {
+        for p in floor::points_of(start, family)? {
+            if !out.iter().any(|o| o.kind == p.kind && o.target == p.target) {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The floor in the daemon's place, right after it stopped: empty programs
+/// on `points` (its network-path hooks, as it attached them), each workload
+/// once with the accounting on. Compiled once into `compiled`, and again
+/// only if a daemon attached other hooks.
+fn floor_block(
+    ctx: &Ctx,
+    st: &mut State,
+    warnings: &mut Vec<String>,
+    (round, parts): (usize, &[usize]),
+    points: &[AttachPoint],
+    compiled: &mut Option<floor::Object>,
+) -> anyhow::Result<Vec<(usize, PeerRun)>> {
+    if compiled.as_ref().is_none_or(|o| o.points != points) {
+        *compiled = Some(floor::Object::compile(points, ctx.scratch)?);
+    }
+    let attached = Floor::attach(compiled.as_ref().expect("compiled above"))?;
+    let ids = attached.prog_ids();
+    let usage = || Ok(Floor::usage());
+    let under = Under {
+        tool: "floor",
+        ours: &ids,
+        ids: &ids,
+        usage: &usage,
+        daemon: None,
+    };
+    let mut out = Vec::new();
+    for &i in parts {
+        let win = window(ctx, st, warnings, (round, &WORKLOADS[i]), &under, true)?;
+        out.push((
+            i,
+            PeerRun {
+                programs: attached.costs(&win.counters),
+                run: win.run,
+                usage: win.usage,
+            },
+        ));
+    }
+    attached.detach()?;
+    Ok(out)
 }
 
 /// One bpftrace for the round, the same two runs per workload as the daemon's.
@@ -399,4 +475,36 @@ fn progress(label: &str, w: &Workload, run: &Run) {
         figures.join(", "),
         run.steal_pct
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn each_network_path_attach_point_once_and_no_block_hook() {
+        let probe = |family: &str, hook: &str| {
+            json!({"family": family, "hook": hook, "mode": "tp_btf", "attached": true,
+                   "via": "tp_btf", "target": hook})
+        };
+        let start = json!({"type": "start", "probes": [
+            probe("block", "block_rq_issue"),
+            probe("tcp", "sock_recv_length"),
+            probe("netdev", "tcp_probe"),
+            probe("netdev", "net_dev_xmit"),
+            probe("sqlserver", "tcp_probe"),
+            probe("sqlserver", "tcp_sendmsg_locked"),
+        ]});
+        let points = super::net_points(&start).unwrap();
+        let sections: Vec<String> = points.iter().map(|p| p.section()).collect();
+        assert_eq!(
+            sections,
+            [
+                "tp_btf/sock_recv_length",
+                "tp_btf/tcp_probe",
+                "tp_btf/net_dev_xmit",
+                "tp_btf/tcp_sendmsg_locked",
+            ]
+        );
+    }
 }

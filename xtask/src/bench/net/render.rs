@@ -1,5 +1,7 @@
 //! The net section of docs/BENCHMARKS.md (also printed to the terminal).
 
+mod floor;
+
 use std::fmt::Write;
 
 use std::collections::BTreeMap;
@@ -38,6 +40,7 @@ pub fn markdown(r: &NetResults) -> String {
          are shown but judge nothing); network-path hooks: {}\n\
          - Peer: `bpftrace` running the script shown under Peers (\"bpftrace\"; with the \
          accounting on, \"bpftrace+bpf-stats\")\n\
+         {}\
          - Order: {} rounds of {} s runs of sockperf, iperf3 unpaced and iperf3 with loss; {}. \
          Figures that judge are per-round ratios (each run over the untraced run of the same \
          round and workload) or per-round costs, given as median [95% interval] (method: see \
@@ -56,6 +59,7 @@ pub fn markdown(r: &NetResults) -> String {
         st.tracer,
         st.tracer_bpf_stats,
         r.hooks.join("; "),
+        floor::setup_line(r),
         st.rounds,
         st.runtime_s,
         st.order,
@@ -103,6 +107,7 @@ pub fn markdown(r: &NetResults) -> String {
 
     programs(&mut s, r);
     unit_costs(&mut s, r);
+    floor::section(&mut s, r);
     s += &r.peer.markdown();
     daemon(&mut s, r);
     notes(&mut s, r);
@@ -223,7 +228,11 @@ fn unit_costs(s: &mut String, r: &NetResults) {
          interval]; the same as a share of one core at 100 000 segments per second (the \
          formula is under [Method](#method-rounds-intervals-verdicts)); and the tool's own \
          process while the client ran, in the runs without the accounting (stalltrace's \
-         daemon; bpftrace). Programs on neither path (socket state changes, transmit timeouts, \
+         daemon; bpftrace). The floor rows are empty programs on stalltrace's hooks, each \
+         counted on the path of stalltrace's program on its hook (see [Network floor on this \
+         VM](#network-floor-on-this-vm)), run in the bench's own process; stalltrace's work over \
+         the floor is, round by round, its BPF ns per segment less the floor's of the same \
+         round. Programs on neither path (socket state changes, transmit timeouts, \
          BQL stalls) per segment received or sent: {}. The peer's one hook \
          (tcp_retransmit_skb) runs only on retransmissions, so outside the loss case its cost \
          per segment is nothing.\n",
@@ -344,9 +353,9 @@ fn notes(s: &mut String, r: &NetResults) {
            on, the kernel reads the clock before and after every run of every BPF program on \
            the host, so those runs are slower than stalltrace as deployed and judge nothing. \
            In a traced run the programs count no runs; a traced run whose programs did \
-           (someone else held bpf_stats on) was run again. The floor measured by hand on this VM for the block suite (an empty \
-           tp_btf program ~60 ns/event with bpf_stats on, one `bpf_ktime_get_ns()` ~60 ns) \
-           applies here too.\n";
+           (someone else held bpf_stats on) was run again. What a program on those hooks costs at least \
+           (empty programs with one clock read, measured in the same rounds) is under \
+           [Network floor on this VM](#network-floor-on-this-vm).\n";
     *s += "- events/s and events per transaction count every event on the host while the \
            daemon ran (both namespaces, both directions, and anyone else's traffic), over the \
            client's run time and the transactions its tool reported (sockperf: round trips \

@@ -3,10 +3,12 @@
 //! the same round) with their median and 95% interval, on which the targets
 //! are judged (see `verdicts`); per-program cost, summed over the
 //! accounting runs and round by round; cost per received and per sent TCP
-//! segment for stalltrace and the peer. Everything here is serialized as-is
-//! into benchmarks.json.
+//! segment for stalltrace, the floor under it and the peer, and
+//! stalltrace's work over the floor (see `floor`). Everything here is
+//! serialized as-is into benchmarks.json.
 
 mod costs;
+mod floor;
 mod verdicts;
 
 use std::collections::BTreeMap;
@@ -47,6 +49,9 @@ pub struct NetResults {
     pub unit_costs: Vec<UnitCost>,
     /// How a BPF time per unit becomes a share of a core at a rate.
     pub unit_cost_formula: &'static str,
+    /// Empty programs on stalltrace's network-path hooks, and stalltrace's
+    /// work over them; None when no traced block ran.
+    pub floor: Option<floor::FloorResult>,
     pub daemon_lives: Lives,
     /// Records the daemon could not deliver, summed over every daemon's life.
     pub lost: BTreeMap<String, u64>,
@@ -71,13 +76,23 @@ pub struct Setup {
     pub tracer_bpf_stats: &'static str,
     pub order: &'static str,
     pub configs: &'static str,
+    /// How the floor is measured; what it is, under `floor`.
+    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and workload: untraced; traced (stalltrace without the \
      accounting: the ratios and the targets use it; the daemon's CPU and RSS come from it); \
      traced_bpf_stats (the same daemon with the kernel's accounting on: ns/event and events/s \
      per program come from it; its figures pay the accounting on every program run and judge \
-     nothing); bpftrace and bpftrace_bpf_stats (the peer, likewise)";
+     nothing); floor_bpf_stats (right after the daemon stopped, in the same block, empty \
+     programs on its network-path hooks with the accounting on: the floor per segment and per \
+     transaction, and stalltrace's work over it, come from it); bpftrace and bpftrace_bpf_stats (the peer, likewise)";
+
+/// What the floor is, for the published setup.
+pub const FLOOR_SETUP: &str = "right after each round's daemon stopped, in the same traced \
+     block, the bench loads and attaches one program of its own on each network-path attach \
+     point the daemon used (tcp, netdev, sqlserver; a point two families share once), with the \
+     same attach type, and runs each workload once under them with the kernel's accounting on";
 
 /// Each round's daemon, over its whole life (every workload's runs).
 #[derive(Serialize)]
@@ -392,7 +407,11 @@ pub fn aggregate(
     // Against the peer only where its job exists: retransmits, in the loss
     // case (elsewhere its one hook never fires; the Peers table shows those).
     for r in workloads.iter().filter(|r| r.key == "iperf3_loss") {
-        targets.push(peers::factor_verdict(&r.versus_peer, r.key));
+        targets.push(peers::factor_verdict(
+            &r.versus_peer,
+            r.key,
+            peers::PEER_FACTOR_TARGET,
+        ));
     }
     let unit_costs = costs::unit_costs(m, &workloads);
     targets.push(verdicts::ns_per_sent_segment(&unit_costs, "sockperf"));
@@ -451,11 +470,13 @@ pub fn aggregate(
             tracer_bpf_stats: paired::TRACER_BPF_STATS,
             order: paired::ORDER,
             configs: CONFIGS,
+            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         targets,
         unit_cost_formula: unitcost::FORMULA,
         unit_costs,
+        floor: floor::result(settings, m),
         programs: program_results(m),
         workloads,
         peer: PeerInfo::new(&peers::TCP_RETRANSMIT, &peer_rounds, m.unavailable.clone()),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::bench::block::{DaemonLife, DepthRuns, render};
+use crate::bench::floor::{self, AttachPoint};
 use crate::bench::parts::fixtures::{self, cost, host};
 use crate::bench::peers::PeerProgram;
 use crate::bench::stats::Outcome;
@@ -46,6 +47,19 @@ fn peer(iops: f64, run_count: u64) -> PeerRun {
     }
 }
 
+/// Empty programs on block_rq_issue: `ns` per event, one event per I/O.
+fn floor_run(ns: u64) -> PeerRun {
+    PeerRun {
+        run: fio(80_000.0, 150.0),
+        programs: vec![PeerProgram {
+            tracepoint: "tp_btf/block_rq_issue".into(),
+            run_count: 800_000,
+            run_time_ns: 800_000 * ns,
+        }],
+        usage: usage(0.0),
+    }
+}
+
 fn stop(recursion: u64) -> StopRecord {
     StopRecord {
         kind: "stop".into(),
@@ -64,7 +78,10 @@ fn measured(rounds: usize) -> Measured {
     let traced_iops = [98_000.0, 98_500.0, 99_000.0, 98_200.0, 98_800.0, 98_600.0];
     Measured {
         depths: vec![DepthRuns {
-            part: 16,
+            part: crate::bench::block::Part {
+                backing: crate::bench::block::Backing::Tmpfs,
+                iodepth: 16,
+            },
             untraced: vec![fio(100_000.0, 100.0); rounds],
             traced: (0..rounds)
                 .map(|i| traced(traced_iops[i % 6], 110.0, 0, 0.01))
@@ -74,6 +91,11 @@ fn measured(rounds: usize) -> Measured {
                 .collect(),
             peer: (0..rounds).map(|_| peer(90_000.0, 0)).collect(),
             peer_bpf_stats: (0..rounds).map(|_| peer(80_000.0, 800_000)).collect(),
+            second_peer: Vec::new(),
+            second_peer_bpf_stats: Vec::new(),
+            floor: (0..rounds)
+                .map(|i| floor_run([38, 40, 42, 39, 41, 40][i % 6]))
+                .collect(),
         }],
         daemons: (0..rounds)
             .map(|i| DaemonLife {
@@ -82,7 +104,14 @@ fn measured(rounds: usize) -> Measured {
             })
             .collect(),
         direct_io: true,
+        disk_direct_io: true,
         hooks: vec!["block_rq_issue (tp_btf)".into()],
+        floor: Some(floor::Object::uncompiled(&[AttachPoint {
+            hook: "block_rq_issue".into(),
+            kind: floor::Kind::TpBtf,
+            target: "block_rq_issue".into(),
+        }])),
+        rezolus: false,
         warnings: Vec::new(),
         unavailable: Vec::new(),
     }
@@ -156,15 +185,42 @@ fn each_figure_comes_from_its_configuration() {
     let pct = st.per_unit[0].pct_of_core_at_100k.unwrap();
     assert!((pct.median - 1.0).abs() < 1e-9);
     assert!(st.measured_at.starts_with("98.") && st.measured_at.ends_with("k IOPS"));
-    let pe = &r.unit_costs[1];
+    let pe = &r.unit_costs[2];
     assert!((pe.per_unit[0].bpf_ns.unwrap().median - 600.0).abs() < 1e-9);
     assert!((pe.process_cpu_pct.unwrap().median - 0.05).abs() < 1e-9);
+
+    // The floor: 38–42 ns per I/O round by round, stalltrace's 100 over it
+    // taken round by round (100 − 40.5 at the median of 6).
+    let f = d.floor_ns_per_io.unwrap();
+    assert_eq!((f.min, f.max, f.median), (38.0, 42.0, 40.0));
+    let w = d.work_over_floor_ns_per_io.unwrap();
+    assert_eq!((w.min, w.max, w.median), (58.0, 62.0, 60.0));
+    assert_eq!(r.targets.work_over_floor_qd16.outcome, Outcome::Met);
+    assert_eq!(r.targets.work_over_floor_qd16.measured, "60 [58–62] ns");
+    let fl = &r.unit_costs[1];
+    assert_eq!(fl.tool, super::FLOOR_TOOL);
+    assert_eq!(fl.per_unit[0].bpf_ns, d.floor_ns_per_io);
+    assert_eq!((fl.process_cpu_pct, fl.peak_rss_mib), (None, None));
+    assert_eq!(
+        st.per_unit[0].work_over_floor_ns,
+        d.work_over_floor_ns_per_io
+    );
+    assert_eq!(pe.per_unit[0].work_over_floor_ns, None);
+    let floor = r.floor.as_ref().unwrap();
+    assert_eq!(floor.programs[0].tracepoint, "tp_btf/block_rq_issue");
+    assert_eq!(floor.programs[0].by_round.unwrap().median, 40.0);
+    assert!((d.floor_ratio.iops.unwrap().median - 0.8).abs() < 1e-9);
 
     let md = render::markdown(&r);
     for needle in [
         "QD16 traced+bpf-stats/untraced, per round",
+        "QD16 floor+bpf-stats/untraced, per round",
         "Floor on this VM",
-        "measured separately (not by this suite)",
+        "programs: tp_btf/block_rq_issue.",
+        "SEC(\"tp_btf/block_rq_issue\")",
+        "| tp_btf/block_rq_issue |",
+        "QD16 floor 40 [38–42] ns + work 60 [58–62] ns",
+        "work over the floor, BPF ns per I/O",
         "Cost per unit of work",
         "% of one core at 100k I/Os/s",
         "**met**",
@@ -185,15 +241,147 @@ fn too_few_rounds_judge_nothing() {
         runtime_s: 10,
     };
     let r = aggregate(&settings, &measured(3), host(), 1.0, Default::default());
+    // Parts the fixture does not have: no verdict either, and saying why.
+    for v in [
+        &r.targets.iops_ratio_qd1,
+        &r.targets.iops_ratio_disk_qd16,
+        &r.targets.iops_ratio_disk_qd1,
+    ] {
+        assert_eq!(v.outcome, Outcome::Inconclusive, "{}", v.target);
+        assert!(v.detail.starts_with("not measured"), "{}", v.detail);
+    }
     for v in [
         &r.targets.iops_ratio_qd16,
-        &r.targets.iops_ratio_qd1,
         &r.targets.ns_per_io_qd16,
         &r.targets.ns_per_event_per_hook,
         &r.targets.versus_peer_qd16,
+        &r.targets.work_over_floor_qd16,
     ] {
         assert_eq!(v.outcome, Outcome::Inconclusive, "{}", v.target);
         assert!(v.detail.contains("needs at least 6"), "{}", v.detail);
     }
     assert!(render::markdown(&r).contains("**inconclusive**"));
+}
+
+/// Without floor runs (none measured) the floor's figures are absent, not
+/// zero, and its target has no verdict.
+#[test]
+fn no_floor_runs_no_floor_figures() {
+    let settings = Settings {
+        rounds: 6,
+        runtime_s: 10,
+    };
+    let mut m = measured(6);
+    m.depths[0].floor.clear();
+    m.floor = None;
+    let r = aggregate(&settings, &m, host(), 1.0, Default::default());
+    let d = &r.depths[0];
+    assert!(d.floor_bpf_stats.is_none() && d.floor_ns_per_io.is_none());
+    assert!(d.work_over_floor_ns_per_io.is_none());
+    assert_eq!(
+        r.targets.work_over_floor_qd16.outcome,
+        Outcome::Inconclusive
+    );
+    assert_eq!(r.unit_costs.len(), 2, "stalltrace and the peer only");
+    let md = render::markdown(&r);
+    assert!(!md.contains("floor+bpf-stats/untraced"), "{md}");
+    assert!(md.contains("Not measured: no traced block ran"), "{md}");
+}
+
+/// rezolus beside bpftrace: its own rows, and the target against the
+/// cheaper of the two in each round (rezolus at 300 ns per I/O in odd
+/// rounds, 900 in even ones; bpftrace always 600; stalltrace 100).
+#[test]
+fn the_target_takes_the_cheaper_peer_of_each_round() {
+    let settings = Settings {
+        rounds: 6,
+        runtime_s: 10,
+    };
+    let mut m = measured(6);
+    m.rezolus = true;
+    let rz = |iops: f64, ns: u64| PeerRun {
+        run: fio(iops, 130.0),
+        programs: vec![PeerProgram {
+            tracepoint: "block_rq_complete".into(),
+            run_count: 800_000,
+            run_time_ns: 800_000 * ns,
+        }],
+        usage: usage(0.002),
+    };
+    m.depths[0].second_peer = (0..6).map(|_| rz(95_000.0, 0)).collect();
+    m.depths[0].second_peer_bpf_stats = (0..6)
+        .map(|i| rz(80_000.0, if i % 2 == 0 { 300 } else { 900 }))
+        .collect();
+    let r = aggregate(&settings, &m, host(), 1.0, Default::default());
+    let d = &r.depths[0];
+    let c = &d.versus_cheapest_peer;
+    assert_eq!((c.bpftrace_rounds, c.rezolus_rounds), (3, 3));
+    // Factors 3 and 6 by turns: the median between, the whole interval >= 1.
+    assert_eq!(c.comparison.factor.unwrap().median, 4.5);
+    // The cheaper peer's own run of the same round: rezolus 5%, bpftrace 10%.
+    let o = c.comparison.peer_overhead.unwrap();
+    assert!((o.min - 0.05).abs() < 1e-9 && (o.max - 0.1).abs() < 1e-9);
+    let v = &r.targets.versus_peer_qd16;
+    assert_eq!(v.outcome, Outcome::Met, "{}", v.detail);
+    assert!(v.target.contains("<= the cheapest peer's"), "{}", v.target);
+    assert!(v.detail.contains("rezolus in 3"), "{}", v.detail);
+    let z = d.rezolus.as_ref().unwrap();
+    assert_eq!(z.ns_per_io.unwrap().median, 600.0);
+    assert!((z.ratio.iops.unwrap().median - 0.95).abs() < 1e-9);
+    let row = r.unit_costs.iter().find(|u| u.tool == "rezolus (peer)");
+    assert_eq!(row.unwrap().per_unit[0].bpf_ns, z.ns_per_io);
+    assert_eq!(r.rezolus.as_ref().unwrap().bpf_stats_rounds, 6);
+    let md = render::markdown(&r);
+    for needle in [
+        "QD16 rezolus/untraced, per round",
+        "| rezolus (peer) ",
+        "rezolus program (tracepoint)",
+        "[samplers.blockio_latency]",
+    ] {
+        assert!(md.contains(needle), "{needle}: {md}");
+    }
+
+    // Not installed: bpftrace alone is the cheapest, and nothing of rezolus shows.
+    let r = aggregate(&settings, &measured(6), host(), 1.0, Default::default());
+    let c = &r.depths[0].versus_cheapest_peer;
+    assert_eq!((c.bpftrace_rounds, c.rezolus_rounds), (6, 0));
+    assert!(r.rezolus.is_none() && r.depths[0].rezolus.is_none());
+    assert!(!render::markdown(&r).contains("rezolus program"));
+}
+
+/// The disk-backed device's parts: their own rows and a tighter IOPS target,
+/// while the cost targets stay on the tmpfs device's QD16.
+#[test]
+fn the_disk_device_has_its_own_rows_and_target() {
+    let settings = Settings {
+        rounds: 6,
+        runtime_s: 10,
+    };
+    let mut m = measured(6);
+    let mut disk = measured(6).depths.remove(0);
+    disk.part = crate::bench::block::Part {
+        backing: crate::bench::block::Backing::Disk,
+        iodepth: 16,
+    };
+    // 99.5% of untraced IOPS in every round: met at 0.99.
+    for t in &mut disk.traced {
+        t.run.iops = 99_500.0;
+    }
+    m.depths.push(disk);
+    let r = aggregate(&settings, &m, host(), 1.0, Default::default());
+    let v = &r.targets.iops_ratio_disk_qd16;
+    assert_eq!(v.outcome, Outcome::Met, "{}", v.detail);
+    assert!(v.target.contains("at disk QD16 >= 0.99"), "{}", v.target);
+    // The tmpfs device's 98.0–99.0% would miss 0.99 but meets its own 0.98.
+    assert_eq!(r.targets.iops_ratio_qd16.outcome, Outcome::Met);
+    assert!(r.targets.ns_per_io_qd16.target.starts_with("QD16:"));
+    assert_eq!(r.depths[1].label, "disk QD16");
+    let md = render::markdown(&r);
+    for needle in [
+        "| disk QD16 traced ",
+        "disk QD16 traced/untraced, per round",
+        "| fio disk QD16 | stalltrace",
+    ] {
+        assert!(md.contains(needle), "{needle}: {md}");
+    }
 }

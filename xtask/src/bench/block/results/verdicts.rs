@@ -3,16 +3,21 @@
 //! interval is on one side of the target.
 
 use super::{DepthResult, ProgramResult};
-use crate::bench::block::{IOPS_RATIO_TARGET, NS_PER_EVENT_TARGET, NS_PER_IO_TARGET};
+use crate::bench::block::{
+    Backing, CHEAPEST_PEER_FACTOR_TARGET, NS_PER_EVENT_TARGET, NS_PER_IO_TARGET, Part,
+    WORK_OVER_FLOOR_TARGET,
+};
+use crate::bench::peers;
 use crate::bench::publish::Verdict;
 use crate::bench::stats::Estimate;
 use crate::bench::stats::{Goal, Judgement, Outcome, judge};
 
-/// traced / untraced IOPS of the same round, at `d`'s depth.
-pub fn iops(d: &DepthResult) -> Verdict {
+/// traced / untraced IOPS of the same round, on `d`'s device at its depth,
+/// at least `target`.
+pub fn iops(d: &DepthResult, target: f64) -> Verdict {
     let e = d.traced_ratio.iops.as_ref();
-    let j = judge(e, Goal::AtLeast(IOPS_RATIO_TARGET), 3);
-    let allowed_pct = (1.0 - IOPS_RATIO_TARGET) * 100.0;
+    let j = judge(e, Goal::AtLeast(target), 3);
+    let allowed_pct = (1.0 - target) * 100.0;
     let detail = match e {
         Some(e) => format!(
             "{}: {}; at the median traced {} {:.1}% of IOPS ({allowed_pct:.0}% allowed); \
@@ -27,12 +32,23 @@ pub fn iops(d: &DepthResult) -> Verdict {
     };
     Verdict {
         target: format!(
-            "traced (no accounting) / untraced IOPS of the same round at QD{} >= {IOPS_RATIO_TARGET}",
-            d.iodepth
+            "traced (no accounting) / untraced IOPS of the same round at {} >= {target}",
+            d.label
         ),
         measured: e.map_or("–".into(), |e| e.text(3)),
         outcome: j.outcome,
         detail,
+    }
+}
+
+/// The IOPS target of a part that did not run (no verdict).
+pub fn not_measured(backing: Backing, iodepth: u32) -> Verdict {
+    let label = Part { backing, iodepth }.label();
+    Verdict {
+        target: format!("traced (no accounting) / untraced IOPS of the same round at {label}"),
+        measured: "–".into(),
+        outcome: Outcome::Inconclusive,
+        detail: format!("not measured: {label} did not run"),
     }
 }
 
@@ -50,10 +66,70 @@ pub fn ns_per_io(ns_by_round: Option<&Estimate>, iodepth: u32) -> Verdict {
     }
 }
 
+/// stalltrace's BPF run time per I/O over the floor's of the same round, at
+/// `d`'s depth: the work its programs do beyond what empty ones on the same
+/// hooks cost.
+pub fn work_over_floor(d: &DepthResult) -> Verdict {
+    let e = d.work_over_floor_ns_per_io.as_ref();
+    let j = judge(e, Goal::AtMost(WORK_OVER_FLOOR_TARGET), 0);
+    let text = |e: Option<&Estimate>| e.map_or("–".into(), |e| format!("{} ns", e.text(0)));
+    let detail = match (e, d.floor_ns_per_io.as_ref()) {
+        (Some(_), Some(f)) => format!(
+            "{}: {}; per I/O, median [95% interval] of rounds: stalltrace {}, the floor {} \
+             (empty programs on the same hooks, the same round), stalltrace's work over it {}",
+            j.outcome.word(),
+            j.why,
+            text(d.versus_peer.stalltrace_by_round.as_ref()),
+            text(Some(f)),
+            text(e),
+        ),
+        _ => format!("{}: {}", j.outcome.word(), j.why),
+    };
+    Verdict {
+        target: format!(
+            "{}: stalltrace's BPF time per I/O over the floor (empty programs on the same \
+             hooks, the same round) <= {WORK_OVER_FLOOR_TARGET:.0} ns (per round)",
+            d.label
+        ),
+        measured: text(e),
+        outcome: j.outcome,
+        detail,
+    }
+}
+
+/// stalltrace's BPF run time per I/O against the cheaper peer's of each
+/// round (issue 30: no more than the cheapest peer's, while timing three
+/// phases to their one), at `d`'s depth.
+pub fn versus_cheapest(d: &DepthResult) -> Verdict {
+    let c = &d.versus_cheapest_peer;
+    let mut v = peers::factor_verdict(&c.comparison, &d.label, CHEAPEST_PEER_FACTOR_TARGET);
+    let by = |e: Option<&Estimate>| e.map_or("–".into(), |e| format!("{} ns", e.text(0)));
+    v.detail += &format!(
+        "; \"peer\" is each round's cheaper peer per I/O: bpftrace in {} rounds ({} per I/O), \
+         rezolus in {} ({})",
+        c.bpftrace_rounds,
+        by(d.versus_peer.peer_by_round.as_ref()),
+        c.rezolus_rounds,
+        d.rezolus
+            .as_ref()
+            .map_or("not installed".into(), |r| format!(
+                "{} per I/O",
+                by(r.ns_per_io.as_ref())
+            )),
+    );
+    v
+}
+
 /// Every hook's ns/event, round by round: missed when any hook's whole
-/// interval is over the target, met when every hook's is under it.
+/// interval is over the target, met when every hook's is under it. A program
+/// the daemon runs itself (`run_*`, once an interval, never attached) is no
+/// hook: its time is in the per-I/O totals, not judged per event here.
 pub fn ns_per_event(programs: &[ProgramResult]) -> Verdict {
     let target = format!("<= {NS_PER_EVENT_TARGET:.0} ns per event, every hook (per round)");
+    let programs: Vec<&ProgramResult> = programs
+        .iter()
+        .filter(|p| !p.total.program.starts_with("run_"))
+        .collect();
     let judged: Vec<(&str, f64, String, Judgement)> = programs
         .iter()
         .filter_map(|p| {

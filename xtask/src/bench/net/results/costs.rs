@@ -1,13 +1,20 @@
-//! The net suite's cost per received and per sent segment (stalltrace's and
-//! the peer's, on each workload), and what each round's daemon did over its life.
+//! The net suite's cost per received and per sent segment (stalltrace's, the
+//! floor's under it and the peer's, on each workload), and what each round's
+//! daemon did over its life.
 
-use super::{Lives, Side, WorkloadResult, net_programs, per_segment};
+use super::floor::{self, PerRound};
+use super::{Lives, Side, WorkloadResult};
 use crate::bench::net::{Measured, segments};
 use crate::bench::stats::Summary;
 use crate::bench::unitcost::{PerUnit, UnitCost, rate_text};
 
-/// Cost per received and per sent segment, stalltrace's and the peer's, on each workload.
+/// The floor's row in the cost-per-unit table.
+pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
+
+/// Cost per received and per sent segment, stalltrace's, the floor's and
+/// the peer's, on each workload.
 pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
+    let paths = floor::paths(m);
     let mut out = Vec::new();
     for (runs, r) in m.workloads.iter().zip(results) {
         let rx_rate = |side: &Side| {
@@ -21,23 +28,49 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 rate_text(Summary::of(&rates).map_or(0.0, |s| s.median))
             )
         };
-        let (rx, tx, _) = per_segment(
+        let (rx, tx, _) = super::per_segment(
             runs.traced_bpf_stats
                 .iter()
-                .map(|t| (&t.run, segments::split(net_programs(t)))),
+                .map(|t| (&t.run, segments::split(super::net_programs(t)))),
         );
+        let PerRound {
+            floor: [floor_rx, floor_tx, _],
+            work: [work_rx, work_tx, _],
+        } = floor::per_round(&paths, runs);
+        // Without floor runs, no work column (rather than one of "–").
+        let work = |u: PerUnit, w: Vec<f64>| {
+            if runs.floor.is_empty() {
+                u
+            } else {
+                u.with_work_over_floor(w)
+            }
+        };
         out.push(UnitCost {
             workload: runs.part.key.to_string(),
             tool: "stalltrace".into(),
             per_unit: vec![
-                PerUnit::new("received segment", rx),
-                PerUnit::new("sent segment", tx),
+                work(PerUnit::new("received segment", rx), work_rx),
+                work(PerUnit::new("sent segment", tx), work_tx),
             ],
             process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
             measured_at: rx_rate(&r.traced),
-            peak_rss_mib: r.daemon.peak_rss_mib,
+            peak_rss_mib: Some(r.daemon.peak_rss_mib),
         });
-        let (rx, tx, _) = per_segment(runs.peer_bpf_stats.iter().map(|p| {
+        if !runs.floor.is_empty() {
+            out.push(UnitCost {
+                workload: runs.part.key.to_string(),
+                tool: FLOOR_TOOL.into(),
+                per_unit: vec![
+                    PerUnit::new("received segment", floor_rx),
+                    PerUnit::new("sent segment", floor_tx),
+                ],
+                // Its programs run in the bench's own process, which has nothing else to show.
+                process_cpu_pct: None,
+                measured_at: "–".into(),
+                peak_rss_mib: None,
+            });
+        }
+        let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats.iter().map(|p| {
             let programs = p
                 .programs
                 .iter()
@@ -53,7 +86,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
             ],
             process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
             measured_at: rx_rate(&r.peer),
-            peak_rss_mib: r.peer_process.peak_rss_mib,
+            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
         });
     }
     out

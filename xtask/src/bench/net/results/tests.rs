@@ -1,3 +1,5 @@
+mod floor;
+
 use super::*;
 use crate::bench::net::workload::WORKLOADS;
 use crate::bench::net::{DaemonLife, render};
@@ -75,6 +77,9 @@ fn measured(rounds: usize) -> Measured {
                     .collect(),
                 peer: (0..rounds).map(|_| peer(w, base, 0)).collect(),
                 peer_bpf_stats: (0..rounds).map(|_| peer(w, base, 60_000)).collect(),
+                second_peer: Vec::new(),
+                second_peer_bpf_stats: Vec::new(),
+                floor: Vec::new(),
             }
         })
         .collect();
@@ -100,6 +105,7 @@ fn measured(rounds: usize) -> Measured {
             })
             .collect(),
         hooks: vec!["tcp_probe (tp_btf)".into()],
+        floor: None,
         congestion_control: "bbr".into(),
         warnings: Vec::new(),
         unavailable: Vec::new(),
