@@ -7,6 +7,8 @@
 //! vCPUs would measure each other.
 
 mod common;
+#[path = "block/past_completion.rs"]
+mod past_completion;
 #[path = "block/stats_maps.rs"]
 mod stats_maps;
 
@@ -14,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
+use past_completion::completion_to_accounting;
 use serde_json::Value;
 
 /// stalltrace's interval in these tests; the last interval after the load ends shows it drained.
@@ -148,9 +151,13 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     let disk = LoopDevice::new(Backing::Disk, 512, true);
     disk.set_queue("scheduler", "none");
     let tracer = Tracer::start(&["--interval", INTERVAL, "--slow-io-ms", "0"]);
+    // Started after the tracer, so that its programs on block_rq_complete run
+    // after stalltrace's: its span starts where ours has ended.
+    let past_completion = Bpftrace::start(&completion_to_accounting(&disk));
     let before = disk.diskstats();
     let fio = randread_4k(&disk.dev, &["--ioengine=psync", "--iodepth=1"], 4);
     let after = disk.diskstats();
+    let past = past_completion.stop();
     settle();
     let records = tracer.stop();
     let reads = block_records(&records, &disk.name, "read");
@@ -170,9 +177,18 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     let kernel_mean = kernel_ticks_ms as f64 * 1000.0 / kernel_reads as f64;
     let queue_mean = exact_mean(&reads, "queue_us");
     let ours = queue_mean + exact_mean(&reads, "device_us");
+    let (past_n, past_ns) = (past["past_n"], past["past_ns"]);
+    // A sample: the kernel skips a tracepoint's perf-event program where it
+    // would nest in another BPF program on that CPU (a completion interrupt
+    // arriving during one of stalltrace's): seen 9 in 24k.
+    assert!(
+        past_n as u64 <= kernel_reads && past_n as u64 >= kernel_reads * 99 / 100,
+        "bpftrace saw {past_n} reads accounted, diskstats {kernel_reads}"
+    );
+    let past_mean = past_ns as f64 / 1000.0 / past_n as f64;
     eprintln!(
         "stalltrace p50 {p50:.1} p99 {p99:.1} us (device p50 {:.1}), allocated -> completed mean {ours:.1} us \
-         (queue {queue_mean:.1}); \
+         (queue {queue_mean:.1}); completed -> accounted mean {past_mean:.1} us (bpftrace); \
          diskstats {kernel_mean:.1} us over {kernel_reads} reads; fio clat p50 {:.1} p99 {:.1} us",
         device.percentile(0.5),
         fio.clat_p50_us,
@@ -198,19 +214,24 @@ fn latency_agrees_with_fio_where_the_device_dominates() {
     }
 
     // Per request, our span lies inside the kernel's: it starts at the
-    // allocation, the very stamp diskstats starts from, and ends before the bios'
-    // completion callbacks that run past our completion hook (2-3 us here, the
-    // waiting reader's wakeup included). The tick sum is printed rounded down
-    // to a ms. Above the kernel's, stalltrace would be adding time; more than
-    // 10% below, missing some.
+    // allocation, the very stamp diskstats starts from, and ends at the
+    // completion hook, before the bios' completion callbacks (the waiting
+    // reader's wakeup: an IPI, i.e. a VM exit here) and the accounting clock
+    // read; bpftrace times that rest, block_rq_complete -> block_io_done, per
+    // request (measured here: 6-9 us of 70-150). The tick sum is printed
+    // rounded down to a ms. Above the kernel's, stalltrace would be adding
+    // time; with the rest added, more than 5% off it, missing some or adding.
+    // (Measured: within 0.5%.)
     let rounding = 1000.0 / kernel_reads as f64;
     assert!(
         ours <= kernel_mean + rounding,
         "allocated -> completed mean {ours:.2} us above diskstats' {kernel_mean:.2} us"
     );
+    let whole = ours + past_mean;
     assert!(
-        ours >= 0.90 * kernel_mean - rounding,
-        "allocated -> completed mean {ours:.2} us too far below diskstats' {kernel_mean:.2} us"
+        (0.95 * kernel_mean - rounding..=1.05 * kernel_mean + rounding).contains(&whole),
+        "allocated -> completed mean {ours:.2} us, with {past_mean:.2} us completed -> accounted, \
+         more than 5% off diskstats' {kernel_mean:.2} us"
     );
     // Never above fio beyond the histogram's error: each I/O's bio submit ->
     // complete lies strictly inside fio's submit -> reap, so every percentile

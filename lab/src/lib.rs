@@ -10,6 +10,8 @@
 //!   loop devices, a blkio cgroup that makes a device slow.
 //! - tracer.rs, records.rs: `stalltrace run` as a child process, and reading
 //!   what it wrote.
+//! - bpftrace.rs: a bpftrace script of a test's own as the oracle of a span
+//!   stalltrace does not time.
 //! - kernel_objects.rs: the eBPF programs, maps, pins and bpffs mounts a
 //!   tracer leaves (bpftool, /proc); churn.rs: namespaces and loop devices
 //!   made and removed by the hundred while a tracer runs.
@@ -26,6 +28,7 @@
 //! beside other tests. The lab panics on any failure (with the command's
 //! output): a half-built situation is never measured.
 
+pub mod bpftrace;
 pub mod churn;
 pub mod container;
 pub mod disk;
@@ -45,6 +48,7 @@ mod util;
 
 use std::path::PathBuf;
 
+pub use bpftrace::Bpftrace;
 pub use disk::{Backing, DiskStats, LoopDevice};
 pub use fio::{Fio, fio, randread_4k};
 pub use records::{

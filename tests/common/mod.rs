@@ -13,9 +13,9 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 pub use stalltrace_lab::{
-    Backing, Bins, Buckets, DiskStats, Fio, HIST_BUCKET_ERROR, LoopDevice, block_records, fio,
-    of_type, randread_4k, requests_untimed, require_root, retransmits_in, retransmits_unjudged, sh,
-    sum_field, sum_segs, unique,
+    Backing, Bins, Bpftrace, Buckets, DiskStats, Fio, HIST_BUCKET_ERROR, LoopDevice, block_records,
+    fio, of_type, randread_4k, requests_untimed, require_root, retransmits_in,
+    retransmits_unjudged, sh, sum_field, sum_segs, unique,
 };
 
 /// The network lab: namespaces, veth, loss, tbf, iperf3, sockperf, counters.

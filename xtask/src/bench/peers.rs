@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::sleep;
@@ -103,38 +102,9 @@ pub struct PeerProgram {
     pub run_time_ns: u64,
 }
 
-/// Run `cmd` (a bpftrace, or what starts one) in a mount namespace of its
-/// own with tracefs mounted: bpftrace finds tracepoints and kprobes through
-/// tracefs, which a fresh host need not have mounted, and the host's mounts
-/// stay as they were. If tracefs cannot be mounted, bpftrace says which
-/// probe it could not find.
-pub fn with_own_tracefs(cmd: &mut Command) {
-    // SAFETY: unshare and mount are async-signal-safe system calls and read
-    // only the constant strings passed to them.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let none = std::ptr::null();
-            libc::mount(
-                c"none".as_ptr(),
-                c"/".as_ptr(),
-                none,
-                libc::MS_REC | libc::MS_PRIVATE,
-                none.cast(),
-            );
-            libc::mount(
-                c"tracefs".as_ptr(),
-                c"/sys/kernel/tracing".as_ptr(),
-                c"tracefs".as_ptr(),
-                0,
-                none.cast(),
-            );
-            Ok(())
-        });
-    }
-}
+/// bpftrace finds tracepoints and kprobes through tracefs: the lab gives it
+/// a mount namespace of its own with tracefs mounted.
+pub use stalltrace_lab::bpftrace::with_own_tracefs;
 
 impl Bpftrace {
     /// Start `script` (written to `dir`), its output to `dir/tag.out`; return
