@@ -220,11 +220,25 @@ fn a_sql_server_in_a_container_is_named_by_its_container() {
         scraped("stalltrace_container_slow_ios_total"),
         containers_slow as f64
     );
+    // The name comes from podman's API, asked off the records' path: records
+    // made before its answer lack it (records.md), e.g. a slow write of the data
+    // file while the worker starts on a busy host (seen). Where a record has
+    // a name it is the container's; the log's slow writes, made seconds after
+    // the instance was named, all have it.
     for r in &slow {
         assert_eq!(r["container"]["id"], id.as_str(), "{r}");
-        assert_eq!(r["container"]["name"], container.name.as_str(), "{r}");
         assert_eq!(r["sql"]["container"], id.as_str(), "{r}");
+        let name = &r["container"]["name"];
+        assert!(name.is_null() || name == container.name.as_str(), "{r}");
     }
+    let log_writes_named = slow
+        .iter()
+        .filter(|r| r["file"] == log_inside && r["container"]["name"] == container.name.as_str())
+        .count();
+    assert_eq!(
+        log_writes_named, on_log,
+        "every slow write of the log names the container"
+    );
 }
 
 /// The upper directory of container `id`'s root, as podman says it.

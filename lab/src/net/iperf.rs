@@ -10,8 +10,23 @@ impl NetPair {
     /// `iperf3 -s` inside `side` on a port of its own (listening on IPv4 and
     /// IPv6), returned once it accepts connections.
     pub fn iperf3_server(&self, side: Side) -> Iperf3Server<'_> {
+        self.iperf3_server_under(side, &[])
+    }
+
+    /// [`NetPair::iperf3_server`] at nice -19: on a busy host the scheduler
+    /// runs it before everything else at nice 0, so a receiver on the same
+    /// host as its sender keeps up with it (it reads as fast as the data comes)
+    /// where at nice 0 it would share the CPUs and close its window.
+    pub fn iperf3_server_first(&self, side: Side) -> Iperf3Server<'_> {
+        self.iperf3_server_under(side, &["nice", "-n", "-19"])
+    }
+
+    fn iperf3_server_under(&self, side: Side, prefix: &[&str]) -> Iperf3Server<'_> {
         let port = next_port();
-        let mut process = self.spawn(side, &["iperf3", "-s", "-p", &port.to_string()]);
+        let port_arg = port.to_string();
+        let mut command = prefix.to_vec();
+        command.extend(["iperf3", "-s", "-p", &port_arg]);
+        let mut process = self.spawn(side, &command);
         self.wait_listening(side, port, &mut process);
         Iperf3Server {
             side,
