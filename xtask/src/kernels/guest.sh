@@ -1,8 +1,9 @@
 # Default guest command (run by /init with busybox sh). Always times a plain
 # `stalltrace check`; then runs the lab's stalltrace-kernel-checks in each of
 # $MODES (set by the host above this script: auto, and raw_tp on the run's
-# oldest and newest kernels) when it is in the image (it prints its own
-# STALLTRACE-MATRIX JSON lines), or else a short `stalltrace run` as a smoke test.
+# oldest and newest kernels, on the newest only the checks in $RAW_TP_ONLY)
+# when it is in the image (it prints its own STALLTRACE-MATRIX JSON lines),
+# or else a short `stalltrace run` as a smoke test.
 M() { echo "STALLTRACE-MATRIX $*"; }
 up() { cut -d' ' -f1 /proc/uptime; }
 B=/usr/local/bin
@@ -16,9 +17,12 @@ M time check "$t0" "$(up)" "$rc"
 
 if [ -x $B/stalltrace-kernel-checks ]; then
     for mode in ${MODES:-auto raw_tp}; do
+        only=
+        [ "$mode" = raw_tp ] && [ -n "${RAW_TP_ONLY:-}" ] && only="--only $RAW_TP_ONLY"
         t0=$(up)
+        # shellcheck disable=SC2086 # $only: the flag and its words
         $B/stalltrace-kernel-checks --stalltrace $B/stalltrace --sqlservr $B/sqlservr \
-            --sqlclient $B/sqlclient --disk "$DISK" --mode $mode
+            --sqlclient $B/sqlclient --disk "$DISK" --mode $mode $only
         M time "checks-$mode" "$t0" "$(up)" "$?"
     done
     exit 0
