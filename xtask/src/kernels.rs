@@ -69,17 +69,34 @@ pub struct Opts {
 
 /// Which checks the guest runs in raw_tp mode, the fallback, which reads the
 /// same CO-RE-relocated fields on every kernel. All of them on the run's
-/// oldest kernel; on its newest (the layouts' other end) the ones that load
-/// every family ([`RAW_TP_NEWEST`]); none on the middle ones. Each check
-/// loads and verifies the families afresh, 25-50 s under TCG, and the matrix
-/// is most of CI's time: a full raw_tp pass on 7.x took longer than its auto
-/// pass (745 s on a busy host, 2026-12-02). The host's own tests run both
-/// modes on its kernel. `--raw-tp-everywhere` runs all of them everywhere.
+/// oldest kernel; on its newest (the layouts' other end) [`RAW_TP_NEWEST`];
+/// none on the middle ones. Each check loads and verifies the families
+/// afresh under TCG, so a full raw_tp pass costs about what the auto pass
+/// does (5.10: 385 s against 416 s on a quiet host, 2026-12-02), and the
+/// matrix is most of CI's time. The host's own tests run both modes on its
+/// kernel. `--raw-tp-everywhere` runs all of them everywhere.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum RawTp {
     None,
     Loading,
     All,
+}
+
+impl RawTp {
+    fn for_kernel(
+        kver: &str,
+        oldest: Option<&str>,
+        newest: Option<&str>,
+        everywhere: bool,
+    ) -> Self {
+        if everywhere || Some(kver) == oldest {
+            RawTp::All
+        } else if Some(kver) == newest {
+            RawTp::Loading
+        } else {
+            RawTp::None
+        }
+    }
 }
 
 /// The raw_tp checks on the newest kernel: `cli/check` loads and attaches
@@ -285,13 +302,7 @@ pub fn kernels(opts: &Opts) -> anyhow::Result<()> {
     let script_for = |k: &fetch::Kernel| match &opts.exec {
         Some(cmd) => format!("{cmd}\n"),
         None => {
-            let raw_tp = if opts.raw_tp_everywhere || Some(k.kver.as_str()) == oldest {
-                RawTp::All
-            } else if Some(k.kver.as_str()) == newest {
-                RawTp::Loading
-            } else {
-                RawTp::None
-            };
+            let raw_tp = RawTp::for_kernel(&k.kver, oldest, newest, opts.raw_tp_everywhere);
             format!(
                 "{}{}",
                 guest_modes(raw_tp),
@@ -433,6 +444,25 @@ const LOCKDOWN_CHECK: &str = "B=/usr/local/bin; $B/stalltrace-kernel-checks --st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_tp_runs_in_full_on_the_oldest_and_in_part_on_the_newest() {
+        let (old, new) = (Some("5.10.0-32"), Some("7.3.4"));
+        assert_eq!(RawTp::for_kernel("5.10.0-32", old, new, false), RawTp::All);
+        assert_eq!(RawTp::for_kernel("7.3.4", old, new, false), RawTp::Loading);
+        assert_eq!(RawTp::for_kernel("6.1.0-50", old, new, false), RawTp::None);
+        assert_eq!(RawTp::for_kernel("6.1.0-50", old, new, true), RawTp::All);
+        // One kernel is both ends: all of them.
+        assert_eq!(RawTp::for_kernel("7.3.4", new, new, false), RawTp::All);
+        assert_eq!(guest_modes(RawTp::None), "MODES=\"auto\"\n");
+        assert!(guest_modes(RawTp::All).ends_with("raw_tp\"\n"));
+        assert!(guest_modes(RawTp::Loading).contains(&format!("RAW_TP_ONLY=\"{RAW_TP_NEWEST}\"")));
+        // Names the guest's checks know (it refuses any other `--only`).
+        use stalltrace_lab::kernel_checks::CHECKS;
+        for name in RAW_TP_NEWEST.split(' ') {
+            assert!(CHECKS.iter().any(|c| c.name == name), "{name}");
+        }
+    }
 
     #[test]
     fn versions_sort_like_sort_v() {
