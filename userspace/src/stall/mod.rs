@@ -18,6 +18,8 @@ pub(crate) mod fixtures;
 mod flows;
 mod interval;
 mod network;
+#[cfg(test)]
+mod replay_tests;
 mod requests;
 mod storage;
 #[cfg(test)]
