@@ -499,15 +499,9 @@ fn stream(
                     *lost_total.entry("stall.records".into()).or_insert(0) += untapped;
                 }
                 let ms = interval.as_secs_f64() * 1000.0;
-                let unreadable = detector.unreadable;
-                for stall in detector.interval(&records, &ts, ms) {
+                for stall in detector.interval(records, &ts, ms) {
                     stalls_opened += u64::from(stall.phase == Phase::Open);
                     out.emit(&ts, &stall)?;
-                }
-                let unreadable = detector.unreadable - unreadable;
-                if unreadable > 0 {
-                    *lost.entry("stall.unreadable".into()).or_insert(0) += unreadable;
-                    *lost_total.entry("stall.unreadable".into()).or_insert(0) += unreadable;
                 }
                 if finished.is_some() {
                     for stall in detector.finish() {

@@ -9,7 +9,6 @@
 mod capped;
 mod containers;
 pub use containers::MAX_CONTAINERS;
-mod measured;
 mod peers;
 pub use peers::MAX_PEERS;
 mod records;
@@ -19,19 +18,16 @@ mod server;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
-pub use measured::wanted;
+pub use records::wanted;
 pub use registry::{Kind, Registry};
 pub use server::Server;
 
 use crate::output::RecordReader;
 use crate::records::block::SlowIoRecord;
 use crate::records::run::ProgramStats;
-use crate::records::{OUTPUT_LOST, Record};
-use measured::Measured;
+use crate::records::{AnyRecord, OUTPUT_LOST, Record};
 use records::FromRecords;
-use registry::{Labels, SERIES_TTL};
+use registry::SERIES_TTL;
 
 #[derive(Debug)]
 struct State {
@@ -107,8 +103,8 @@ impl RecordReader for Metrics {
         wanted(kind) && (kind != SlowIoRecord::TYPE || self.reads_slow_io)
     }
 
-    fn read(&self, kind: &str, record: &Value) {
-        self.record(kind, record);
+    fn read(&self, ts: &str, record: &AnyRecord) {
+        self.record(ts, record);
     }
 
     fn made(&self, kind: &str) {
@@ -127,20 +123,15 @@ impl Metrics {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One emitted record (its whole line as JSON), of a type `wanted` asked for.
-    pub fn record(&self, kind: &str, record: &Value) {
-        // Read as its type before taking the lock a scrape takes too.
-        let record = Measured::read(kind, record);
+    /// One emitted record, made at `ts`, of a type `wanted` asked for.
+    pub fn record(&self, ts: &str, record: &AnyRecord) {
         let state = &mut *self.lock();
-        state.from_records.record(&mut state.registry, kind, record);
+        state.from_records.record(&mut state.registry, ts, record);
     }
 
     /// Counts a record of a type the metrics do not read.
     pub fn count(&self, kind: &str) {
-        let labels: Labels = vec![("type", kind.to_string())];
-        self.lock()
-            .registry
-            .add("stalltrace_records_total", labels, 1.0);
+        FromRecords::made(&mut self.lock().registry, kind);
     }
 
     /// One record the output queue had no room for.

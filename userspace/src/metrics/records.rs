@@ -2,10 +2,10 @@
 //! records as they are emitted, so a scrape and the JSON stream can never
 //! disagree: the same requests, segments and episodes, summed.
 //!
-//! An emitted record comes as JSON (its line, envelope and all) and is read
-//! back as its type once, in [`Measured::read`]; everything past that reads
-//! typed fields. A record that does not read as its type is counted in
-//! `stalltrace_records_total` and adds nothing else.
+//! An emitted record comes typed, as the writer was given it (output/json.rs
+//! hands it over with its envelope's `ts`): every record made is counted in
+//! `stalltrace_records_total`, and those of the types [`wanted`] names add
+//! their figures.
 //!
 //! Labels are bounded by design: devices, ops, disk roles, interfaces (with
 //! their namespace), retransmission kinds, stall kinds and causes, lost
@@ -15,18 +15,36 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::containers::Containers;
-use super::measured::{Envelope, Measured};
 use super::peers::Peers;
 use super::registry::{Edges, Kind, Labels, Registry};
 use crate::abi;
 use crate::hist::{HistogramRecord, bucket_range};
-use crate::records::OUTPUT_LOST;
 use crate::records::block::BlockRecord;
+use crate::records::block::SlowIoRecord;
 use crate::records::netdev::NetdevRecord;
+use crate::records::run::LostRecord;
 use crate::records::run::StartRecord;
 use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::{self, Cause, Phase, StallRecord};
-use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord};
+use crate::records::tcp::{RetransmitKind, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::{AnyRecord, OUTPUT_LOST, Record, SCHEMA_VERSION};
+
+/// The record types that feed the metrics: those [`FromRecords::record`]
+/// adds figures from (the others are only counted).
+pub fn wanted(kind: &str) -> bool {
+    matches!(
+        kind,
+        StartRecord::TYPE
+            | BlockRecord::TYPE
+            | SlowIoRecord::TYPE
+            | TcpRetransmitRecord::TYPE
+            | TcpRttRecord::TYPE
+            | NetdevRecord::TYPE
+            | SqlRequestsRecord::TYPE
+            | StallRecord::TYPE
+            | LostRecord::TYPE
+    )
+}
 
 /// `2^k - 1`: the top of the kernel's bucket octave `k` (0 for k = 0).
 fn octave_top(k: u32) -> u64 {
@@ -334,39 +352,42 @@ impl FromRecords {
         }
     }
 
-    /// One emitted record of type `kind`, as [`Measured::read`] read it
-    /// (None: it did not read, and is only counted).
-    pub fn record(&mut self, r: &mut Registry, kind: &str, record: Option<Measured>) {
+    /// A record of type `kind` was made: counted, nothing more.
+    pub fn made(r: &mut Registry, kind: &str) {
         r.add("stalltrace_records_total", label("type", kind), 1.0);
-        let Some(record) = record else { return };
+    }
+
+    /// One emitted record, made at `ts` (its envelope's).
+    pub fn record(&mut self, r: &mut Registry, ts: &str, record: &AnyRecord) {
+        Self::made(r, record.kind());
         match record {
-            Measured::Start(envelope, s) => start(r, &envelope, &s),
-            Measured::Block(b) => block(r, &b),
-            Measured::SlowIo(s) => {
+            AnyRecord::Start(s) => start(r, ts, s),
+            AnyRecord::Block(b) => block(r, b),
+            AnyRecord::SlowIo(s) => {
                 if let Some(containers) = &mut self.containers {
-                    containers.slow_io(r, &s);
+                    containers.slow_io(r, s);
                 }
             }
-            Measured::TcpRetransmit(t) => {
-                let sent_timeout = retransmit(r, &t);
+            AnyRecord::TcpRetransmit(t) => {
+                let sent_timeout = retransmit(r, t);
                 if let (Some(peers), Some(timeout)) = (&mut self.peers, sent_timeout) {
-                    peers.retransmitted(r, &t, timeout);
+                    peers.retransmitted(r, t, timeout);
                 }
                 if let (Some(containers), Some(_)) = (&mut self.containers, sent_timeout) {
-                    containers.retransmitted(r, &t);
+                    containers.retransmitted(r, t);
                 }
             }
-            Measured::TcpRtt(t) => histogram(
+            AnyRecord::TcpRtt(t) => histogram(
                 r,
                 "stalltrace_tcp_srtt_seconds",
                 vec![],
                 &t.srtt_us,
                 Unit::Seconds,
             ),
-            Measured::Netdev(n) => netdev(r, &n),
-            Measured::SqlRequests(q) => sql_requests(r, &q),
-            Measured::Stall(s) => self.stall(r, &s),
-            Measured::Lost(l) => {
+            AnyRecord::Netdev(n) => netdev(r, n),
+            AnyRecord::SqlRequests(q) => sql_requests(r, q),
+            AnyRecord::Stall(s) => self.stall(r, s),
+            AnyRecord::Lost(l) => {
                 // Drops of the output queue are counted as they happen
                 // (`Metrics::dropped`): a `lost` record saying so can itself
                 // be dropped and said again.
@@ -375,6 +396,11 @@ impl FromRecords {
                     r.add("stalltrace_lost_total", label("source", source), n as f64);
                 }
             }
+            AnyRecord::TcpFlow(_)
+            | AnyRecord::SqlInstance(_)
+            | AnyRecord::SqlSession(_)
+            | AnyRecord::Heartbeat(_)
+            | AnyRecord::Stop(_) => {}
         }
     }
 
@@ -421,18 +447,18 @@ fn histogram(r: &mut Registry, name: &str, labels: Labels, h: &HistogramRecord, 
     r.observe(name, labels, buckets.collect::<Vec<_>>(), sum);
 }
 
-fn start(r: &mut Registry, envelope: &Envelope, s: &StartRecord) {
+fn start(r: &mut Registry, ts: &str, s: &StartRecord) {
     // The start that opens a further file repeats the run's: the run began once.
     if s.file.is_some() {
         return;
     }
     let info = vec![
         ("version", s.version.clone()),
-        ("schema", envelope.schema.to_string()),
+        ("schema", SCHEMA_VERSION.to_string()),
         ("kernel", s.kernel.clone()),
     ];
     r.set("stalltrace_build_info", info, 1.0);
-    if let Ok(ts) = chrono::DateTime::parse_from_rfc3339(&envelope.ts) {
+    if let Ok(ts) = chrono::DateTime::parse_from_rfc3339(ts) {
         r.set(
             "stalltrace_start_time_seconds",
             vec![],

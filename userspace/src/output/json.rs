@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::file::NextFile;
 use super::queue::OutputQueue;
 use super::split::split_body;
-use crate::records::{MAX_LINE_BYTES, Record, SCHEMA_VERSION};
+use crate::records::run::StartRecord;
+use crate::records::{AnyRecord, MAX_LINE_BYTES, Record, SCHEMA_VERSION};
 
 pub struct JsonWriter {
     sink: Sink,
@@ -18,8 +19,8 @@ pub struct JsonWriter {
     /// This run's id, on every record: a shipper's lines from many hosts and
     /// runs, and a run's rotated files, fall apart by it.
     run: String,
-    /// The run's `start` body, repeated at the head of each further file.
-    start_body: Option<Map<String, Value>>,
+    /// The run's `start`, repeated at the head of each further file.
+    start: Option<StartRecord>,
     files: Option<FileBudget>,
     /// Records longer than a line that could not be split (written whole).
     oversize: u64,
@@ -43,8 +44,8 @@ pub struct JsonWriter {
 pub trait RecordReader: Send {
     /// Whether it reads records of `kind` whole; else it is only told one was made.
     fn reads(&self, kind: &str) -> bool;
-    /// A record of `kind`, envelope and body, as the stream has it.
-    fn read(&self, kind: &str, record: &Value);
+    /// A record made at `ts` (its envelope's), as the writer was given it.
+    fn read(&self, ts: &str, record: &AnyRecord);
     /// A record of a kind it does not read was made.
     fn made(&self, kind: &str);
     /// One record the output queue had no room for.
@@ -58,10 +59,11 @@ enum Sink {
     /// Through the bounded queue and its writer thread (`stalltrace run`).
     Queued(OutputQueue),
 }
-/// A copy of what was written, for the stall detector: it reads the records
-/// exactly as a reader of the stream would.
+/// A copy of the records made, typed, for the stall detector: the records
+/// the stream carries, in its order (stall/replay_tests.rs keeps a recording
+/// read back from its lines making the same episodes).
 struct Tap {
-    records: Vec<serde_json::Value>,
+    records: Vec<AnyRecord>,
     /// Which records to keep, and which of them are per-event.
     wants: fn(&str) -> Tapped,
     /// Most per-event records kept between two `take_tapped` calls; the rest
@@ -70,6 +72,25 @@ struct Tap {
     event_cap: usize,
     events: usize,
     dropped: u64,
+}
+
+impl Tap {
+    /// Whether it keeps the next record of `kind`: per-event ones up to the
+    /// cap, counting those over it.
+    fn takes(&mut self, kind: &str) -> bool {
+        match (self.wants)(kind) {
+            Tapped::No => false,
+            Tapped::Event if self.events >= self.event_cap => {
+                self.dropped += 1;
+                false
+            }
+            Tapped::Event => {
+                self.events += 1;
+                true
+            }
+            Tapped::Aggregate => true,
+        }
+    }
 }
 
 /// What a tap does with a record type.
@@ -125,7 +146,7 @@ impl JsonWriter {
             sink,
             host,
             run: new_run_id(),
-            start_body: None,
+            start: None,
             files: None,
             oversize: 0,
             seq: 0,
@@ -155,7 +176,7 @@ impl JsonWriter {
     }
 
     /// The records written since the last call, and how many did not fit.
-    pub fn take_tapped(&mut self) -> (Vec<serde_json::Value>, u64) {
+    pub fn take_tapped(&mut self) -> (Vec<AnyRecord>, u64) {
         match &mut self.tap {
             Some(t) => {
                 t.events = 0;
@@ -172,21 +193,49 @@ impl JsonWriter {
     /// record was dropped (and counted). An error is the output's own:
     /// nothing more can be written.
     pub fn emit<R: Record>(&mut self, ts: &str, record: &R) -> io::Result<bool> {
-        self.emit_as(R::TYPE, ts, record)
+        let kind = R::TYPE;
+        let tapped = self.tap.as_mut().is_some_and(|tap| tap.takes(kind));
+        let measured = self.metrics.as_ref().map(|m| m.reads(kind));
+        // The one copy the readers share; none when no reader wants this type.
+        let wanted = tapped || measured == Some(true) || (kind == "start" && self.start.is_none());
+        let typed: Option<AnyRecord> = wanted.then(|| record.clone().into());
+        if let Some(AnyRecord::Start(start)) = &typed
+            && self.start.is_none()
+        {
+            self.start = Some(start.clone());
+        }
+        if let Some(metrics) = self.metrics.as_deref() {
+            match &typed {
+                Some(r) if measured == Some(true) => metrics.read(ts, r),
+                _ => metrics.made(kind),
+            }
+        }
+        if let (Some(tap), true, Some(r)) = (self.tap.as_mut(), tapped, typed) {
+            tap.records.push(r);
+        }
+        self.write_record(kind, ts, record)
     }
 
-    /// Write `body`'s fields as a record of type `kind`: [`emit`](Self::emit)
-    /// for any serializable body, which the tests of readers use to write
-    /// what no record type would.
+    /// Write `body`'s fields as a record of type `kind`, for no reader but
+    /// the stream's: the tests of readers use it to write what no record
+    /// type would.
+    #[cfg(test)]
     pub fn emit_as<T: Serialize>(
         &mut self,
         kind: &'static str,
         ts: &str,
         body: &T,
     ) -> io::Result<bool> {
-        if kind == "start" && self.start_body.is_none() {
-            self.start_body = serde_json::to_value(body)?.as_object().cloned();
-        }
+        self.write_record(kind, ts, body)
+    }
+
+    /// The record's lines, to the sink, numbered and counted.
+    fn write_record<T: Serialize>(
+        &mut self,
+        kind: &'static str,
+        ts: &str,
+        body: &T,
+    ) -> io::Result<bool> {
         let mut lines = self.encode(kind, ts, body)?;
         // A record goes whole into one file, after the `start` that opens
         // it: seqnos stay in order within and across files. (A `start`
@@ -201,16 +250,6 @@ impl JsonWriter {
             self.begin_file(NextFile::Rotate { keep }, ts)?;
             lines = self.encode(kind, ts, body)?;
         }
-        let envelope = Envelope {
-            ts,
-            host: &self.host,
-            kind,
-            schema: SCHEMA_VERSION,
-            run: &self.run,
-            seqno: self.seq,
-            body,
-        };
-        hand_over(&mut self.tap, self.metrics.as_deref(), kind, &envelope)?;
         self.seq += lines.len() as u64;
         let dropped = self.write_lines(lines)?;
         self.count(kind, dropped == 0, dropped);
@@ -327,19 +366,15 @@ impl JsonWriter {
         f.begun += 1;
         let file = f.begun;
         let mut head = Vec::new();
-        if let Some(mut body) = self.start_body.clone() {
-            body.insert("file".into(), file.into());
-            head = self.encode("start", ts, &body)?;
-            let envelope = Envelope {
-                ts,
-                host: &self.host,
-                kind: "start",
-                schema: SCHEMA_VERSION,
-                run: &self.run,
-                seqno: self.seq,
-                body: &body,
-            };
-            hand_over(&mut self.tap, self.metrics.as_deref(), "start", &envelope)?;
+        if let Some(mut start) = self.start.clone() {
+            start.file = Some(u64::from(file));
+            head = self.encode("start", ts, &start)?;
+            if let Some(metrics) = self.metrics.as_deref() {
+                match metrics.reads("start") {
+                    true => metrics.read(ts, &start.into()),
+                    false => metrics.made("start"),
+                }
+            }
             self.seq += head.len() as u64;
             self.count("start", true, 0);
         }
@@ -422,43 +457,6 @@ impl JsonWriter {
     pub fn emitted(&self) -> &BTreeMap<&'static str, u64> {
         &self.emitted
     }
-}
-
-/// The tap and the metrics read every record whole, written or not.
-fn hand_over<T: Serialize>(
-    tap: &mut Option<Tap>,
-    metrics: Option<&dyn RecordReader>,
-    kind: &'static str,
-    envelope: &Envelope<'_, T>,
-) -> io::Result<()> {
-    let tapped = tap.as_mut().map(|tap| match (tap.wants)(kind) {
-        Tapped::Event if tap.events >= tap.event_cap => {
-            tap.dropped += 1;
-            false
-        }
-        Tapped::No => false,
-        wanted => {
-            tap.events += usize::from(wanted == Tapped::Event);
-            true
-        }
-    });
-    let measured = metrics.map(|m| m.reads(kind));
-    // One JSON value for whichever reader wants it: per-event records come by the thousand.
-    let value = if tapped == Some(true) || measured == Some(true) {
-        Some(serde_json::to_value(envelope)?)
-    } else {
-        None
-    };
-    if let Some(metrics) = metrics {
-        match &value {
-            Some(v) if measured == Some(true) => metrics.read(kind, v),
-            _ => metrics.made(kind),
-        }
-    }
-    if let (Some(tap), Some(true), Some(v)) = (tap, tapped, value) {
-        tap.records.push(v);
-    }
-    Ok(())
 }
 
 /// One record's line, newline included.

@@ -3,43 +3,55 @@ use super::*;
 
 #[test]
 fn the_tap_keeps_aggregates_and_caps_events_per_take() {
+    use crate::records::run::{HeartbeatRecord, LostRecord, StopReason, StopRecord};
+    // Stand-ins with small bodies: `heartbeat` as an aggregate, `lost` as a
+    // per-event type, `stop` as one the tap does not read.
     fn wants(kind: &str) -> Tapped {
         match kind {
-            "block" => Tapped::Aggregate,
-            "tcp_retransmit" => Tapped::Event,
+            "heartbeat" => Tapped::Aggregate,
+            "lost" => Tapped::Event,
             _ => Tapped::No,
         }
     }
+    let event = |n: u64| LostRecord {
+        interval_ms: n,
+        by_source: BTreeMap::new(),
+    };
+    let aggregate = |n: u64| HeartbeatRecord { interval_ms: n };
     let mut w = JsonWriter::new(Box::new(io::sink()), "db1".into());
     w.tap(wants, 2);
-    for kind in [
-        "tcp_retransmit",
-        "block",
-        "start",
-        "tcp_retransmit",
-        "tcp_retransmit",
-    ] {
-        w.emit_as(kind, "t", &serde_json::json!({})).unwrap();
-    }
-    w.emit_as("block", "t", &serde_json::json!({})).unwrap();
+    w.emit("t", &event(1)).unwrap();
+    w.emit("t", &aggregate(2)).unwrap();
+    let untapped = StopRecord {
+        reason: StopReason::Signal,
+        elapsed_ms: 0,
+        records: BTreeMap::new(),
+        lost: BTreeMap::new(),
+        programs: Vec::new(),
+    };
+    w.emit("t", &untapped).unwrap();
+    w.emit("t", &event(3)).unwrap();
+    w.emit("t", &event(4)).unwrap();
+    w.emit("t", &aggregate(5)).unwrap();
     let (records, dropped) = w.take_tapped();
-    let kinds: Vec<&str> = records
+    let kept: Vec<(&str, u64)> = records
         .iter()
-        .map(|r| r["type"].as_str().unwrap())
+        .map(|r| match r {
+            AnyRecord::Lost(l) => (r.kind(), l.interval_ms),
+            AnyRecord::Heartbeat(h) => (r.kind(), h.interval_ms),
+            other => panic!("{} tapped", other.kind()),
+        })
         .collect();
     assert_eq!(
-        kinds,
-        ["tcp_retransmit", "block", "tcp_retransmit", "block"]
+        kept,
+        [("lost", 1), ("heartbeat", 2), ("lost", 3), ("heartbeat", 5)],
+        "typed, in the order made"
     );
     assert_eq!(dropped, 1, "the third event is over the cap");
     // The cap is per take: the next interval starts afresh.
-    w.emit_as("tcp_retransmit", "t", &serde_json::json!({}))
-        .unwrap();
+    w.emit("t", &event(6)).unwrap();
     let (again, dropped) = w.take_tapped();
-    assert_eq!(
-        (again.len(), again[0]["type"].as_str(), dropped),
-        (1, Some("tcp_retransmit"), 0)
-    );
+    assert_eq!((again.len(), again[0].kind(), dropped), (1, "lost", 0));
 }
 
 #[test]

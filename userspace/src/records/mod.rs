@@ -41,7 +41,7 @@ pub const MAX_LINE_BYTES: usize = 7680;
 pub const OUTPUT_LOST: &str = "output.queue_full";
 
 /// A record type: its fields, and the `type` the envelope names it by.
-pub trait Record: Serialize + DeserializeOwned + JsonSchema {
+pub trait Record: Serialize + DeserializeOwned + JsonSchema + Clone + Into<AnyRecord> {
     const TYPE: &'static str;
 }
 
@@ -62,10 +62,45 @@ macro_rules! writer {
 
 /// Declares which types are records, under which `type`, and which family
 /// writes them (`by`; none: the daemon itself): the one list the schema,
-/// the report and the tests iterate.
+/// the report, the readers of the daemon's own records and the tests iterate.
 macro_rules! record_types {
-    ($($ty:ty => $name:literal $(by $family:literal)?,)*) => {
+    ($($variant:ident($ty:ty) => $name:literal $(by $family:literal)?,)*) => {
         $(impl Record for $ty { const TYPE: &'static str = $name; })*
+
+        /// Any record, typed: what the writer hands the daemon's own readers
+        /// (the stall detector, the metrics) as it emits a record, and what a
+        /// line of the stream reads back into ([`AnyRecord::read`]).
+        #[derive(Clone, Debug)]
+        pub enum AnyRecord {
+            $($variant($ty),)*
+        }
+
+        $(impl From<$ty> for AnyRecord {
+            fn from(record: $ty) -> Self {
+                Self::$variant(record)
+            }
+        })*
+
+        impl AnyRecord {
+            /// Its `type`.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => $name,)*
+                }
+            }
+
+            /// The boundary from the stream: a record as a line carries it
+            /// (JSON, the envelope's fields included, which the record types
+            /// skip) read as the type `kind` names. None for a type this
+            /// version does not know; an error for a record that does not
+            /// have its type's shape.
+            pub fn read(kind: &str, record: &serde_json::Value) -> Option<Result<Self, serde_json::Error>> {
+                match kind {
+                    $($name => Some(<$ty as serde::Deserialize>::deserialize(record).map(Self::$variant)),)*
+                    _ => None,
+                }
+            }
+        }
 
         /// Every record type, in the order docs/schema.json lists them.
         pub const RECORD_TYPES: &[&str] = &[$($name,)*];
@@ -81,20 +116,20 @@ macro_rules! record_types {
 }
 
 record_types! {
-    run::StartRecord => "start",
-    block::BlockRecord => "block" by "block",
-    block::SlowIoRecord => "slow_io" by "block",
-    tcp::TcpRetransmitRecord => "tcp_retransmit" by "tcp",
-    tcp::TcpRttRecord => "tcp_rtt" by "tcp",
-    tcp::TcpFlowRecord => "tcp_flow" by "tcp",
-    netdev::NetdevRecord => "netdev" by "netdev",
-    sql::SqlInstanceRecord => "sql_instance" by "sqlserver",
-    sql::SqlSessionRecord => "sql_session" by "sqlserver",
-    sql_requests::SqlRequestsRecord => "sql_requests" by "sqlserver",
-    stall::StallRecord => "stall",
-    run::LostRecord => "lost",
-    run::HeartbeatRecord => "heartbeat",
-    run::StopRecord => "stop",
+    Start(run::StartRecord) => "start",
+    Block(block::BlockRecord) => "block" by "block",
+    SlowIo(block::SlowIoRecord) => "slow_io" by "block",
+    TcpRetransmit(tcp::TcpRetransmitRecord) => "tcp_retransmit" by "tcp",
+    TcpRtt(tcp::TcpRttRecord) => "tcp_rtt" by "tcp",
+    TcpFlow(tcp::TcpFlowRecord) => "tcp_flow" by "tcp",
+    Netdev(netdev::NetdevRecord) => "netdev" by "netdev",
+    SqlInstance(sql::SqlInstanceRecord) => "sql_instance" by "sqlserver",
+    SqlSession(sql::SqlSessionRecord) => "sql_session" by "sqlserver",
+    SqlRequests(sql_requests::SqlRequestsRecord) => "sql_requests" by "sqlserver",
+    Stall(stall::StallRecord) => "stall",
+    Lost(run::LostRecord) => "lost",
+    Heartbeat(run::HeartbeatRecord) => "heartbeat",
+    Stop(run::StopRecord) => "stop",
 }
 
 /// The probe family that writes records of type `kind`; None for the
@@ -104,4 +139,29 @@ pub fn family_of(kind: &str) -> Option<&'static str> {
         .iter()
         .find(|(name, _)| *name == kind)
         .and_then(|(_, family)| *family)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The boundary refuses what is not a record of the type: each type has
+    /// fields a line must carry, and a type this version does not know is
+    /// no record of it.
+    #[test]
+    fn a_line_reads_as_its_type_or_is_refused() {
+        let envelope = serde_json::json!({"ts": "2026-12-02T10:00:00Z", "host": "db1",
+            "schema": SCHEMA_VERSION, "run": "r1", "seqno": 7});
+        for kind in RECORD_TYPES {
+            let mut line = envelope.clone();
+            line["type"] = (*kind).into();
+            assert!(
+                matches!(AnyRecord::read(kind, &line), Some(Err(_))),
+                "{kind} read from its envelope alone"
+            );
+        }
+        let block = serde_json::json!({"type": "block", "dev": "loop3"});
+        assert!(matches!(AnyRecord::read("block", &block), Some(Err(_))));
+        assert!(AnyRecord::read("fsync", &envelope).is_none());
+    }
 }

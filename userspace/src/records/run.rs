@@ -309,9 +309,9 @@ pub struct LostRecord {
     /// dropped because the reader fell `--out-buffer-kib` behind (the gaps in `seqno`),
     /// `stall.records` for per-event records (`tcp_retransmit`, `slow_io`) of an interval the
     /// stall detector could not hold (past 10,000 in one interval: they are still in the stream,
-    /// but episodes of that interval may miss their evidence), `stall.unreadable` for records it
-    /// could not read, or `<family>.recursion_miss.<program>` for runs of an eBPF program the
-    /// kernel skipped because it was already running on that CPU.
+    /// but episodes of that interval may miss their evidence), or
+    /// `<family>.recursion_miss.<program>` for runs of an eBPF program the kernel skipped
+    /// because it was already running on that CPU.
     pub by_source: BTreeMap<String, u64>,
 }
 

@@ -26,15 +26,9 @@ use super::run::{Inference, RunInfo};
 use super::sessions::{Instance, SessionImpact, Sessions};
 use super::split::Reassembly;
 use super::storage::{Disk, Disks};
-use super::typed::typed;
+use super::typed::read;
 use super::window::Window;
-use crate::records::block::{BlockRecord, SlowIoRecord};
-use crate::records::netdev::NetdevRecord;
-use crate::records::run::{HeartbeatRecord, LostRecord, StartRecord, StopRecord};
-use crate::records::sql::{SqlInstanceRecord, SqlSessionRecord};
-use crate::records::sql_requests::SqlRequestsRecord;
-use crate::records::stall::StallRecord;
-use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::AnyRecord;
 
 pub(in crate::report) mod envelope;
 
@@ -271,126 +265,80 @@ impl ReportBuilder {
         {
             return Ok(());
         }
-        match kind {
-            // Read by `run_info` above (or for the run's first file); a
-            // `start` whose body does not fit is counted here, once per record.
-            "start" => {
-                if typed::<StartRecord>(r).is_none() {
-                    self.unreadable(kind);
-                }
+        // The records that end an interval mark it, read or not.
+        if matches!(kind, "block" | "netdev" | "tcp_rtt" | "lost" | "heartbeat") {
+            self.interval_ends.insert(ts_us);
+        }
+        let Some(record) = read(kind, r) else {
+            *self
+                .health
+                .unknown_types
+                .entry(kind.to_string())
+                .or_default() += 1;
+            return Ok(());
+        };
+        let Some(record) = record else {
+            // A stall the episodes cannot use was a bad line before records
+            // were typed; it stays one.
+            match kind {
+                "stall" => self.note_bad(at),
+                _ => self.unreadable(kind),
             }
-            "block" => {
-                self.interval_ends.insert(ts_us);
-                match typed::<BlockRecord>(r) {
-                    Some(b) => {
-                        self.inference.interval(b.interval_ms);
-                        self.disks.block(&b, ts_us)
-                    }
-                    None => self.unreadable(kind),
-                }
+            return Ok(());
+        };
+        match record {
+            // Read by `run_info` above (or for the run's first file).
+            AnyRecord::Start(_) => {}
+            AnyRecord::Block(b) => {
+                self.inference.interval(b.interval_ms);
+                self.disks.block(&b, ts_us)
             }
-            "slow_io" => {
-                let Some(s) = typed::<SlowIoRecord>(r) else {
-                    self.unreadable(kind);
-                    return Ok(());
-                };
+            AnyRecord::SlowIo(s) => {
                 self.disks.slow_io(&s, ts_us);
                 if let Some(tag) = &s.sql {
                     self.sessions.slow_io(u64::from(tag.pid), s.file.clone());
                 }
             }
-            "netdev" => {
-                self.interval_ends.insert(ts_us);
-                match typed::<NetdevRecord>(r) {
-                    Some(n) => {
-                        self.inference.interval(n.interval_ms);
-                        self.network.netdev(&n, ts_us)
-                    }
-                    None => self.unreadable(kind),
+            AnyRecord::Netdev(n) => {
+                self.inference.interval(n.interval_ms);
+                self.network.netdev(&n, ts_us)
+            }
+            AnyRecord::TcpRtt(t) => {
+                self.inference.interval(t.interval_ms);
+                self.network.tcp_rtt(&t)
+            }
+            AnyRecord::TcpRetransmit(t) => {
+                let waited = self.network.tcp_retransmit(&t);
+                if let Some(tag) = &t.sql {
+                    self.sessions.retransmit(tag, u64::from(t.segs), waited);
                 }
             }
-            "tcp_rtt" => {
-                self.interval_ends.insert(ts_us);
-                match typed::<TcpRttRecord>(r) {
-                    Some(t) => {
-                        self.inference.interval(t.interval_ms);
-                        self.network.tcp_rtt(&t)
-                    }
-                    None => self.unreadable(kind),
-                }
+            AnyRecord::TcpFlow(t) => {
+                self.inference.interval(t.interval_ms);
+                self.network.tcp_flow(&t, ts_us)
             }
-            "tcp_retransmit" => match typed::<TcpRetransmitRecord>(r) {
-                Some(t) => {
-                    let waited = self.network.tcp_retransmit(&t);
-                    if let Some(tag) = &t.sql {
-                        self.sessions.retransmit(tag, u64::from(t.segs), waited);
-                    }
-                }
-                None => self.unreadable(kind),
-            },
-            "tcp_flow" => match typed::<TcpFlowRecord>(r) {
-                Some(t) => {
-                    self.inference.interval(t.interval_ms);
-                    self.network.tcp_flow(&t, ts_us)
-                }
-                None => self.unreadable(kind),
-            },
-            "sql_instance" => match typed::<SqlInstanceRecord>(r) {
-                Some(i) => self.sessions.instance(&i),
-                None => self.unreadable(kind),
-            },
-            "sql_session" => match typed::<SqlSessionRecord>(r) {
-                Some(s) => self.sessions.session(&s),
-                None => self.unreadable(kind),
-            },
-            "sql_requests" => match typed::<SqlRequestsRecord>(r) {
-                Some(q) => {
-                    self.inference.interval(q.interval_ms);
-                    self.requests.add(&q, ts_us)
-                }
-                None => self.unreadable(kind),
-            },
-            // A stall the episodes cannot use was a bad line before records
-            // were typed; it stays one.
-            "stall" => {
-                if !typed::<StallRecord>(r).is_some_and(|s| self.episodes.add(&s)) {
+            AnyRecord::SqlInstance(i) => self.sessions.instance(&i),
+            AnyRecord::SqlSession(s) => self.sessions.session(&s),
+            AnyRecord::SqlRequests(q) => {
+                self.inference.interval(q.interval_ms);
+                self.requests.add(&q, ts_us)
+            }
+            AnyRecord::Stall(s) => {
+                if !self.episodes.add(&s) {
                     self.note_bad(at);
                 }
             }
-            "lost" => {
-                self.interval_ends.insert(ts_us);
-                match typed::<LostRecord>(r) {
-                    Some(l) => {
-                        self.inference.interval(l.interval_ms);
-                        add_counts(&mut self.lost_sum, &l.by_source)
-                    }
-                    None => self.unreadable(kind),
-                }
+            AnyRecord::Lost(l) => {
+                self.inference.interval(l.interval_ms);
+                add_counts(&mut self.lost_sum, &l.by_source)
             }
-            "heartbeat" => {
-                self.interval_ends.insert(ts_us);
-                match typed::<HeartbeatRecord>(r) {
-                    Some(h) => self.inference.interval(h.interval_ms),
-                    None => self.unreadable(kind),
-                }
-            }
-            "stop" => {
-                let Some(stop) = typed::<StopRecord>(r) else {
-                    self.unreadable(kind);
-                    return Ok(());
-                };
+            AnyRecord::Heartbeat(h) => self.inference.interval(h.interval_ms),
+            AnyRecord::Stop(stop) => {
                 self.health.has_stop = true;
                 run.end_us = ts_us;
                 run.stop_reason = Some(stop.reason.name().to_string());
                 self.written = Some(stop.records);
                 self.stop_lost = Some(stop.lost);
-            }
-            other => {
-                *self
-                    .health
-                    .unknown_types
-                    .entry(other.to_string())
-                    .or_default() += 1
             }
         }
         Ok(())

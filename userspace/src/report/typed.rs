@@ -24,7 +24,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::records::Record;
+use crate::records::{AnyRecord, Record};
 
 /// Per record type, the fields an older stream may lack, with the value that
 /// means "absent". Identifying fields (`dev`, `op`, `iface`, `peer`, ...) are
@@ -113,25 +113,36 @@ fn absent(field: &str) -> Value {
     }
 }
 
-/// `r` as record type `T`, under the policy above; `None` when it does not
-/// fit (the caller counts it as an unreadable line).
-pub fn typed<T: Record>(r: &Value) -> Option<T> {
-    if let Ok(t) = T::deserialize(r) {
-        return Some(t);
+/// `r` as the record type `kind` names, under the policy above: None for a
+/// type this version does not know, `Some(None)` for a record that does not
+/// fit (the caller counts it as unreadable).
+pub fn read(kind: &str, r: &Value) -> Option<Option<AnyRecord>> {
+    match AnyRecord::read(kind, r)? {
+        Ok(record) => Some(Some(record)),
+        Err(_) => Some(filled(kind, r).and_then(|f| AnyRecord::read(kind, &f)?.ok())),
     }
+}
+
+/// `r` as record type `T`, under the policy above; `None` when it does not fit.
+pub fn typed<T: Record>(r: &Value) -> Option<T> {
+    T::deserialize(r)
+        .ok()
+        .or_else(|| T::deserialize(&filled(T::TYPE, r)?).ok())
+}
+
+/// `r` with the fields [`ADDED`] lists for `kind` that it lacks filled with
+/// their absent values; None when none was missing (nothing to try again).
+fn filled(kind: &str, r: &Value) -> Option<Value> {
     let fields = ADDED
         .iter()
-        .find(|(kind, _)| *kind == T::TYPE)
+        .find(|(added_to, _)| *added_to == kind)
         .map(|(_, fields)| *fields)?;
     let mut filled = r.clone();
     let mut changed = false;
     for field in fields {
         changed |= fill(&mut filled, field, absent(field));
     }
-    if !changed {
-        return None;
-    }
-    T::deserialize(&filled).ok()
+    changed.then_some(filled)
 }
 
 /// Inserts `value` at `path` where it is missing: `a` in the record, `a[].b`

@@ -4,7 +4,24 @@
 
 use serde_json::{Value, json};
 
+use crate::records::AnyRecord;
 use crate::records::netdev::LinkCounters;
+
+/// The records as the detector gets them: each read as its type, as a line
+/// of the stream is. A fixture that does not read is a broken test.
+pub fn typed(records: &[Value]) -> Vec<AnyRecord> {
+    records
+        .iter()
+        .map(|r| {
+            let kind = r["type"].as_str().expect("a fixture names its type");
+            match AnyRecord::read(kind, r) {
+                Some(Ok(record)) => record,
+                Some(Err(e)) => panic!("a {kind} fixture does not read as one: {e}"),
+                None => panic!("{kind}: no such record type"),
+            }
+        })
+        .collect()
+}
 
 /// A histogram object of times in µs from (value, count) pairs, as the
 /// daemon writes one: kernel buckets (timed in ns), with the percentiles and

@@ -3,51 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
-use crate::records::Record;
+use crate::records::AnyRecord;
 use crate::records::block::{BlockRecord, SlowIoRecord};
 use crate::records::netdev::NetdevRecord;
 use crate::records::sql::{SessionEvent, SessionKind, SqlInstanceRecord, SqlSessionRecord, SqlTag};
 use crate::records::sql_requests::SqlRequestsRecord;
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
 use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
-
-/// A record of a type the detector reads, as the record types model it.
-enum Read {
-    Block(BlockRecord),
-    SlowIo(SlowIoRecord),
-    Retransmit(TcpRetransmitRecord),
-    Rtt(TcpRttRecord),
-    Netdev(NetdevRecord),
-    Flow(TcpFlowRecord),
-    SqlInstance(SqlInstanceRecord),
-    SqlSession(SqlSessionRecord),
-    SqlRequests(SqlRequestsRecord),
-}
-
-/// The boundary: a record as the stream carries it (JSON, with the envelope's
-/// fields, which the record types skip) into the record type its `type`
-/// names. None for a type the detector does not read; an error for a record
-/// that does not have its type's shape. Must read every type `super::tapped`
-/// lists.
-fn read(kind: &str, r: &Value) -> Option<Result<Read, serde_json::Error>> {
-    fn typed<T: Record>(r: &Value, wrap: fn(T) -> Read) -> Option<Result<Read, serde_json::Error>> {
-        Some(T::deserialize(r).map(wrap))
-    }
-    match kind {
-        BlockRecord::TYPE => typed(r, Read::Block),
-        SlowIoRecord::TYPE => typed(r, Read::SlowIo),
-        TcpRetransmitRecord::TYPE => typed(r, Read::Retransmit),
-        TcpRttRecord::TYPE => typed(r, Read::Rtt),
-        NetdevRecord::TYPE => typed(r, Read::Netdev),
-        TcpFlowRecord::TYPE => typed(r, Read::Flow),
-        SqlInstanceRecord::TYPE => typed(r, Read::SqlInstance),
-        SqlSessionRecord::TYPE => typed(r, Read::SqlSession),
-        SqlRequestsRecord::TYPE => typed(r, Read::SqlRequests),
-        _ => None,
-    }
-}
 
 /// The records of one interval the rules read.
 #[derive(Default)]
@@ -60,37 +22,33 @@ pub struct Interval {
     pub netdevs: Vec<NetdevRecord>,
     pub flows: Vec<TcpFlowRecord>,
     pub requests: Vec<SqlRequestsRecord>,
-    /// Records of a type the rules read that did not have the expected shape.
-    pub unreadable: u64,
-    /// Why, for the first of each type.
-    pub why_unreadable: Vec<(String, String)>,
 }
 
 impl Interval {
-    pub fn new(len_ms: f64, records: &[Value], sql: &mut SqlState) -> Self {
+    /// Sorts the records the rules read by type (`super::tapped` must name
+    /// every type read here); SQL Server's go into `sql`, which outlives the
+    /// interval.
+    pub fn new(len_ms: f64, records: Vec<AnyRecord>, sql: &mut SqlState) -> Self {
         let mut iv = Self {
             len_ms,
             ..Default::default()
         };
         for r in records {
-            let kind = r["type"].as_str().unwrap_or_default();
-            match read(kind, r) {
-                None => {}
-                Some(Ok(Read::Block(b))) => iv.blocks.push(b),
-                Some(Ok(Read::SlowIo(s))) => iv.slow_ios.push(s),
-                Some(Ok(Read::Retransmit(t))) => iv.retransmits.push(t),
-                Some(Ok(Read::Rtt(t))) => iv.rtts.push(t),
-                Some(Ok(Read::Netdev(n))) => iv.netdevs.push(n),
-                Some(Ok(Read::Flow(f))) => iv.flows.push(f),
-                Some(Ok(Read::SqlInstance(i))) => sql.instance(i),
-                Some(Ok(Read::SqlSession(s))) => sql.session(s),
-                Some(Ok(Read::SqlRequests(q))) => iv.requests.push(q),
-                Some(Err(e)) => {
-                    iv.unreadable += 1;
-                    if !iv.why_unreadable.iter().any(|(k, _)| k == kind) {
-                        iv.why_unreadable.push((kind.to_string(), e.to_string()));
-                    }
-                }
+            match r {
+                AnyRecord::Block(b) => iv.blocks.push(b),
+                AnyRecord::SlowIo(s) => iv.slow_ios.push(s),
+                AnyRecord::TcpRetransmit(t) => iv.retransmits.push(t),
+                AnyRecord::TcpRtt(t) => iv.rtts.push(t),
+                AnyRecord::Netdev(n) => iv.netdevs.push(n),
+                AnyRecord::TcpFlow(f) => iv.flows.push(f),
+                AnyRecord::SqlInstance(i) => sql.instance(i),
+                AnyRecord::SqlSession(s) => sql.session(s),
+                AnyRecord::SqlRequests(q) => iv.requests.push(q),
+                AnyRecord::Start(_)
+                | AnyRecord::Stall(_)
+                | AnyRecord::Lost(_)
+                | AnyRecord::Heartbeat(_)
+                | AnyRecord::Stop(_) => {}
             }
         }
         iv

@@ -2,8 +2,10 @@
 //! (`stall` records) with a likely cause, the evidence for it, what to check
 //! next, and the SQL Server sessions it hit.
 //!
-//! The detector reads the records exactly as they are written (JSON), so what
-//! it concludes can be checked against the stream itself. Rules, one module
+//! The detector reads the records the writer made, typed, in the stream's
+//! order, so what it concludes can be checked against the stream itself: a
+//! recording read back from its lines makes the same episodes
+//! (replay_tests.rs). Rules, one module
 //! per path: network.rs (per peer: retransmission timeouts, loss, the
 //! duplex-mismatch signature; per interface: a stuck transmit queue, PAUSE
 //! frames, a shaping qdisc), storage.rs (per disk: the queue in front of the
@@ -27,9 +29,8 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use crate::output::Tapped;
+use crate::records::AnyRecord;
 pub use crate::records::stall::{DEFAULT_RECOVER, Thresholds};
 use crate::records::stall::{Kind, Phase, StallRecord, Subject};
 use episode::Episode;
@@ -56,10 +57,6 @@ pub struct Detector {
     clock_ms: f64,
     /// End of the last interval (the next one's start).
     last_end: String,
-    /// Records the rules could not read (counted, never silently).
-    pub unreadable: u64,
-    /// Record types already reported as unreadable (each is said once).
-    reported: Vec<String>,
 }
 
 impl Detector {
@@ -72,30 +69,23 @@ impl Detector {
             next_id: 1,
             clock_ms: 0.0,
             last_end: started.to_string(),
-            unreadable: 0,
-            reported: Vec::new(),
         }
     }
 
     /// One interval's records (everything written in it), ending at `end`
     /// after `len_ms`. Returns the `stall` records to write: episodes that
     /// opened, and episodes that closed.
-    pub fn interval(&mut self, records: &[Value], end: &str, len_ms: f64) -> Vec<StallRecord> {
+    pub fn interval(
+        &mut self,
+        records: Vec<AnyRecord>,
+        end: &str,
+        len_ms: f64,
+    ) -> Vec<StallRecord> {
         let start = std::mem::replace(&mut self.last_end, end.to_string());
         let start_ms = self.clock_ms;
         self.clock_ms += len_ms;
         let end_ms = self.clock_ms;
         let iv = Interval::new(len_ms, records, &mut self.sql);
-        self.unreadable += iv.unreadable;
-        for (kind, why) in &iv.why_unreadable {
-            if !self.reported.contains(kind) {
-                // A record this build wrote and cannot read back is a bug: say so once.
-                eprintln!(
-                    "stalltrace: stall detection cannot read a {kind} record ({why}): please report it"
-                );
-                self.reported.push(kind.clone());
-            }
-        }
 
         let mut findings = network::peers(&iv, &self.th);
         findings.extend(network::interfaces(&iv, &self.th));

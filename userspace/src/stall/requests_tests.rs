@@ -3,14 +3,14 @@
 
 use serde_json::{Value, json};
 
-use super::super::fixtures::{rto, slow_disk, slow_io, sql_instance, sql_requests};
+use super::super::fixtures::{rto, slow_disk, slow_io, sql_instance, sql_requests, typed};
 use super::super::{Detector, Thresholds};
 use crate::records::stall::{Cause, Kind, Phase, StallRecord};
 
 /// The requests episodes of one interval's records.
 fn episodes(records: Vec<Value>) -> Vec<StallRecord> {
     let mut d = Detector::new(Thresholds::default(), "2026-01-01T00:00:00.000000Z");
-    d.interval(&records, "2026-01-01T00:00:01.000000Z", 1000.0)
+    d.interval(typed(&records), "2026-01-01T00:00:01.000000Z", 1000.0)
         .into_iter()
         .filter(|e| e.kind == Kind::Requests && e.phase == Phase::Open)
         .collect()
