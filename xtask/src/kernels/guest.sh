@@ -1,19 +1,14 @@
-# Default guest command (run by /init with busybox sh). Always times a plain
-# `stalltrace check`; then runs the lab's stalltrace-kernel-checks in each of
-# $MODES (set by the host above this script: auto, and raw_tp on the run's
-# oldest and newest kernels, on the newest only the checks in $RAW_TP_ONLY)
-# when it is in the image (it prints its own STALLTRACE-MATRIX JSON lines),
-# or else a short `stalltrace run` as a smoke test.
+# Default guest command (run by /init with busybox sh). Runs the lab's
+# stalltrace-kernel-checks in each of $MODES (set by the host above this
+# script: auto, and raw_tp on the run's oldest and newest kernels, on the
+# newest only the checks in $RAW_TP_ONLY) when it is in the image (it prints
+# its own STALLTRACE-MATRIX JSON lines, and its auto `cli/check` the output
+# and time of a plain `stalltrace check`); or else times a plain `stalltrace
+# check` and a short `stalltrace run` as a smoke test.
 M() { echo "STALLTRACE-MATRIX $*"; }
 up() { cut -d' ' -f1 /proc/uptime; }
 B=/usr/local/bin
 DISK=${STALLTRACE_TEST_DISK:-/dev/nvme0n1}
-
-t0=$(up)
-$B/stalltrace check > /tmp/check.out 2>&1
-rc=$?
-while IFS= read -r l; do M out check "$l"; done < /tmp/check.out
-M time check "$t0" "$(up)" "$rc"
 
 if [ -x $B/stalltrace-kernel-checks ]; then
     for mode in ${MODES:-auto raw_tp}; do
@@ -29,6 +24,11 @@ if [ -x $B/stalltrace-kernel-checks ]; then
 fi
 
 # Fallback smoke test: the verdicts are exit codes and record counts only.
+t0=$(up)
+$B/stalltrace check > /tmp/check.out 2>&1
+rc=$?
+while IFS= read -r l; do M out check "$l"; done < /tmp/check.out
+M time check "$t0" "$(up)" "$rc"
 [ "$rc" = 0 ] && v=pass || v=fail
 M "{\"check\":\"stalltrace-check\",\"family\":\"all\",\"mode\":\"auto\",\"verdict\":\"$v\",\"detail\":\"exit $rc\"}"
 for mode in ${MODES:-auto raw_tp}; do
