@@ -4,7 +4,7 @@
 //! nothing wrong (a clean network at full speed) is no stall.
 
 use super::Thresholds;
-use super::interval::{Finding, Interval, SqlState, Tally};
+use super::interval::{Finding, Interval, SqlState};
 use super::network::round1;
 use super::storage;
 use crate::records::stall::{Cause, Evidence, Kind, Subject};
@@ -175,22 +175,22 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) 
             Limiter::SenderBuffer | Limiter::Host => continue,
         };
         evidence.push(rate);
-        out.push(Finding {
-            kind: Kind::BulkFlow,
-            subject: Subject {
-                flow: Some(name),
-                netns: Some(f.netns.into()),
-                ..Default::default()
-            },
-            cause,
-            role: None,
-            impact_ms,
-            evidence,
-            next_step,
-            sessions: f.sql.iter().cloned().collect(),
-            files: Vec::new(),
-            tally: Tally::default(),
-        });
+        let subject = Subject {
+            flow: Some(name),
+            netns: Some(f.netns.into()),
+            ..Default::default()
+        };
+        out.push(
+            Finding::new(
+                Kind::BulkFlow,
+                subject,
+                cause,
+                impact_ms,
+                evidence,
+                next_step,
+            )
+            .with_sessions(f.sql.iter().cloned().collect()),
+        );
     }
     out
 }

@@ -158,6 +158,50 @@ pub struct Finding {
 }
 
 impl Finding {
+    /// A finding with no role, sessions, files or tally: the rules add those
+    /// they know with the `with_` methods.
+    pub fn new(
+        kind: Kind,
+        subject: Subject,
+        cause: Cause,
+        impact_ms: f64,
+        evidence: Vec<Evidence>,
+        next_step: String,
+    ) -> Self {
+        Self {
+            kind,
+            subject,
+            cause,
+            role: None,
+            impact_ms,
+            evidence,
+            next_step,
+            sessions: Vec::new(),
+            files: Vec::new(),
+            tally: Tally::default(),
+        }
+    }
+
+    /// The role of the disk it is about (`data`, `log`, ...).
+    pub fn with_role(self, role: Option<String>) -> Self {
+        Self { role, ..self }
+    }
+
+    /// The SQL Server sessions it hit.
+    pub fn with_sessions(self, sessions: Vec<SqlTag>) -> Self {
+        Self { sessions, ..self }
+    }
+
+    /// The files of the slow I/Os it saw.
+    pub fn with_files(self, files: Vec<String>) -> Self {
+        Self { files, ..self }
+    }
+
+    /// What it adds to its episode's totals.
+    pub fn with_tally(self, tally: Tally) -> Self {
+        Self { tally, ..self }
+    }
+
     /// Its strongest evidence, in words: what another finding quotes of it.
     pub fn headline(&self) -> &str {
         self.evidence.first().map_or("", |e| e.text.as_str())

@@ -104,28 +104,31 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
                 );
             }
         }
-        out.push(Finding {
-            kind: Kind::Network,
-            subject: Subject {
-                peer: Some(peer.to_string()),
-                netns: Some(netns.into()),
-                ..Default::default()
-            },
-            cause,
-            role: None,
-            // the waits of all its connections, bounded by the interval: the
-            // time some connection to the peer was held back, at most
-            impact_ms: held_back_ms(iv.len_ms, p.waited_ms / iv.len_ms.max(1.0)),
-            evidence,
-            next_step,
-            sessions: p.sessions.into_iter().cloned().collect(),
-            files: Vec::new(),
-            tally: Tally {
-                rtos: p.timer_rtos,
-                rto_wait_ms: p.rto_wait_ms,
-                retransmitted_segs: p.segs,
-            },
-        });
+        let subject = Subject {
+            peer: Some(peer.to_string()),
+            netns: Some(netns.into()),
+            ..Default::default()
+        };
+        // the waits of all its connections, bounded by the interval: the
+        // time some connection to the peer was held back, at most
+        let impact_ms = held_back_ms(iv.len_ms, p.waited_ms / iv.len_ms.max(1.0));
+        let tally = Tally {
+            rtos: p.timer_rtos,
+            rto_wait_ms: p.rto_wait_ms,
+            retransmitted_segs: p.segs,
+        };
+        out.push(
+            Finding::new(
+                Kind::Network,
+                subject,
+                cause,
+                impact_ms,
+                evidence,
+                next_step,
+            )
+            .with_sessions(p.sessions.into_iter().cloned().collect())
+            .with_tally(tally),
+        );
     }
     out
 }
@@ -348,22 +351,22 @@ fn interface(iv: &Interval, n: &NetdevRecord, th: &Thresholds) -> Option<Finding
             sessions.push(tag.clone());
         }
     }
-    Some(Finding {
-        kind: Kind::Network,
-        subject: Subject {
-            iface: Some(iface.clone()),
-            netns: Some(n.netns.into()),
-            ..Default::default()
-        },
-        cause,
-        role: None,
-        impact_ms,
-        evidence,
-        next_step,
-        sessions,
-        files: Vec::new(),
-        tally: Tally::default(),
-    })
+    let subject = Subject {
+        iface: Some(iface.clone()),
+        netns: Some(n.netns.into()),
+        ..Default::default()
+    };
+    Some(
+        Finding::new(
+            Kind::Network,
+            subject,
+            cause,
+            impact_ms,
+            evidence,
+            next_step,
+        )
+        .with_sessions(sessions),
+    )
 }
 
 /// The link runs at half duplex (as the driver says; unknown is not half).

@@ -6,7 +6,7 @@
 //! disk it keeps files on (with that disk's storage episode) or on nothing
 //! stalltrace sees (the server was busy: CPU, locks, the query itself).
 
-use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
+use super::interval::{Finding, Interval, SqlState, held_back_ms};
 use super::network::round1;
 use crate::records::block::SlowIoRecord;
 use crate::records::sql::{SessionKind, SqlTag};
@@ -169,22 +169,22 @@ fn instance(iv: &Interval, sql: &SqlState, others: &[Finding], q: &SqlRequestsRe
                 })
         })
         .collect();
-    Finding {
-        kind: Kind::Requests,
-        subject: Subject {
-            worker_pid: Some(q.pid),
-            ..Default::default()
-        },
+    let subject = Subject {
+        worker_pid: Some(q.pid),
+        ..Default::default()
+    };
+    // the requests that took the threshold or longer
+    let impact_ms = held_back_ms(iv.len_ms, c.slow as f64 / c.requests.max(1) as f64);
+    Finding::new(
+        Kind::Requests,
+        subject,
         cause,
-        role: None,
-        // the requests that took the threshold or longer
-        impact_ms: held_back_ms(iv.len_ms, c.slow as f64 / c.requests.max(1) as f64),
+        impact_ms,
         evidence,
         next_step,
-        sessions,
-        files,
-        tally: Tally::default(),
-    }
+    )
+    .with_sessions(sessions)
+    .with_files(files)
 }
 
 /// The server took the time: what it waited on, if stalltrace saw it. A

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::Thresholds;
-use super::interval::{Finding, Interval, SqlState, Tally, held_back_ms};
+use super::interval::{Finding, Interval, SqlState, held_back_ms};
 use super::network::round1;
 use crate::records::HistogramRecord;
 use crate::records::block::{BlockOp, BlockRecord};
@@ -284,19 +284,21 @@ fn disk(iv: &Interval, d: &Disk, sql: &SqlState, th: &Thresholds) -> Option<Find
         .collect();
     files.sort();
     files.dedup();
-    Some(Finding {
-        kind: Kind::Storage,
-        subject: Subject {
-            dev: Some(name.to_string()),
-            ..Default::default()
-        },
-        cause,
-        role: d.role(),
-        impact_ms,
-        evidence,
-        next_step,
-        sessions: sql.sessions_on_disk(&d.key),
-        files,
-        tally: Tally::default(),
-    })
+    let subject = Subject {
+        dev: Some(name.to_string()),
+        ..Default::default()
+    };
+    Some(
+        Finding::new(
+            Kind::Storage,
+            subject,
+            cause,
+            impact_ms,
+            evidence,
+            next_step,
+        )
+        .with_role(d.role())
+        .with_sessions(sql.sessions_on_disk(&d.key))
+        .with_files(files),
+    )
 }
