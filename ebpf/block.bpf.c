@@ -299,30 +299,84 @@ HOOK(block_rq_requeue, struct request *rq)
  */
 #define MAX_BIOS_PER_COMPLETION 256
 
+/*
+ * Where a completion's statistics are, as numbers: `fast` is its index in
+ * block_stats_fast plus one, or 0 for its (disk, op) entry in block_stats,
+ * which the completion has made by the time it calls bio_finished().
+ */
+struct stats_place {
+	__u32 fast;
+	__u32 op;
+	__u64 disk_id; /* major << 32 | first minor */
+};
+
+/*
+ * A bio past a completion's first: its slot found and released, its
+ * submit-to-complete time added to `total`. A global function, so that the
+ * verifier checks it once, on its own, rather than once per step of the walk
+ * below: inlined, each step's paths (the slot search's probes, the
+ * histogram's bucket) cost the verifier hundreds of instructions, and the
+ * walk's 256 steps were most of what loading the block family cost (seconds
+ * of kernel time, tens of seconds in a TCG guest: BENCHMARKS.md, "Loading").
+ * Its arguments are numbers: 5.10's verifier passes global functions nothing
+ * else but the context, so it looks the statistics up again (an array
+ * index on the disks the daemon placed in block_stats_fast).
+ */
+__noinline int bio_finished(__u64 key, __u64 now, __u32 fast, __u32 op, __u64 disk_id)
+{
+	struct block_key stats_key = { .major = disk_id >> 32, .minor = (__u32)disk_id, .op = op };
+	struct block_stats *stats;
+	__u32 slot_index, fast_index = fast - 1;
+	struct bio_slot *slot;
+
+	slot = slot_find(&bio_slots, BIO_SLOT_BITS, key, &slot_index);
+	if (!slot)
+		return 0;
+	if (fast)
+		stats = bpf_map_lookup_elem(&block_stats_fast, &fast_index);
+	else
+		stats = bpf_map_lookup_elem(&block_stats, &stats_key);
+	if (stats) {
+		stats->bios += 1;
+		hist_add_alone(&stats->total, now - slot->head.stamp_ns);
+	}
+	slot_release(slot);
+	return 1;
+}
+
 static __always_inline void complete_bios(struct request *rq, struct block_stats *stats,
-					  unsigned int nr_bytes, __u64 now, struct bio_slot *first)
+					  const struct stats_place *place, unsigned int nr_bytes, __u64 now,
+					  struct bio_slot *first)
 {
 	struct bio *bio = KREAD(rq, bio);
 	struct bio_slot *slot;
-	__u64 done = 0;
 	__u32 size, index;
+	__u64 done;
 	int i;
 
-	for (i = 0; i < MAX_BIOS_PER_COMPLETION; i++) {
+	/* the first bio inline: its slot's copy is the request's origin (phases, slow_io) */
+	if (!bio)
+		return;
+	size = KREAD(bio, bi_iter.bi_size);
+	if (size > nr_bytes)
+		return; /* not finished by this (partial) completion */
+	done = size;
+	slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_RQ_COMPLETE), &index);
+	if (slot) {
+		*first = *slot;
+		stats->bios += 1;
+		hist_add_alone(&stats->total, now - slot->head.stamp_ns);
+		slot_release(slot);
+	}
+	bio = KREAD(bio, bi_next);
+	for (i = 1; i < MAX_BIOS_PER_COMPLETION; i++) {
 		if (!bio)
 			return;
 		size = KREAD(bio, bi_iter.bi_size);
 		if (done + size > nr_bytes)
-			return; /* not finished by this (partial) completion */
+			return;
 		done += size;
-		slot = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_RQ_COMPLETE), &index);
-		if (slot) {
-			if (i == 0)
-				*first = *slot;
-			stats->bios += 1;
-			hist_add_alone(&stats->total, now - slot->head.stamp_ns);
-			slot_release(slot);
-		}
+		bio_finished(ptr_key(bio, PROG_RQ_COMPLETE), now, place->fast, place->op, place->disk_id);
 		bio = KREAD(bio, bi_next);
 	}
 	if (bio)
@@ -407,6 +461,7 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 	__u32 data_len = KREAD(rq, __data_len);
 	__u64 now, first_issue_ns, device_ns, allocated_ns;
 	struct bio_slot first = {};
+	struct stats_place place;
 	struct phases phases = {};
 	bool split = false;
 	struct block_stats *stats;
@@ -419,10 +474,15 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 		return;
 	op = block_op_of(KREAD(rq, cmd_flags), data_len);
 	/* a constant in each caller: each program looks in one map only (see the hooks below) */
-	if (in_fast)
+	place.op = op;
+	place.disk_id = ((__u64)KREAD(gd, major) << 32) | (__u32)KREAD(gd, first_minor);
+	if (in_fast) {
+		place.fast = fast_index + 1;
 		stats = bpf_map_lookup_elem(&block_stats_fast, &fast_index);
-	else
-		stats = stats_for(KREAD(gd, major), KREAD(gd, first_minor), op);
+	} else {
+		place.fast = 0;
+		stats = stats_for(place.disk_id >> 32, (__u32)place.disk_id, op);
+	}
 	if (!stats) {
 		/*
 		 * Counted as lost. The request stays in flight: its next issue, or its
@@ -437,7 +497,7 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 	if (error)
 		__sync_fetch_and_add(&stats->errors, 1);
 	stats->bytes += nr_bytes < data_len ? nr_bytes : data_len;
-	complete_bios(rq, stats, nr_bytes, now, &first);
+	complete_bios(rq, stats, &place, nr_bytes, now, &first);
 	if (nr_bytes < data_len)
 		return; /* partial completion: the request goes on */
 

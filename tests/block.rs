@@ -7,6 +7,8 @@
 //! vCPUs would measure each other.
 
 mod common;
+#[path = "block/merged_bios.rs"]
+mod merged_bios;
 #[path = "block/past_completion.rs"]
 mod past_completion;
 #[path = "block/stats_maps.rs"]

@@ -574,6 +574,23 @@ fn check_lists_every_hook_in_both_modes() {
         text.contains("hooks attached in tp_btf") && text.contains("hooks attached in raw_tp"),
         "{text}"
     );
+    // Every program it loaded, in both modes, well inside the verifier's
+    // limit (this kernel reports what the verifier walked).
+    let loaded: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" attached: ") || l.contains(" loaded: "))
+        .collect();
+    assert!(loaded.len() >= 40, "{text}");
+    for line in loaded {
+        let walked: u64 = line
+            .split_once(" instructions verified")
+            .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no count of verified instructions: {line}"));
+        assert!(
+            walked <= stalltrace_lab::records::VERIFIER_BUDGET,
+            "over the verifier budget: {line}"
+        );
+    }
 }
 
 /// `investigate` records, then reports what it found: iperf3 through a 4

@@ -164,6 +164,8 @@ fn remove_loop_device(minor: u32) {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DiskStats {
     pub reads_completed: u64,
+    /// Bios the block layer merged into a read request it already had.
+    pub reads_merged: u64,
     pub read_ticks_ms: u64,
     pub writes_completed: u64,
 }
@@ -177,6 +179,7 @@ impl DiskStats {
                 let n = |i: usize| f[i].parse::<u64>().unwrap();
                 return Self {
                     reads_completed: n(3),
+                    reads_merged: n(4),
                     read_ticks_ms: n(6),
                     writes_completed: n(7),
                 };

@@ -220,3 +220,31 @@ impl Buckets {
 
 /// Relative error of one bucket: a reported midpoint is within half of it.
 pub const HIST_BUCKET_ERROR: f64 = 1.0 / 16.0;
+
+/// The most instructions the verifier may walk for any one of stalltrace's
+/// programs: a tenth of its limit of a million (`BPF_COMPLEXITY_LIMIT_INSNS`).
+/// The walk differs from kernel to kernel (older verifiers prune less), and
+/// what it costs is paid at every start: in a TCG guest, a program at half
+/// the limit took most of a family's load time.
+pub const VERIFIER_BUDGET: u64 = 100_000;
+
+/// The `start` record's programs and the instructions the verifier walked for
+/// each (kernels that report it, 5.16+), as `family/hook N`, and those over
+/// [`VERIFIER_BUDGET`].
+pub fn verified_insns(start: &Value) -> (Vec<String>, Vec<String>) {
+    let (mut all, mut over) = (Vec::new(), Vec::new());
+    for probe in start["probes"].as_array().into_iter().flatten() {
+        if let Some(n) = probe["verified_insns"].as_u64() {
+            let said = format!(
+                "{}/{} {n}",
+                probe["family"].as_str().unwrap_or("?"),
+                probe["hook"].as_str().unwrap_or("?")
+            );
+            if n > VERIFIER_BUDGET {
+                over.push(said.clone());
+            }
+            all.push(said);
+        }
+    }
+    (all, over)
+}

@@ -231,6 +231,9 @@ fn hook_state(h: &HookStatus) -> String {
         (false, Some(e)) => format!("FAILED ({}): {e}", h.mode.name()),
         (false, None) => "not tried".into(),
     };
+    if let Some(n) = h.verified_insns {
+        state.push_str(&format!(", {n} instructions verified"));
+    }
     if let Some(why) = &h.fallback_reason {
         state.push_str(&format!(" (instead of the tracepoint: {why})"));
     }

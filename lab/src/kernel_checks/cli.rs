@@ -1,6 +1,6 @@
 //! `cli/check`: `stalltrace check` exits 0 and lists its hooks; `stalltrace
 //! run` (without `--degrade`) starts with every family attached, each in the
-//! mode `check` said it would.
+//! mode `check` said it would, and no program past the verifier budget.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
@@ -51,6 +51,18 @@ pub fn check(opts: &Opts, judge: &mut Judge) {
                 run.start_secs, run.start["kernel"]
             ));
             judge.families_attached(&run.start, FAMILIES);
+            // Where the kernel reports it (5.16+): every program well inside the verifier's limit.
+            let (verified, over) = crate::records::verified_insns(&run.start);
+            if !verified.is_empty() {
+                judge.note(format!("instructions verified: {}", verified.join(", ")));
+            }
+            judge.expect(over.is_empty(), || {
+                format!(
+                    "over the verifier budget of {}: {}",
+                    crate::records::VERIFIER_BUDGET,
+                    over.join(", ")
+                )
+            });
             for (family, mode) in &checked {
                 let ran = run.start["families"]
                     .as_array()

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use super::{Judge, Opts, Run};
 
 /// Attach/detach cycles under I/O. Two: each is a full load, verify and
-/// attach of every family, 25 to 50 s under TCG, and the matrix's time is
-/// most of CI's (with four, this one check took 185–212 s per mode on 7.3).
+/// attach of every family, about 10 s under TCG (6.12, 2026-12-03; 25 to
+/// 50 s before the block walk's global function, docs/BENCHMARKS.md
+/// "Loading"), and the matrix's time is most of CI's.
 const CYCLES: u32 = 2;
 
 pub fn attach_loop(opts: &Opts, judge: &mut Judge) {

@@ -124,14 +124,17 @@ pub fn candidates(bytes: &[u8], mode: HookMode) -> Vec<(String, Vec<Hook>)> {
     grouped
 }
 
-/// Load and attach one program at `target`; returns its kernel program id. A
-/// program that loaded but could not attach is unloaded again.
-pub fn attach_one(
-    ebpf: &mut Ebpf,
-    hook: &Hook,
-    target: &str,
-    btf: &Btf,
-) -> Result<Option<u32>, String> {
+/// What the kernel says of a program it accepted: its id, and the instructions
+/// its verifier walked (5.16+).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Loaded {
+    pub program_id: Option<u32>,
+    pub verified_insns: Option<u32>,
+}
+
+/// Load and attach one program at `target`. A program that loaded but could
+/// not attach is unloaded again.
+pub fn attach_one(ebpf: &mut Ebpf, hook: &Hook, target: &str, btf: &Btf) -> Result<Loaded, String> {
     let program = ebpf
         .program_mut(&hook.program)
         .ok_or_else(|| format!("program {} missing from the object", hook.program))?;
@@ -144,7 +147,11 @@ pub fn attach_one(
                 let _ = p.unload();
                 return Err(why);
             }
-            Ok(p.info().ok().map(|i| i.id()))
+            let info = p.info().ok();
+            Ok(Loaded {
+                program_id: info.as_ref().map(|i| i.id()),
+                verified_insns: info.and_then(|i| i.verified_instruction_count()),
+            })
         }};
     }
     match hook.kind {

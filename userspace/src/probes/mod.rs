@@ -193,10 +193,11 @@ fn attach_mode(
         for program in programs {
             let target = hook_target(&program.target);
             match hooks::attach_one(&mut ebpf, program, &target, btf) {
-                Ok(id) => {
+                Ok(loaded) => {
                     let status = &mut statuses[i];
                     status.attached = true;
-                    status.program_id = id;
+                    status.program_id = loaded.program_id;
+                    status.verified_insns = loaded.verified_insns;
                     status.via = Some(program.kind);
                     status.target = Some(program.target.clone());
                     status.fallback_reason = (!failures.is_empty()).then(|| failures.join("; "));

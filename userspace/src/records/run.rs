@@ -127,6 +127,12 @@ pub struct HookStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub program_id: Option<u32>,
+    /// Instructions the kernel's verifier walked to accept the program (its `processed N insns`),
+    /// of the million it allows one program: what loading cost, and how near the limit a
+    /// kernel whose verifier prunes less would come. Present when attached, on kernels that
+    /// report it (5.16+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_insns: Option<u32>,
     /// Why loading or attaching this hook failed (one line; a verifier rejection keeps only its
     /// last lines). Absent when it attached or was not tried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +153,7 @@ impl HookStatus {
             note: None,
             optional: false,
             program_id: None,
+            verified_insns: None,
             error: None,
         }
     }
