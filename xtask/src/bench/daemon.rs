@@ -76,9 +76,14 @@ struct BurstRun {
     /// Completions the hooks never saw (found afterwards by the daemon, see
     /// `completions_unseen` in docs/records.md): no event can exist for them.
     completions_unseen: u64,
+    /// Completions the kernel ran no hook for, declared by the daemon in
+    /// `lost` as `block.kernel_skipped` (docs/records.md): no event can
+    /// exist for them either. Also in `lost_other`.
+    kernel_skipped: u64,
     /// Every other lost source, over the run.
     lost_other: BTreeMap<String, u64>,
-    /// slow_io records + lost + unseen − completions (0 when the books balance).
+    /// slow_io records + lost + unseen + skipped − completions (0 when the
+    /// books balance).
     difference: i64,
     cpu_pct_of_one_cpu: f64,
     peak_rss_mib: f64,
@@ -288,6 +293,7 @@ fn burst_run(
     }
     let mut lost_other = finished.stop.lost.clone();
     let lost = lost_other.remove("block.slow_io_ringbuf_full").unwrap_or(0);
+    let skipped = lost_other.get("block.kernel_skipped").copied().unwrap_or(0);
     let completed = delta(None);
     Ok(BurstRun {
         fio,
@@ -297,8 +303,9 @@ fn burst_run(
         slow_io_records_loop: records_loop,
         lost_ringbuf_full: lost,
         completions_unseen: unseen,
+        kernel_skipped: skipped,
         lost_other,
-        difference: (records + lost + unseen) as i64 - completed as i64,
+        difference: (records + lost + unseen + skipped) as i64 - completed as i64,
         cpu_pct_of_one_cpu: 100.0 * (after.cpu_s - before.cpu_s) / window_s,
         peak_rss_mib: after.peak_rss_kib as f64 / 1024.0,
     })
@@ -417,7 +424,7 @@ fn aggregate(
         },
         Verdict {
             target: format!(
-                "ring buffer overflow: slow_io records + lost + completions unseen = I/Os \
+                "ring buffer overflow: slow_io records + lost + completions unseen or skipped = I/Os \
                  completed (diskstats), \
                  within ±{BALANCE_MARGIN} (requests in flight at attach and detach)"
             ),
@@ -428,7 +435,7 @@ fn aggregate(
             met: balanced == burst.len() && overflowed > 0,
             detail: format!(
                 "the ring buffer overflowed in {overflowed} of {} rounds (lost {:.0}% of events, \
-                 median); worst difference {worst:+} (records + lost + unseen − completions){}",
+                 median); worst difference {worst:+} (records + lost + unseen + skipped − completions){}",
                 burst.len(),
                 100.0
                     * summary(burst.iter().map(|b| {

@@ -95,6 +95,7 @@ pub fn markdown(r: &DaemonResults) -> String {
                 b.slow_io_records_loop.to_string(),
                 b.lost_ringbuf_full.to_string(),
                 b.completions_unseen.to_string(),
+                b.kernel_skipped.to_string(),
                 format!("{:+}", b.difference),
                 if b.lost_other.is_empty() {
                     "–".into()
@@ -118,7 +119,8 @@ pub fn markdown(r: &DaemonResults) -> String {
             "of which loop",
             "lost (slow_io_ringbuf_full)",
             "completions unseen",
-            "records + lost + unseen − completed",
+            "kernel skipped",
+            "records + lost + unseen + skipped − completed",
             "other lost",
         ],
         &rows,
@@ -136,7 +138,9 @@ pub fn markdown(r: &DaemonResults) -> String {
           difference in the thousands would be events neither delivered nor counted. \
           \"Completions unseen\" are requests whose completion never reached the hooks (about \
           1 in 10,000 on this kernel; the daemon finds them afterwards and says so in the \
-          `block` records' `completions_unseen`): no slow_io event can exist for them, so \
+          `block` records' `completions_unseen`), and completions the kernel ran no hook \
+          for (`block.kernel_skipped` in the `stop` record's `lost`: process 1's context on \
+          this VM's kernel, docs/records.md): no slow_io event can exist for either, so \
           they are on the books' delivered side.\n";
     s += "- Start-up: from spawning the process to its `start` record in the output file \
           (polled every 20 ms), and to its first `block` record (written at the end of the \
