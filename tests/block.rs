@@ -526,12 +526,20 @@ fn its_own_writes_make_no_slow_io_records() {
         .filter(|r| r["ts"].as_str().unwrap() < others_from.as_str())
         .map(|r| r["count"].as_u64().unwrap())
         .sum();
+    let mut submitters = BTreeMap::<String, usize>::new();
+    for r in &slow {
+        *submitters
+            .entry(format!("{}/{}", r["comm"], r["pid"]))
+            .or_default() += 1;
+    }
     eprintln!(
-        "slow_io on {}: {} of dd, {} of the tracer, {} in all; {own_writes} writes before dd",
+        "slow_io on {}: {} of dd, {} of the tracer, {} in all {submitters:?}; \
+         {own_writes} writes before dd; lost {:?}",
         fs.disk.name,
         by(dd_pid),
         by(tracer_pid),
-        slow.len()
+        slow.len(),
+        lost_totals(&records)
     );
     assert!(by(dd_pid) > 0, "dd's slow writes were not reported");
     assert_eq!(by(tracer_pid), 0, "the tracer reported its own I/O");
