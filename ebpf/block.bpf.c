@@ -37,9 +37,6 @@
 #include "block_bios.bpf.h" /* the bios a completion finishes */
 #include "process_filter.bpf.h"
 
-/* Set by the daemon at load time (--slow-io-ms); 0 sends no slow_io events. */
-const volatile __u64 slow_io_ns = 0;
-
 /*
  * The daemon's own process, set at load time: its I/O (the stream it writes
  * with --out on a traced disk) sends no slow_io events, which would be noise
@@ -193,6 +190,36 @@ static __always_inline bool issued_in_this_life(__u64 allocated, const struct bl
 }
 
 /*
+ * A new request slot takes over the request's first bio from its bio slot,
+ * which is freed here, on the CPU that (most often) claimed it, rather than
+ * by the completion on another CPU: abi.h, block_rq_slot. The submitter is
+ * copied only when slow_io events can use it (a load-time constant). A bio
+ * without a slot (submitted before the run began) is left to the
+ * completion's walk, which finds none either.
+ */
+static __always_inline void take_origin(struct request *rq, struct block_rq_slot *slot)
+{
+	struct bio *bio = KREAD(rq, bio);
+	struct bio_slot *origin;
+	__u32 index;
+
+	slot->origin_ns = 0;
+	if (!bio)
+		return;
+	origin = slot_find(&bio_slots, BIO_SLOT_BITS, ptr_key(bio, PROG_RQ_ISSUE), &index);
+	if (!origin)
+		return;
+	slot->origin_ns = origin->head.stamp_ns;
+	if (slow_io_ns) {
+		slot->origin_tgid = origin->tgid;
+		slot->origin_pid = origin->pid;
+		slot->origin_reported = origin->reported;
+		__builtin_memcpy(slot->origin_comm, origin->comm, sizeof(slot->origin_comm));
+	}
+	slot_release(origin);
+}
+
+/*
  * Issue: only bookkeeping (the slot and the disk's gauge). Every histogram of
  * a request is fed at its completion, where the per-(disk, op) statistics are
  * looked up anyway: one per-CPU hash lookup per I/O instead of two.
@@ -240,6 +267,7 @@ HOOK(block_rq_issue, struct request *rq)
 		}
 		slot->disk_id = disk_id;
 		slot->op = block_op_of(KREAD(rq, cmd_flags), KREAD(rq, __data_len));
+		take_origin(rq, slot);
 	}
 	/* else: issued again after a requeue */
 	slot->issue_ns = now;
@@ -369,7 +397,7 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 	struct bio_slot first = {};
 	struct stats_place place;
 	struct phases phases = {};
-	bool split = false;
+	bool split = false, this_life, known;
 	struct block_stats *stats;
 	struct block_rq_slot *slot;
 	struct block_disk *disk;
@@ -403,26 +431,27 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 	if (error)
 		__sync_fetch_and_add(&stats->errors, 1);
 	stats->bytes += nr_bytes < data_len ? nr_bytes : data_len;
-	complete_bios(rq, stats, &place, nr_bytes, now, &first);
-	if (nr_bytes < data_len)
-		return; /* partial completion: the request goes on */
-
 	/*
-	 * Only a request whose issue was seen is a device completion. That leaves
-	 * out requests issued before we attached, and the flush machinery's
-	 * original request, which completes without ever being issued (its
-	 * flush_rq is).
+	 * The request's slot before its bios: in the life now completing it
+	 * holds the first bio's submission (take_origin()). Only a request whose
+	 * issue was seen is a device completion. That leaves out requests issued
+	 * before we attached, and the flush machinery's original request, which
+	 * completes without ever being issued (its flush_rq is).
 	 */
 	key = ptr_key(rq, PROG_RQ_COMPLETE);
 	slot = slot_find(&rq_slots, RQ_SLOT_BITS, key, &index);
+	/* the kernel's allocation stamp (see the top), read once for every use */
+	allocated_ns = KREAD(rq, start_time_ns);
+	this_life = slot && issued_in_this_life(allocated_ns, slot);
+	known = complete_bios(rq, stats, &place, nr_bytes, now, this_life ? slot : NULL, &first);
+	if (nr_bytes < data_len)
+		return; /* partial completion: the request goes on */
 	if (!slot) {
 		note_unsettled(key, now);
 		return;
 	}
 	stats->requests += 1;
-	/* the kernel's allocation stamp (see the top), read once for both uses */
-	allocated_ns = KREAD(rq, start_time_ns);
-	if (!issued_in_this_life(allocated_ns, slot)) {
+	if (!this_life) {
 		/*
 		 * A completion all the same, with no sample of any kind (nor a
 		 * slow_io event: its phases are unknown); the earlier life ends as
@@ -443,7 +472,7 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 			__sync_fetch_and_add(&disk->inflight, -1);
 	}
 	/* the allocating bio's wait for a tag, then in the queue until the first issue */
-	if (first.head.owner)
+	if (known)
 		split = phase_split(&first, allocated_ns, first_issue_ns, &phases);
 	if (split) {
 		hist_add_alone(&stats->tag_wait, phases.tag_wait_ns);
@@ -453,8 +482,8 @@ static __always_inline void complete_request(struct request *rq, int error, unsi
 	slot->in_flight = 0;
 	slot_release(slot);
 
-	if (slow_io_ns && first.head.owner && now - first.head.stamp_ns >= slow_io_ns &&
-	    first.reported && !(self_tgid && first.tgid == self_tgid))
+	if (slow_io_ns && known && now - first.head.stamp_ns >= slow_io_ns && first.reported &&
+	    !(self_tgid && first.tgid == self_tgid))
 		send_slow_io(rq, &first, op, now, &phases, split, device_ns, error);
 }
 

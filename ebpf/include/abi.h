@@ -93,7 +93,13 @@ struct block_disk {
 	__u64 claimed_ns; /* when the disk was first seen */
 	__u32 claims;     /* slots.bpf.h's claim count (the disk table is a slot table) */
 	__u32 fast;       /* 1 + the disk's first entry in block_stats_fast; 0: its statistics are in block_stats */
-	__s64 inflight; /* requests issued and not yet completed or requeued */
+	/*
+	 * Requests issued and not yet completed or requeued. Every issue and
+	 * completion writes it, often on different CPUs: on a cache line of its
+	 * own (the table is page-aligned), so that the fields above, which every
+	 * hook reads, stay in every CPU's cache.
+	 */
+	__s64 inflight __attribute__((aligned(64)));
 };
 
 /*
@@ -152,24 +158,45 @@ struct bio_slot {
 	char comm[STALLTRACE_COMM_LEN];
 };
 
+/* One cache line each: the table is page-aligned, as rq_slots below. */
+_Static_assert(sizeof(struct bio_slot) == 64, "a bio slot is one cache line");
+
 /*
  * A request from issue to completion (block.bpf.c). The daemon reads these
  * only to settle requests whose completion never reached the hooks.
+ *
+ * The completion usually runs on another CPU than the issue, and each slot
+ * line it reads is a transfer between the two CPUs' caches, most of what the
+ * block hooks cost (BENCHMARKS.md, "Driving the cost down"). So the issue
+ * takes over the request's first bio from its bio slot (when it was
+ * submitted, and by whom), and frees that slot on the CPU that claimed it:
+ * the completion then reads one line, the first 64 bytes; the submitter, in
+ * the second, only for a slow_io event. The table is page-aligned
+ * (BPF_F_MMAPABLE, block_state.bpf.h), so each slot starts a cache line.
  */
-#define BLOCK_RQ_SLOT_BITS 15 /* 32768 requests in flight */
+#define BLOCK_RQ_SLOT_BITS 15 /* 32768 requests in flight; 4 MiB */
 
 /* The settle pass (block.bpf.c) visits this many request slots a run. */
 #define SETTLE_CHUNK 256
 
-struct block_rq_slot {
+struct __attribute__((aligned(64))) block_rq_slot {
 	struct slot_head head; /* owner: the request; stamp_ns: first issued */
 	__u64 issue_ns;        /* last issued (after a requeue, the re-issue) */
 	__u64 disk_id;         /* major << 32 | first minor */
-	__u32 op;              /* enum block_op */
-	__u32 in_flight;       /* 0 after a requeue, until the request is issued again */
-	__u32 depth;           /* requests in flight on the disk at its (last) issue, itself included */
-	__u32 disk_index;      /* the disk's entry in the disk table */
+	/* the first bio's submission, taken from its slot at the first issue; 0: not taken, or finished */
+	__u64 origin_ns;
+	__u32 op;         /* enum block_op */
+	__u32 in_flight;  /* 0 after a requeue, until the request is issued again */
+	__u32 depth;      /* requests in flight on the disk at its (last) issue, itself included */
+	__u32 disk_index; /* the disk's entry in the disk table */
+	/* the second cache line: the first bio's submitter, as its bio slot had it (bio_slot) */
+	__u32 origin_tgid;
+	__u32 origin_pid;
+	__u32 origin_reported;
+	char origin_comm[STALLTRACE_COMM_LEN];
 };
+
+_Static_assert(sizeof(struct block_rq_slot) == 128, "a request slot is two cache lines");
 
 /* ---- events carried by ring buffers ------------------------------------ */
 

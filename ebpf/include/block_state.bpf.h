@@ -11,6 +11,9 @@
 #include "common.bpf.h"
 #include "slots.bpf.h"
 
+/* Set by the daemon at load time (--slow-io-ms); 0 sends no slow_io events. */
+const volatile __u64 slow_io_ns = 0;
+
 /*
  * Per-CPU aggregates per (disk, op). Not preallocated: a value is ~20 KiB
  * per CPU, and only the (disk, op) pairs that see I/O should cost memory
@@ -47,6 +50,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1 << BLOCK_DISK_TABLE_BITS);
+	__uint(map_flags, BPF_F_MMAPABLE); /* page-aligned: an entry's lines are its own (abi.h) */
 	__type(key, __u32);
 	__type(value, struct block_disk);
 } block_disks SEC(".maps");
@@ -67,6 +71,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1 << BIO_SLOT_BITS);
+	__uint(map_flags, BPF_F_MMAPABLE); /* page-aligned: each slot starts a cache line (abi.h) */
 	__type(key, __u32);
 	__type(value, struct bio_slot);
 } bio_slots SEC(".maps");
@@ -76,13 +81,14 @@ struct {
  * reads it too). rq->io_start_time_ns is only set when block stats are on;
  * and keeping our own record makes the in-flight gauge exact: only requests
  * whose issue was seen are ever subtracted, so requests in flight when we
- * attached cannot drive it negative. 1.25 MiB.
+ * attached cannot drive it negative. 4 MiB (abi.h says why a slot is 128 bytes).
  */
 #define RQ_SLOT_BITS BLOCK_RQ_SLOT_BITS
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1 << RQ_SLOT_BITS);
+	__uint(map_flags, BPF_F_MMAPABLE); /* page-aligned: each slot starts a cache line (abi.h) */
 	__type(key, __u32);
 	__type(value, struct block_rq_slot);
 } rq_slots SEC(".maps");

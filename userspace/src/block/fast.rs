@@ -80,7 +80,7 @@ impl FastDisks {
                 claimed_ns: now_ns,
                 claims: 1,
                 fast: first + 1,
-                inflight: 0,
+                ..block_disk::default()
             };
             if disks.set(index, entry, 0).is_ok() {
                 self.first.insert(disk, first);
