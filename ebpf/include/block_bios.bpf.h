@@ -118,8 +118,10 @@ static __always_inline bool complete_bios(struct request *rq, struct block_stats
 	if (size > nr_bytes)
 		return false; /* not finished by this (partial) completion */
 	done = size;
-	finish_later_bios(ptr_key(KREAD(bio, bi_next), PROG_RQ_COMPLETE), (__u64)done << 32 | nr_bytes, now,
-			  (__u64)place->fast << 32 | place->op, place->disk_id);
+	/* most requests hold one bio: no call, no key, for them */
+	if (KREAD(bio, bi_next))
+		finish_later_bios(ptr_key(KREAD(bio, bi_next), PROG_RQ_COMPLETE), (__u64)done << 32 | nr_bytes,
+				  now, (__u64)place->fast << 32 | place->op, place->disk_id);
 	if (life && life->origin_ns) {
 		/*
 		 * Taken over at the issue (take_origin() in block.bpf.c), and no
