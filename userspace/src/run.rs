@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::block::{BlockOptions, BlockProbe};
 use crate::cli::{ProbeArgs, RunArgs};
 use crate::enrich::Tagger;
 use crate::error::UserError;
 use crate::host::{self, clock::Clock};
 use crate::metrics::{Metrics, Server};
-use crate::netdev::{NetdevOptions, NetdevProbe};
 use crate::output::file::Output;
 use crate::output::{JsonWriter, OutputQueue};
 use crate::probes::stats::program_stats;
@@ -30,8 +28,6 @@ use crate::sqlserver::dmv::{Dmv, DmvConfig};
 use crate::sqlserver::live::SqlServer;
 use crate::sqlserver::tls::TlsPolicy;
 use crate::stall::Detector;
-use crate::tcp::flows::FlowOptions;
-use crate::tcp::{TcpOptions, TcpProbe};
 
 mod bpf_stats;
 mod plan;
@@ -77,58 +73,20 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         Err(failure) if !args.degrade => return Err(failure.error),
         sql => sql,
     };
-    let block = BlockProbe::attach(
-        &BlockOptions {
-            slow_io: plan.slow_io,
-            mode: args.probe_mode,
-            disks: plan.disks.clone(),
-            processes: plan.processes.clone(),
-        },
-        &btf,
-    );
-    accept(
-        &mut out,
-        "block",
-        block.map(|p| Box::new(p) as Box<dyn Family>),
-        args.degrade,
-    )?;
-    let tcp = TcpProbe::attach(
-        &TcpOptions {
-            mode: args.probe_mode,
-            netns: plan.netns.iter().map(|n| n.inode).collect(),
-            ports: plan.ports.clone(),
-            processes: plan.processes.clone(),
-            hz: plan.hz,
-            flows: (plan.bulk_mbps > 0.0).then(|| FlowOptions {
-                bulk_mbps: plan.bulk_mbps,
-                netns: plan.netns.clone(),
-                ports: plan.ports.clone(),
-                processes: plan.processes.clone(),
-            }),
-        },
-        &btf,
-    );
-    accept(
-        &mut out,
-        "tcp",
-        tcp.map(|p| Box::new(p) as Box<dyn Family>),
-        args.degrade,
-    )?;
-    let netdev = NetdevProbe::attach(
-        &NetdevOptions {
-            mode: args.probe_mode,
-            netns: plan.netns.clone(),
-            ifaces: plan.ifaces.clone(),
-            hz: plan.hz,
-        },
-        &btf,
-    );
-    accept(
-        &mut out,
-        "netdev",
-        netdev.map(|p| Box::new(p) as Box<dyn Family>),
-        args.degrade,
-    )?;
+    macro_rules! attach_probes {
+        ($($family:ident {
+            records: [$($records:tt)*],
+            $(attach: $attach:expr,)?
+        })*) => {
+            $($(accept(
+                &mut out,
+                stringify!($family),
+                attaching(plan, args.probe_mode, &btf, $attach),
+                args.degrade,
+            )?;)?)*
+        };
+    }
+    with_families!(attach_probes);
     match sql {
         Ok(sql) => {
             report_attached(&mut out, "sqlserver", sql.attached());
@@ -143,6 +101,16 @@ pub fn attach_all(args: &ProbeArgs, plan: &Plan) -> Result<Attached, UserError> 
         ));
     }
     Ok(out)
+}
+
+/// `attach` (a family's, from lib.rs's `with_families!`) run, its family boxed.
+fn attaching<P: Family + 'static>(
+    plan: &Plan,
+    mode: probes::ModeChoice,
+    btf: &aya::Btf,
+    attach: impl FnOnce(&Plan, probes::ModeChoice, &aya::Btf) -> Result<P, FamilyFailure>,
+) -> Result<Box<dyn Family>, FamilyFailure> {
+    attach(plan, mode, btf).map(|family| Box::new(family) as Box<dyn Family>)
 }
 
 fn accept(
@@ -542,5 +510,33 @@ fn stream(
         if let Some(reason) = finished {
             return Ok(reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A family registered without an `attach` would never be attached by a
+    /// run: only SQL Server's correlation, attached apart and first, may be.
+    #[test]
+    fn the_run_attaches_every_registered_family() {
+        macro_rules! attached_through_family {
+            ($($family:ident {
+                records: [$($records:tt)*],
+                $(attach: $attach:expr,)?
+            })*) => {
+                &[$($((stringify!($family), stringify!($attach)).0,)?)*]
+            };
+        }
+        let through_family: &[&str] = with_families!(attached_through_family);
+        assert!(!through_family.contains(&"sqlserver"));
+        let mut attached: Vec<&str> = through_family.to_vec();
+        attached.push("sqlserver");
+        attached.sort_unstable();
+        let mut registered = crate::records::FAMILIES.to_vec();
+        registered.sort_unstable();
+        assert_eq!(
+            attached, registered,
+            "families attached by run::attach_all vs registered in lib.rs"
+        );
     }
 }

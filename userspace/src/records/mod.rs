@@ -45,18 +45,27 @@ pub trait Record: Serialize + DeserializeOwned + JsonSchema + Clone + Into<AnyRe
     const TYPE: &'static str;
 }
 
-/// The probe families, in the order `start` lists them and the daemon
-/// reports them; each is an object `ebpf/NAME.bpf.c` (a test in `probes`
-/// holds the two lists together).
-pub const FAMILIES: [&str; 4] = ["block", "tcp", "netdev", "sqlserver"];
+/// Realistic instances of a record type, its optional fields both present
+/// and absent: what the schema's tests write and validate. Every type a
+/// family writes has them (a family's own may live beside its type).
+#[cfg(test)]
+pub trait Examples: Sized {
+    fn examples() -> Vec<Self>;
+}
+
+/// What takes a record as its own type ([`AnyRecord::visit`]).
+#[cfg(test)]
+pub trait Visit {
+    fn record<R: Record>(&mut self, record: &R);
+}
 
 /// `Some(family)` for a record a probe family writes, `None` for the daemon's own.
 macro_rules! writer {
     () => {
         None
     };
-    ($family:literal) => {
-        Some($family)
+    ($family:ident) => {
+        Some(stringify!($family))
     };
 }
 
@@ -64,7 +73,7 @@ macro_rules! writer {
 /// writes them (`by`; none: the daemon itself): the one list the schema,
 /// the report, the readers of the daemon's own records and the tests iterate.
 macro_rules! record_types {
-    ($($variant:ident($ty:ty) => $name:literal $(by $family:literal)?,)*) => {
+    ($($variant:ident($ty:ty) => $name:literal $(by $family:ident)?,)*) => {
         $(impl Record for $ty { const TYPE: &'static str = $name; })*
 
         /// Any record, typed: what the writer hands the daemon's own readers
@@ -82,6 +91,14 @@ macro_rules! record_types {
         })*
 
         impl AnyRecord {
+            /// Hands the record, as its own type, to `visitor`.
+            #[cfg(test)]
+            pub fn visit(&self, visitor: &mut impl Visit) {
+                match self {
+                    $(Self::$variant(record) => visitor.record(record),)*
+                }
+            }
+
             /// Its `type`.
             pub fn kind(&self) -> &'static str {
                 match self {
@@ -115,22 +132,39 @@ macro_rules! record_types {
     };
 }
 
-record_types! {
-    Start(run::StartRecord) => "start",
-    Block(block::BlockRecord) => "block" by "block",
-    SlowIo(block::SlowIoRecord) => "slow_io" by "block",
-    TcpRetransmit(tcp::TcpRetransmitRecord) => "tcp_retransmit" by "tcp",
-    TcpRtt(tcp::TcpRttRecord) => "tcp_rtt" by "tcp",
-    TcpFlow(tcp::TcpFlowRecord) => "tcp_flow" by "tcp",
-    Netdev(netdev::NetdevRecord) => "netdev" by "netdev",
-    SqlInstance(sql::SqlInstanceRecord) => "sql_instance" by "sqlserver",
-    SqlSession(sql::SqlSessionRecord) => "sql_session" by "sqlserver",
-    SqlRequests(sql_requests::SqlRequestsRecord) => "sql_requests" by "sqlserver",
-    Stall(stall::StallRecord) => "stall",
-    Lost(run::LostRecord) => "lost",
-    Heartbeat(run::HeartbeatRecord) => "heartbeat",
-    Stop(run::StopRecord) => "stop",
+/// The record types: the daemon's own around each family's, as lib.rs's
+/// `with_families!` registers them.
+macro_rules! records_of_families {
+    ($($family:ident {
+        records: [$($variant:ident($ty:ty) => $name:literal),* $(,)?],
+        $(attach: $attach:expr,)?
+    })*) => {
+        /// The probe families, in the order `start` lists them and the daemon
+        /// reports them; each is an object `ebpf/NAME.bpf.c` (a test in
+        /// `probes` holds the two lists together).
+        pub const FAMILIES: &[&str] = &[$(stringify!($family),)*];
+
+        record_types! {
+            Start(run::StartRecord) => "start",
+            $($($variant($ty) => $name by $family,)*)*
+            Stall(stall::StallRecord) => "stall",
+            Lost(run::LostRecord) => "lost",
+            Heartbeat(run::HeartbeatRecord) => "heartbeat",
+            Stop(run::StopRecord) => "stop",
+        }
+
+        /// Realistic instances of every record type a family writes, for
+        /// the schema's tests (schema_check/).
+        #[cfg(test)]
+        pub fn family_examples() -> Vec<AnyRecord> {
+            let mut all = Vec::new();
+            $($(all.extend(<$ty as Examples>::examples().into_iter().map(AnyRecord::$variant));)*)*
+            all
+        }
+    };
 }
+
+with_families!(records_of_families);
 
 /// The probe family that writes records of type `kind`; None for the
 /// daemon's own records and for a type this version does not know.

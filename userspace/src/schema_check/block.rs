@@ -3,9 +3,9 @@
 use super::latency_us;
 use crate::abi::{self, slow_io_event};
 use crate::hist::{Histogram, HistogramRecord};
-use crate::host::clock::{Clock, monotonic_ns};
+use crate::host::clock::monotonic_ns;
 use crate::host::container;
-use crate::output::JsonWriter;
+use crate::records::Examples;
 use crate::records::block::{BlockOp, BlockRecord, QueueLimits, SlowIoRecord};
 use crate::records::sql::SqlTag;
 
@@ -63,75 +63,79 @@ fn sql_slow_io() -> SlowIoRecord {
 }
 
 /// A busy disk with every queue limit known and a role, and idle disks.
-pub(super) fn block(w: &mut JsonWriter) {
-    let now = Clock::now_rfc3339;
-    let ts = now();
-    let busy = BlockRecord {
-        dev: "nvme0n1".into(),
-        major: 259,
-        minor: 0,
-        op: BlockOp::Write,
-        interval_ms: 1001,
-        count: 5210,
-        bytes: 21_340_160,
-        bios: 5400,
-        requeues: 3,
-        errors: 1,
-        completions_unseen: 2,
-        latency_us: latency_us(&[(85_000, 5000), (1_200_000, 390), (250_000_000, 10)]),
-        tag_wait_us: latency_us(&[(300, 5000), (900_000, 400)]),
-        queue_us: latency_us(&[(2_000, 5210)]),
-        device_us: latency_us(&[(70_000, 5200), (30_000_000, 10)]),
-        inflight: inflight(&[(1, 10), (8, 4000), (32, 1200)]),
-        inflight_now: 7,
-        queue_limit: QueueLimits {
-            scheduler: Some("mq-deadline".into()),
-            nr_requests: Some(64),
-            hw_queue_depth: Some(1023),
-            nr_hw_queues: Some(2),
-            device_queue_depth: Some(32),
-        },
-        role: Some("log".into()),
-    };
-    w.emit(&ts, &busy).unwrap();
-    // Every op name, idle (empty histograms), nothing known about the queue.
-    for op in 0..abi::BLOCK_OP_COUNT {
-        let idle = BlockRecord {
-            dev: "7:3".into(),
-            major: 7,
-            minor: 3,
-            op: BlockOp::from_kernel(op),
-            interval_ms: 999,
-            count: 0,
-            bytes: 0,
-            bios: 0,
-            requeues: 0,
-            errors: 0,
-            completions_unseen: 0,
-            latency_us: latency_us(&[]),
-            tag_wait_us: latency_us(&[]),
-            queue_us: latency_us(&[]),
-            device_us: latency_us(&[]),
-            inflight: inflight(&[]),
-            inflight_now: 0,
-            queue_limit: QueueLimits::default(),
-            role: None,
+impl Examples for BlockRecord {
+    fn examples() -> Vec<Self> {
+        let mut all = Vec::new();
+        let busy = BlockRecord {
+            dev: "nvme0n1".into(),
+            major: 259,
+            minor: 0,
+            op: BlockOp::Write,
+            interval_ms: 1001,
+            count: 5210,
+            bytes: 21_340_160,
+            bios: 5400,
+            requeues: 3,
+            errors: 1,
+            completions_unseen: 2,
+            latency_us: latency_us(&[(85_000, 5000), (1_200_000, 390), (250_000_000, 10)]),
+            tag_wait_us: latency_us(&[(300, 5000), (900_000, 400)]),
+            queue_us: latency_us(&[(2_000, 5210)]),
+            device_us: latency_us(&[(70_000, 5200), (30_000_000, 10)]),
+            inflight: inflight(&[(1, 10), (8, 4000), (32, 1200)]),
+            inflight_now: 7,
+            queue_limit: QueueLimits {
+                scheduler: Some("mq-deadline".into()),
+                nr_requests: Some(64),
+                hw_queue_depth: Some(1023),
+                nr_hw_queues: Some(2),
+                device_queue_depth: Some(32),
+            },
+            role: Some("log".into()),
         };
-        w.emit(&ts, &idle).unwrap();
+        all.push(busy.clone());
+        // Every op name, idle (empty histograms), nothing known about the queue.
+        for op in 0..abi::BLOCK_OP_COUNT {
+            let idle = BlockRecord {
+                dev: "7:3".into(),
+                major: 7,
+                minor: 3,
+                op: BlockOp::from_kernel(op),
+                interval_ms: 999,
+                count: 0,
+                bytes: 0,
+                bios: 0,
+                requeues: 0,
+                errors: 0,
+                completions_unseen: 0,
+                latency_us: latency_us(&[]),
+                tag_wait_us: latency_us(&[]),
+                queue_us: latency_us(&[]),
+                device_us: latency_us(&[]),
+                inflight: inflight(&[]),
+                inflight_now: 0,
+                queue_limit: QueueLimits::default(),
+                role: None,
+            };
+            all.push(idle.clone());
+        }
+        all
     }
 }
 
 /// Decoded from kernel events, with and without the optional phases.
-pub(super) fn slow_io(w: &mut JsonWriter, clock: &Clock) {
-    for flags in [
-        abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
-        abi::SLOW_IO_HAS_TAG_WAIT,
-        0,
-    ] {
-        let r = decoded_slow_io(flags, abi::BLOCK_OP_WRITE);
-        w.emit(&clock.monotonic_to_rfc3339(monotonic_ns()), &sql_slow_io())
-            .unwrap();
-        w.emit(&clock.monotonic_to_rfc3339(monotonic_ns()), &r)
-            .unwrap();
+impl Examples for SlowIoRecord {
+    fn examples() -> Vec<Self> {
+        let mut all = Vec::new();
+        for flags in [
+            abi::SLOW_IO_HAS_TAG_WAIT | abi::SLOW_IO_HAS_QUEUE,
+            abi::SLOW_IO_HAS_TAG_WAIT,
+            0,
+        ] {
+            let r = decoded_slow_io(flags, abi::BLOCK_OP_WRITE);
+            all.push(sql_slow_io());
+            all.push(r.clone());
+        }
+        all
     }
 }

@@ -3,7 +3,7 @@
 use super::latency_us;
 use crate::abi;
 use crate::host::container::{self, Container};
-use crate::output::JsonWriter;
+use crate::records::Examples;
 use crate::records::sql::{SessionKind, SpidSource, SqlTag};
 use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
@@ -26,123 +26,122 @@ fn session_tag() -> SqlTag {
 }
 
 /// An owned RTO timer retransmit in an episode, and a bare v6 fast one.
-pub(super) fn tcp_retransmit(w: &mut JsonWriter, ts: &str) {
-    let mut rto = abi::tcp_retransmit_event {
-        kind: abi::EVENT_TCP_RETRANSMIT,
-        flags: abi::TCP_RETX_F_TIMER
-            | abi::TCP_RETX_F_COUNTED
-            | abi::TCP_RETX_F_OWNER
-            | abi::TCP_RETX_F_EPISODE,
-        sock_ino: 912_345,
-        netns: 4026531840,
-        family: 2,
-        sport: 1433,
-        dport: 50_123,
-        state: 1,
-        ca_state: 4,
-        retx_kind: abi::TCP_RETX_RTO as u8,
-        backoff: 1,
-        retransmits: 2,
-        segs: 1,
-        bytes: 1448,
-        rto_jiffies: 100,
-        srtt_us: 350,
-        stalled_ms: 612,
-        tgid: 4242,
-        pid: 4250,
-        ..Default::default()
-    };
-    rto.saddr[..4].copy_from_slice(&[10, 1, 2, 3]);
-    rto.daddr[..4].copy_from_slice(&[10, 1, 2, 4]);
-    for (i, b) in b"sqlservr".iter().enumerate() {
-        rto.comm[i] = *b as _;
-    }
-    w.emit(
-        ts,
-        &TcpRetransmitRecord {
+impl Examples for TcpRetransmitRecord {
+    fn examples() -> Vec<Self> {
+        let mut all = Vec::new();
+        let mut rto = abi::tcp_retransmit_event {
+            kind: abi::EVENT_TCP_RETRANSMIT,
+            flags: abi::TCP_RETX_F_TIMER
+                | abi::TCP_RETX_F_COUNTED
+                | abi::TCP_RETX_F_OWNER
+                | abi::TCP_RETX_F_EPISODE,
+            sock_ino: 912_345,
+            netns: 4026531840,
+            family: 2,
+            sport: 1433,
+            dport: 50_123,
+            state: 1,
+            ca_state: 4,
+            retx_kind: abi::TCP_RETX_RTO as u8,
+            backoff: 1,
+            retransmits: 2,
+            segs: 1,
+            bytes: 1448,
+            rto_jiffies: 100,
+            srtt_us: 350,
+            stalled_ms: 612,
+            tgid: 4242,
+            pid: 4250,
+            ..Default::default()
+        };
+        rto.saddr[..4].copy_from_slice(&[10, 1, 2, 3]);
+        rto.daddr[..4].copy_from_slice(&[10, 1, 2, 4]);
+        for (i, b) in b"sqlservr".iter().enumerate() {
+            rto.comm[i] = *b as _;
+        }
+        all.push(TcpRetransmitRecord {
             sql: Some(session_tag()),
             held_up_response: Some(true),
             request_waited_ms: Some(204.5),
             ..TcpRetransmitRecord::from_event(&rto, 250)
-        },
-    )
-    .unwrap();
-    let mut fast = abi::tcp_retransmit_event {
-        family: 10,
-        retx_kind: abi::TCP_RETX_FAST as u8,
-        ca_state: 3,
-        state: 1,
-        err: -16,
-        segs: 12,
-        ..Default::default()
-    };
-    fast.daddr = [0xfd, 0, 0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
-    w.emit(ts, &TcpRetransmitRecord::from_event(&fast, 1000))
-        .unwrap();
+        });
+        let mut fast = abi::tcp_retransmit_event {
+            family: 10,
+            retx_kind: abi::TCP_RETX_FAST as u8,
+            ca_state: 3,
+            state: 1,
+            err: -16,
+            segs: 12,
+            ..Default::default()
+        };
+        fast.daddr = [0xfd, 0, 0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        all.push(TcpRetransmitRecord::from_event(&fast, 1000));
+        all
+    }
 }
 
 /// One peer with samples and retransmits.
-pub(super) fn tcp_rtt(w: &mut JsonWriter, ts: &str) {
-    let rtt = TcpRttRecord {
-        netns: 4026531840,
-        family: IpFamily::Ipv4,
-        peer: "10.1.2.4".into(),
-        peer_port: 50_123,
-        local_port: 1433,
-        interval_ms: 1000,
-        srtt_us: latency_us(&[(120_000, 300), (900_000, 2)]),
-        retransmits: 4,
-        retrans_segs: 9,
-        rtos: 1,
-        fast_retransmits: 2,
-        tail_loss_probes: 1,
-        syn_retransmits: 0,
-        peer_table_full: false,
-        sql: None,
-    };
-    w.emit(ts, &rtt).unwrap();
-    w.emit(
-        ts,
-        &TcpRttRecord {
+impl Examples for TcpRttRecord {
+    fn examples() -> Vec<Self> {
+        let mut all = Vec::new();
+        let rtt = TcpRttRecord {
+            netns: 4026531840,
+            family: IpFamily::Ipv4,
+            peer: "10.1.2.4".into(),
+            peer_port: 50_123,
+            local_port: 1433,
+            interval_ms: 1000,
+            srtt_us: latency_us(&[(120_000, 300), (900_000, 2)]),
+            retransmits: 4,
+            retrans_segs: 9,
+            rtos: 1,
+            fast_retransmits: 2,
+            tail_loss_probes: 1,
+            syn_retransmits: 0,
+            peer_table_full: false,
+            sql: None,
+        };
+        all.push(rtt.clone());
+        all.push(TcpRttRecord {
             sql: Some(session_tag()),
             ..rtt
-        },
-    )
-    .unwrap();
+        });
+        all
+    }
 }
 
 /// A receiver-limited replica stream, tagged; and an untagged flow not
 /// accepted yet (no inode).
-pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
-    let flow = TcpFlowRecord {
-        netns: 4026531840,
-        family: IpFamily::Ipv4,
-        saddr: "10.1.2.3".into(),
-        sport: 5022,
-        daddr: "10.1.2.4".into(),
-        dport: 50_200,
-        sock_ino: Some(88_123),
-        interval_ms: 1001,
-        bytes_acked: 31_250_000,
-        bytes_received: 41_000,
-        send_mbps: 249.75,
-        delivery_mbps: 251.2,
-        busy_ms: 1000.0,
-        rwnd_limited_ms: 812.0,
-        sndbuf_limited_ms: 0.0,
-        retrans_segs: 0,
-        data_segs_out: Some(21_600),
-        srtt_us: 410.0,
-        cwnd: 64,
-        limiter: Limiter::Receiver,
-        pids: Vec::new(),
-        container: None,
-        sql: Some(session_tag()),
-    };
-    w.emit(ts, &flow).unwrap();
-    w.emit(
-        ts,
-        &TcpFlowRecord {
+impl Examples for TcpFlowRecord {
+    fn examples() -> Vec<Self> {
+        let mut all = Vec::new();
+        let flow = TcpFlowRecord {
+            netns: 4026531840,
+            family: IpFamily::Ipv4,
+            saddr: "10.1.2.3".into(),
+            sport: 5022,
+            daddr: "10.1.2.4".into(),
+            dport: 50_200,
+            sock_ino: Some(88_123),
+            interval_ms: 1001,
+            bytes_acked: 31_250_000,
+            bytes_received: 41_000,
+            send_mbps: 249.75,
+            delivery_mbps: 251.2,
+            busy_ms: 1000.0,
+            rwnd_limited_ms: 812.0,
+            sndbuf_limited_ms: 0.0,
+            retrans_segs: 0,
+            data_segs_out: Some(21_600),
+            srtt_us: 410.0,
+            cwnd: 64,
+            limiter: Limiter::Receiver,
+            pids: Vec::new(),
+            container: None,
+            sql: Some(session_tag()),
+        };
+        all.push(flow.clone());
+        all.push(TcpFlowRecord {
             sock_ino: None,
             limiter: Limiter::Application,
             busy_ms: 120.0,
@@ -153,9 +152,9 @@ pub(super) fn tcp_flow(w: &mut JsonWriter, ts: &str) {
             // as a stream written before the field was
             data_segs_out: None,
             ..flow
-        },
-    )
-    .unwrap();
+        });
+        all
+    }
 }
 
 /// A CRI-O container of a Kubernetes pod, as its cgroup names it.
