@@ -83,6 +83,19 @@ macro_rules! with_families {
     };
 }
 
+/// Each family's record types, `records/NAME.rs`: declared here with the
+/// family's entry above and its module below, so that a family is registered
+/// in this file alone, and part of `records` (`records::block`, …), which
+/// re-exports them and holds the daemon's own.
+#[path = "records"]
+mod family_records {
+    pub mod block;
+    pub mod netdev;
+    pub mod sql;
+    pub mod sql_requests;
+    pub mod tcp;
+}
+
 pub mod abi;
 pub mod block;
 pub mod check;

@@ -3,9 +3,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::HistogramRecord;
 use super::sql::SqlTag;
 use crate::abi::{self, slow_io_event};
+use crate::hist::HistogramRecord;
 use crate::host::container::Container;
 
 /// Block operation class: `read`; `write` (a write carrying data); `flush` (a cache flush:

@@ -12,14 +12,12 @@
 //! `abi` (the kernel events some records decode) and `host` (link health and
 //! namespaces, which `host` reads and a record carries as they are).
 
-pub mod block;
-pub mod netdev;
 pub mod run;
+// Each family's record types (`records/NAME.rs`), declared in lib.rs with the
+// family's registration.
+pub use crate::family_records::*;
 pub mod schema;
-pub mod sql;
-pub mod sql_requests;
 pub mod stall;
-pub mod tcp;
 
 use schemars::JsonSchema;
 use serde::Serialize;

@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::HistogramRecord;
+use crate::hist::HistogramRecord;
 pub use crate::host::link::{Exposed, LinkCounters, LinkHealth, PauseCounters, QdiscStats};
 
 /// One network interface over one interval, for interfaces that had traffic or events in it (or

@@ -5,9 +5,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::HistogramRecord;
 use super::sql::SqlTag;
 use crate::abi::{self, tcp_retransmit_event};
+use crate::hist::HistogramRecord;
 use crate::host::container::Container;
 
 const AF_INET6: u16 = 10;
