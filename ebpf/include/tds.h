@@ -10,7 +10,7 @@
  * header for the host (userspace/csrc/tds_shim.c) and generates the Rust
  * constants from it (bindgen), so the Rust tests check this very code against
  * tshark on a real SQL Server capture, against the Rust stream parser
- * (userspace/src/sqlserver/tds.rs, which uses these constants), and against
+ * (userspace/src/tds_check.rs, which uses these constants), and against
  * the simulator's encoder (sim/src/tds, whose own constants are checked equal
  * to these).
  *

@@ -116,6 +116,12 @@ pub mod sqlserver;
 pub mod stall;
 pub mod tcp;
 
+/// The kernel's TDS header decision (`ebpf/include/tds.h`, compiled for the
+/// host) held to a Rust stream parser, the simulator's encoder and a real
+/// SQL Server capture (test code only).
+#[cfg(test)]
+mod tds_check;
+
 /// The stream's contract held to docs/schema.json: every record type built
 /// and written through the real writer, then validated (test code only).
 #[cfg(test)]

@@ -79,15 +79,22 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The crate root's modules of test code only (`#[cfg(test)]` in lib.rs).
+const TEST_MODULES: &[&str] = &["schema_check", "tds_check"];
+
 /// Test code may reach anywhere (fixtures build records of every family).
 fn is_test_file(relative: &Path) -> bool {
     let name = relative.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let top = relative
+        .components()
+        .next()
+        .and_then(|c| c.as_os_str().to_str())
+        .unwrap_or("")
+        .trim_end_matches(".rs");
     name.ends_with("_tests.rs")
         || name == "tests.rs"
         || name == "fixtures.rs"
-        || relative
-            .components()
-            .any(|c| c.as_os_str() == "schema_check")
+        || TEST_MODULES.contains(&top)
 }
 
 /// The code before the file's `#[cfg(test)]` module, if it has one.

@@ -10,8 +10,6 @@ pub mod files;
 pub mod inventory;
 pub mod live;
 pub mod requests;
-#[cfg(test)]
-mod tds;
 pub mod tls;
 
 /// The inode of the initial PID namespace (the kernel's PROC_PID_INIT_INO).
