@@ -33,6 +33,29 @@ impl SsFlow {
     fn fraction(&self, part_ms: u64) -> f64 {
         part_ms as f64 / self.busy_ms.max(1) as f64
     }
+
+    /// The connection's figures between `earlier`'s reading and this one.
+    fn since(&self, earlier: &SsFlow) -> SsFlow {
+        assert_eq!(
+            self.local_port, earlier.local_port,
+            "two readings of one connection"
+        );
+        SsFlow {
+            at: self.at.clone(),
+            local_port: self.local_port,
+            bytes_acked: self.bytes_acked - earlier.bytes_acked,
+            busy_ms: self.busy_ms - earlier.busy_ms,
+            rwnd_limited_ms: self.rwnd_limited_ms - earlier.rwnd_limited_ms,
+            sndbuf_limited_ms: self.sndbuf_limited_ms - earlier.sndbuf_limited_ms,
+            data_segs_out: self.data_segs_out - earlier.data_segs_out,
+        }
+    }
+}
+
+/// When a record's interval began.
+fn interval_start(record: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    let end = chrono::DateTime::parse_from_rfc3339(record["ts"].as_str().unwrap()).unwrap();
+    end - chrono::Duration::milliseconds(record["interval_ms"].as_i64().unwrap())
 }
 
 /// `ss -tinH` in `side` for connections to or from `port`; the one that sent the most.
@@ -65,6 +88,22 @@ fn ss_sender(pair: &NetPair, side: Side, filter: &str, port: u16) -> SsFlow {
     flows
         .max_by_key(|f| f.bytes_acked)
         .unwrap_or_else(|| panic!("ss shows no connection on port {port}: {text}"))
+}
+
+/// The window-limited shares of the busy time, ours over `ours` and ss's in `ss`, agree.
+fn assert_shares_of_busy(ours: &[&Value], ss: &SsFlow) {
+    let busy = sum(ours, "busy_ms").max(1.0);
+    for (field, theirs) in [
+        ("rwnd_limited_ms", ss.rwnd_limited_ms),
+        ("sndbuf_limited_ms", ss.sndbuf_limited_ms),
+    ] {
+        let (a, b) = (sum(ours, field) / busy, ss.fraction(theirs));
+        assert!(
+            (a - b).abs() <= 0.15,
+            "{field}: ours {a:.2} of busy, ss {b:.2} (ss busy {} ms)",
+            ss.busy_ms
+        );
+    }
 }
 
 /// Our records of the connection from `local_port` in side A's namespace.
@@ -105,6 +144,30 @@ fn sum(records: &[&Value], field: &str) -> f64 {
 /// ran, and ss's over the connection's life up to then, agree (ss's also
 /// holds the first interval, before our first reading).
 fn assert_shares_agree(ours: &[&Value], ss: &SsFlow) {
+    assert_shares_agree_since(ours, None, ss)
+}
+
+/// As [`assert_shares_agree`], the shares compared from `since`, an earlier
+/// reading of ss, on: over our records of intervals that began after it, and
+/// ss's figures between the two readings. For a flow that is seldom busy,
+/// whose busy time at the connection's start (before our first reading) is
+/// a large part of its life's.
+fn assert_shares_agree_since(ours: &[&Value], since: Option<&SsFlow>, ss: &SsFlow) {
+    if let Some(since) = since {
+        let from = chrono::DateTime::parse_from_rfc3339(&since.at).unwrap();
+        let later: Vec<&Value> = ours
+            .iter()
+            .copied()
+            .filter(|r| interval_start(r) >= from && r["ts"].as_str().unwrap() <= ss.at.as_str())
+            .collect();
+        assert!(
+            later.len() >= 3,
+            "records between {} and {}",
+            since.at,
+            ss.at
+        );
+        assert_shares_of_busy(&later, &ss.since(since));
+    }
     let ours: Vec<&Value> = ours
         .iter()
         .copied()
@@ -112,16 +175,8 @@ fn assert_shares_agree(ours: &[&Value], ss: &SsFlow) {
         .collect();
     assert!(ours.len() >= 3, "records before ss ran at {}", ss.at);
     let ours = &ours[..];
-    let busy = sum(ours, "busy_ms").max(1.0);
-    for (field, theirs) in [
-        ("rwnd_limited_ms", ss.rwnd_limited_ms),
-        ("sndbuf_limited_ms", ss.sndbuf_limited_ms),
-    ] {
-        let (a, b) = (sum(ours, field) / busy, ss.fraction(theirs));
-        assert!(
-            (a - b).abs() <= 0.15,
-            "{field}: ours {a:.2} of busy, ss {b:.2}"
-        );
+    if since.is_none() {
+        assert_shares_of_busy(ours, ss);
     }
     assert!(
         sum(ours, "busy_ms") <= ss.busy_ms as f64 + 8.0,
@@ -239,11 +294,14 @@ fn a_paced_sender_is_application_limited() {
     let server = pair.iperf3_server(Side::B);
     let tracer = tracer_in(&pair, &["--port", &server.port.to_string()]);
     let started = Instant::now();
-    let (iperf, (ss, lifetime_ms)) = std::thread::scope(|s| {
+    let (iperf, (early, ss, lifetime_ms)) = std::thread::scope(|s| {
         let ss = s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(3300));
+            // Once our first reading of the flow is made (the first interval).
+            std::thread::sleep(Duration::from_millis(1000));
+            let early = ss_sender(&pair, Side::A, "dport", server.port);
+            std::thread::sleep(Duration::from_millis(2300));
             let ss = ss_sender(&pair, Side::A, "dport", server.port);
-            (ss, started.elapsed().as_millis() as f64)
+            (early, ss, started.elapsed().as_millis() as f64)
         });
         // 20 Mbit/s over a link that carries Gbit/s: iperf3 writes a little
         // every millisecond and waits.
@@ -264,7 +322,7 @@ fn a_paced_sender_is_application_limited() {
     // The kernel's busy time, as ss shows it, is below half the connection's
     // life (which began after `started`).
     assert!((ss.busy_ms as f64) < 0.5 * lifetime_ms, "{ss:?}");
-    assert_shares_agree(&ours, &ss);
+    assert_shares_agree_since(&ours, Some(&early), &ss);
     let rate = median(
         ours.iter()
             .map(|r| r["send_mbps"].as_f64().unwrap())
