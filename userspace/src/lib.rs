@@ -18,7 +18,8 @@
 /// family's records by type; tests fail while an object, a name, a record
 /// type or an attach is missing (`probes`, `run`, `schema_check`,
 /// tests/architecture.rs). The order is the order of `FAMILIES`, of the
-/// schema's record types and of `start`'s families.
+/// schema's record types and of `start`'s families, which lists SQL
+/// Server's correlation last (a test in `run` holds it there).
 macro_rules! with_families {
     ($callback:ident) => {
         $callback! {

@@ -93,7 +93,7 @@ impl Examples for BlockRecord {
             },
             role: Some("log".into()),
         };
-        all.push(busy.clone());
+        all.push(busy);
         // Every op name, idle (empty histograms), nothing known about the queue.
         for op in 0..abi::BLOCK_OP_COUNT {
             let idle = BlockRecord {
@@ -117,7 +117,7 @@ impl Examples for BlockRecord {
                 queue_limit: QueueLimits::default(),
                 role: None,
             };
-            all.push(idle.clone());
+            all.push(idle);
         }
         all
     }
@@ -134,7 +134,7 @@ impl Examples for SlowIoRecord {
         ] {
             let r = decoded_slow_io(flags, abi::BLOCK_OP_WRITE);
             all.push(sql_slow_io());
-            all.push(r.clone());
+            all.push(r);
         }
         all
     }

@@ -86,7 +86,7 @@ impl Examples for NetdevRecord {
             }),
             ..unnamed.clone()
         };
-        all.push(bare.clone());
+        all.push(bare);
         all
     }
 }

@@ -61,7 +61,7 @@ impl Examples for SqlInstanceRecord {
             tls: Some(TlsSpids::unavailable(None, "it maps no libssl.so".into())),
             ..instance.clone()
         };
-        all.push(orphan.clone());
+        all.push(orphan);
         for state in [TlsSpidsState::Disabled, TlsSpidsState::Off] {
             let tls = TlsSpids {
                 state,
@@ -71,7 +71,7 @@ impl Examples for SqlInstanceRecord {
                 tls: Some(tls),
                 ..instance.clone()
             };
-            all.push(instance.clone());
+            all.push(instance);
         }
         // An instance of 150 databases: longer than a line, written in parts;
         // from a stalltrace that did not say its TLS.
@@ -87,7 +87,7 @@ impl Examples for SqlInstanceRecord {
                 .collect(),
             ..instance.clone()
         };
-        all.push(many_files.clone());
+        all.push(many_files);
         all
     }
 }
@@ -116,7 +116,7 @@ impl Examples for SqlSessionRecord {
             event: SessionEvent::Open,
             session: session.clone(),
         };
-        all.push(open.clone());
+        all.push(open);
         // Encrypted, its SPID read in the TLS plaintext.
         let tls = SqlSessionRecord {
             event: SessionEvent::Identified,
@@ -128,7 +128,7 @@ impl Examples for SqlSessionRecord {
                 ..session.clone()
             },
         };
-        all.push(tls.clone());
+        all.push(tls);
         session.spid = Some(57);
         session.spid_source = Some(SpidSource::TdsHeader);
         // With DMV enrichment: the connection's session and a MARS one.
@@ -161,7 +161,7 @@ impl Examples for SqlSessionRecord {
             event: SessionEvent::Identified,
             session,
         };
-        all.push(identified.clone());
+        all.push(identified);
         all
     }
 }
@@ -245,7 +245,7 @@ impl Examples for SqlRequestsRecord {
             by_session: Vec::new(),
             ..record
         };
-        all.push(logins.clone());
+        all.push(logins);
         all
     }
 }
