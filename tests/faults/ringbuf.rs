@@ -23,6 +23,23 @@ fn completions() -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Each disk's `diskseq` (5.15+; none before): a new one for each device
+/// attached, so a loop device detached and attached again under its name
+/// is told from the one counted before.
+fn diskseqs() -> BTreeMap<String, String> {
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let seq = std::fs::read_to_string(e.path().join("diskseq")).ok()?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                seq.trim().to_string(),
+            ))
+        })
+        .collect()
+}
+
 const INTERVAL: Duration = Duration::from_millis(500);
 
 /// One flood's books, from the kernel's counts and the stream.
@@ -67,7 +84,7 @@ fn flood(disk: &LoopDevice) -> Books {
     // The records' window [t0, t1] inside the kernel counts' [d0, d1]: a
     // record of another disk stamped between a count and its bound would be
     // a record of no counted request (on a busy host's root disk, it was).
-    let d0 = completions();
+    let (d0, seq0) = (completions(), diskseqs());
     let t0 = SystemTime::now();
     // An interval with none of the flood: the first one the window counts
     // `lost` from starts after t0.
@@ -76,11 +93,18 @@ fn flood(disk: &LoopDevice) -> Books {
     // Drained (every 100 ms) and counted by the end of the next interval.
     std::thread::sleep(Duration::from_secs(1));
     let t1 = SystemTime::now();
-    let d1 = completions();
+    let (d1, seq1) = (completions(), diskseqs());
     std::thread::sleep(INTERVAL * 2);
     let records = tracer.stop();
 
-    let delta = |d: &str| d1.get(d).copied().unwrap_or(0) - d0.get(d).copied().unwrap_or(0);
+    // Saturating: a count that went back is a disk replaced in the window,
+    // which `disks_changed` says, and the window is measured again.
+    let delta = |d: &str| {
+        d1.get(d)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(d0.get(d).copied().unwrap_or(0))
+    };
     let others = || d1.keys().filter(|d| **d != disk.name);
     let slow: Vec<&Value> = of_type(&records, "slow_io")
         .into_iter()
@@ -123,6 +147,16 @@ fn flood(disk: &LoopDevice) -> Books {
         .cloned()
         .collect();
     disks_changed.extend(d1.keys().filter(|d| !d0.contains_key(*d)).cloned());
+    // Detached and another attached under its name (a loop device of another
+    // test): its count started again from 0.
+    disks_changed.extend(
+        d0.iter()
+            .filter(|(d, n)| {
+                d1.get(*d).is_some_and(|now| now < n)
+                    || seq0.get(*d).is_some_and(|s| seq1.get(*d) != Some(s))
+            })
+            .map(|(d, _)| d.clone()),
+    );
     Books {
         iops: fio.iops,
         completed_loop: delta(&disk.name),
