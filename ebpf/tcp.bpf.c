@@ -313,7 +313,7 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 	struct tcp_owner *owner;
 	__u32 total_retrans, stamp, now_ms, segs, flags, since, unseen = 0;
 	__u8 ca_state, pending, kind;
-	__u64 now;
+	__u64 now, first_tx_us, waited_us;
 	bool counted;
 	struct tuple t;
 
@@ -382,6 +382,20 @@ HOOK(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 		 * only, so a tail retransmit in Disorder is a fast one under a
 		 * stale timer */
 		kind = TCP_RETX_TLP;
+		/*
+		 * How long the probe's flight went unacknowledged: the rate
+		 * sampler's first_tx_mstamp (us, the clock of bpf_ktime_get_ns) is
+		 * the send of the flight begun from idle, or of the last segment
+		 * acknowledged since, and the probe itself does not move it
+		 * (packets are in flight). A lone response's probe waits two
+		 * round trips plus 200 ms: the stall users see, no RTO involved.
+		 */
+		first_tx_us = KREAD(tp, first_tx_mstamp);
+		waited_us = now / 1000 - first_tx_us;
+		if (first_tx_us && now / 1000 > first_tx_us && waited_us <= 0xffffffffULL) {
+			e.probe_after_us = (__u32)waited_us;
+			flags |= TCP_RETX_F_PROBE;
+		}
 	} else {
 		kind = TCP_RETX_FAST;
 	}

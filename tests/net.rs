@@ -224,6 +224,125 @@ fn a_blackhole_gives_timer_retransmits_with_backoff() {
     assert_eq!(r["comm"], "iperf3", "the socket owner: {r}");
 }
 
+/// A lost single-segment response is sent again by a tail-loss probe, two
+/// round trips plus 200 ms later, with no timeout counted. Each probe's
+/// `probe_after_ms` is the time tshark, capturing the server's interface,
+/// sees between the segment and its retransmission; and the detector makes a
+/// timeout episode of them.
+#[test]
+fn a_lost_response_s_probe_waits_as_long_as_the_wire_shows() {
+    require_root();
+    let pair = NetPair::new();
+    let server = pair.sockperf_server(Side::A);
+    let port = server.port.to_string();
+    let pcap = std::env::temp_dir().join(format!("{}.pcap", unique("stalltrace-probe")));
+    let filter = format!("tcp port {port}");
+    let mut tshark = pair.spawn(
+        Side::A,
+        &[
+            "tshark",
+            "-n",
+            "-i",
+            pair.veth(Side::A),
+            "-f",
+            &filter,
+            "-a",
+            "duration:9",
+            "-w",
+            pcap.to_str().unwrap(),
+        ],
+    );
+    let start = std::time::Instant::now();
+    while !tshark.log().contains("Capturing on") {
+        assert!(
+            tshark.is_running() && start.elapsed() < Duration::from_secs(10),
+            "tshark did not start capturing: {}",
+            tshark.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tracer = tracer_in(&pair, &["--port", &port]);
+    // The responses (and only they: B's requests arrive at A whole) are lost.
+    pair.drop_random(Side::B, 5, Some(server.port));
+    pair.sockperf(&server, 4, Some(100));
+    std::thread::sleep(Duration::from_millis(600));
+    let records = tracer.stop();
+    pair.clear_drops(Side::B);
+    let ended = tshark.wait_timeout(Duration::from_secs(15));
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "tshark: {}",
+        tshark.log_tail()
+    );
+    let wire = std::process::Command::new("tshark")
+        .args(["-n", "-r", pcap.to_str().unwrap(), "-Y"])
+        .arg(format!(
+            "tcp.analysis.retransmission && tcp.srcport == {port}"
+        ))
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "tcp.seq_raw",
+            "-e",
+            "tcp.analysis.rto",
+        ])
+        .output()
+        .expect("tshark (run `cargo xtask setup`)");
+    let _ = std::fs::remove_file(&pcap);
+    // Sequence number -> seconds since its first transmission.
+    let sent_again: std::collections::BTreeMap<u64, f64> = String::from_utf8_lossy(&wire.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (seq, rto) = l.split_once('\t')?;
+            Some((seq.parse().ok()?, rto.parse().ok()?))
+        })
+        .collect();
+    let probes: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
+        .into_iter()
+        .filter(|r| r["kind"] == "tlp" && r["err"] == 0 && r["sport"] == server.port)
+        .collect();
+    eprintln!(
+        "{} probes; the wire shows {} retransmissions of the server",
+        probes.len(),
+        sent_again.len()
+    );
+    assert!(probes.len() >= 3, "too few probes to compare: {probes:?}");
+    for r in &probes {
+        let ours = r["probe_after_ms"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("a probe without probe_after_ms: {r}"));
+        let wire_ms = 1000.0
+            * sent_again
+                .get(&r["seq"].as_u64().unwrap())
+                .unwrap_or_else(|| panic!("tshark saw no retransmission of {r}"));
+        eprintln!("probe after {ours} ms; on the wire {wire_ms:.3} ms");
+        // The kernel's send stamp and the capture are a few µs apart; 1 ms
+        // covers a busy host's scheduling between them.
+        assert!((ours - wire_ms).abs() <= 1.0, "{ours} vs {wire_ms}: {r}");
+        assert!(
+            ours >= 200.0,
+            "a lone segment's probe waits 200 ms more: {r}"
+        );
+    }
+    let peer = pair.v4(Side::B).to_string();
+    let episodes: Vec<&Value> = of_type(&records, "stall")
+        .into_iter()
+        .filter(|e| e["peer"] == peer.as_str())
+        .collect();
+    assert!(
+        episodes
+            .iter()
+            .any(|e| e["cause"] == "retransmission_timeouts"
+                && e["evidence"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x["signal"] == "probe_after_ms_max")),
+        "no timeout episode of late probes for {peer}: {episodes:?}"
+    );
+}
+
 #[test]
 fn syns_to_a_dropping_port_are_syn_retransmits() {
     require_root();

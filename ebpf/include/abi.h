@@ -248,6 +248,7 @@ enum tcp_retx_flags {
 	TCP_RETX_F_SYNACK = 4,  /* a SYN-ACK of a connection not yet accepted */
 	TCP_RETX_F_OWNER = 8,   /* tgid/pid/comm are the socket owner's */
 	TCP_RETX_F_EPISODE = 16, /* stalled_ms is set */
+	TCP_RETX_F_PROBE = 32,   /* probe_after_us is set */
 };
 
 /* One retransmission (or attempt: err != 0), sent through the ring buffer. */
@@ -277,7 +278,7 @@ struct tcp_retransmit_event {
 	__u32 stalled_ms; /* since this loss episode's first retransmission (or the first SYN) */
 	__u32 tgid;
 	__u32 pid;
-	__u32 pad1;
+	__u32 probe_after_us; /* a tail-loss probe: since the unacknowledged flight was sent (TCP_RETX_F_PROBE) */
 	char comm[STALLTRACE_COMM_LEN];
 };
 

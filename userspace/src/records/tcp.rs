@@ -225,6 +225,13 @@ pub struct TcpRetransmitRecord {
     /// episode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled_ms: Option<u32>,
+    /// For a tail-loss probe: how long its flight had gone unacknowledged when the probe went
+    /// out, in milliseconds (since the flight was sent from idle, or since the send of the last
+    /// segment acknowledged). About two round trips, and 200 ms more when one segment is in
+    /// flight: a lost single-segment response waits this long, with no timeout counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub probe_after_ms: Option<f64>,
     /// Process (thread group) that owns the socket: the last to send or receive on it, or the one
     /// that connected or listened. Absent when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,6 +291,8 @@ impl TcpRetransmitRecord {
             retransmits: e.retransmits,
             srtt_us: e.srtt_us,
             stalled_ms: flag(abi::TCP_RETX_F_EPISODE).then_some(e.stalled_ms),
+            probe_after_ms: flag(abi::TCP_RETX_F_PROBE)
+                .then(|| f64::from(e.probe_after_us / 10) / 100.0),
             pid: owner.then_some(e.tgid),
             tid: owner.then_some(e.pid),
             comm: owner.then(|| String::from_utf8_lossy(&comm).into_owned()),
@@ -470,6 +479,29 @@ mod tests {
         assert_eq!(r.rto_ms, 800.0);
         assert_eq!(r.stalled_ms, Some(1400));
         assert_eq!((r.pid, r.comm.as_deref()), (Some(7), Some("sqlservr")));
+    }
+
+    #[test]
+    fn a_probe_carries_how_long_its_flight_waited() {
+        let probe = tcp_retransmit_event {
+            flags: abi::TCP_RETX_F_PROBE,
+            retx_kind: abi::TCP_RETX_TLP as u8,
+            probe_after_us: 204_567,
+            ..Default::default()
+        };
+        let r = TcpRetransmitRecord::from_event(&probe, 250);
+        assert_eq!(
+            (r.kind, r.probe_after_ms),
+            (RetransmitKind::Tlp, Some(204.56))
+        );
+        let fast = tcp_retransmit_event {
+            retx_kind: abi::TCP_RETX_FAST as u8,
+            ..Default::default()
+        };
+        assert_eq!(
+            TcpRetransmitRecord::from_event(&fast, 250).probe_after_ms,
+            None
+        );
     }
 
     #[test]

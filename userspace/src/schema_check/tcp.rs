@@ -25,7 +25,8 @@ fn session_tag() -> SqlTag {
     }
 }
 
-/// An owned RTO timer retransmit in an episode, and a bare v6 fast one.
+/// An owned RTO timer retransmit in an episode, a late tail-loss probe, and a
+/// bare v6 fast one.
 impl Examples for TcpRetransmitRecord {
     fn examples() -> Vec<Self> {
         let mut all = Vec::new();
@@ -65,6 +66,13 @@ impl Examples for TcpRetransmitRecord {
             request_waited_ms: Some(204.5),
             ..TcpRetransmitRecord::from_event(&rto, 250)
         });
+        let probe = abi::tcp_retransmit_event {
+            flags: abi::TCP_RETX_F_COUNTED | abi::TCP_RETX_F_PROBE,
+            retx_kind: abi::TCP_RETX_TLP as u8,
+            probe_after_us: 204_312,
+            ..rto
+        };
+        all.push(TcpRetransmitRecord::from_event(&probe, 250));
         let mut fast = abi::tcp_retransmit_event {
             family: 10,
             retx_kind: abi::TCP_RETX_FAST as u8,

@@ -100,6 +100,18 @@ pub fn rto(peer: &str, rto_ms: f64, backoff: u64, spid: u64, client_port: u16) -
     })
 }
 
+/// A tail-loss probe of a lone response, `after_ms` after it was sent.
+pub fn probe(peer: &str, after_ms: f64, spid: u64, client_port: u16) -> Value {
+    json!({
+        "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",
+        "saddr": "10.0.0.1", "sport": 1433, "daddr": peer, "dport": client_port, "state": "ESTABLISHED",
+        "kind": "tlp", "timer": false, "synack": false, "ca_state": "open", "segs": 1, "bytes": 100,
+        "seq": 1, "err": 0, "counted": true, "rto_ms": 204.0, "backoff": 0, "retransmits": 0,
+        "srtt_us": 500, "probe_after_ms": after_ms,
+        "sql": {"pid": 42, "kind": "client", "spid": spid, "client": format!("{peer}:{client_port}")},
+    })
+}
+
 pub fn fast(peer: &str, segs: u64) -> Value {
     json!({
         "type": "tcp_retransmit", "ts": "t", "host": "h", "netns": 1, "family": "ipv4",

@@ -20,12 +20,15 @@ struct PeerLoss<'a> {
     /// Sum of the timer RTOs' `rto_ms`.
     rto_wait_ms: f64,
     stalled_ms_max: f64,
+    /// Tail-loss probes sent after the stall threshold without an
+    /// acknowledgement, and the longest such wait.
+    late_probes: u64,
+    probe_after_ms_max: f64,
     segs: u64,
     fast: u64,
     tlp: u64,
-    /// Time lost: each timer RTO waited its `rto_ms`; any other
-    /// retransmission costs about a round trip.
-    /// Retransmission timeouts waited, and a round trip per other retransmission.
+    /// Time lost: each timer RTO waited its `rto_ms`, each tail-loss probe
+    /// its `probe_after_ms`; any other retransmission costs about a round trip.
     waited_ms: f64,
     sessions: Vec<&'a SqlTag>,
 }
@@ -34,12 +37,14 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
     let mut by_peer: BTreeMap<(u32, &str), PeerLoss> = BTreeMap::new();
     for r in iv.retransmits.iter().filter(|r| r.err == 0) {
         let p = by_peer.entry((r.netns, r.daddr.as_str())).or_default();
-        add(p, r);
+        add(p, r, th);
     }
     let mut out = Vec::new();
     for ((netns, peer), p) in by_peer {
         let segs_per_s = p.segs as f64 * 1000.0 / iv.len_ms.max(1.0);
-        let timeouts = p.timer_rtos > 0 || p.stalled_ms_max >= th.net_ms;
+        // A probe's wait is a timeout too: a lost single-segment response is
+        // sent again by a tail-loss probe 200 ms later, with no RTO counted.
+        let timeouts = p.timer_rtos > 0 || p.stalled_ms_max >= th.net_ms || p.late_probes > 0;
         if !timeouts && segs_per_s < th.retrans_per_s {
             continue;
         }
@@ -65,6 +70,22 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
                     format!(
                         "a connection to {peer} made no progress for {:.0} ms",
                         p.stalled_ms_max
+                    ),
+                )
+                .unit("ms")
+                .threshold(th.net_ms),
+            );
+        }
+        if p.late_probes > 0 {
+            evidence.push(
+                Evidence::new(
+                    "probe_after_ms_max",
+                    p.probe_after_ms_max,
+                    format!(
+                        "{} tail-loss probe(s) to {peer} after {:.0} ms or more without an \
+                         acknowledgement, the longest {:.0} ms: a lost last segment (a response) \
+                         waits this long",
+                        p.late_probes, th.net_ms, p.probe_after_ms_max
                     ),
                 )
                 .unit("ms")
@@ -133,9 +154,12 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
     out
 }
 
-fn add<'a>(p: &mut PeerLoss<'a>, r: &'a TcpRetransmitRecord) {
+fn add<'a>(p: &mut PeerLoss<'a>, r: &'a TcpRetransmitRecord, th: &Thresholds) {
     p.segs += u64::from(r.segs);
     let timer_rto = r.kind == RetransmitKind::Rto && r.timer;
+    // What the retransmission cost the flight: its timeout, the probe's
+    // wait, or else about a round trip.
+    let probe_after_ms = r.probe_after_ms.filter(|_| r.kind == RetransmitKind::Tlp);
     match r.kind {
         RetransmitKind::Rto if r.timer => {
             p.timer_rtos += 1;
@@ -144,11 +168,21 @@ fn add<'a>(p: &mut PeerLoss<'a>, r: &'a TcpRetransmitRecord) {
             p.rto_wait_ms += r.rto_ms;
             p.waited_ms += r.rto_ms;
         }
-        RetransmitKind::Tlp => p.tlp += 1,
+        RetransmitKind::Tlp => {
+            p.tlp += 1;
+            if let Some(ms) = probe_after_ms
+                && ms >= th.net_ms
+            {
+                p.late_probes += 1;
+                p.probe_after_ms_max = p.probe_after_ms_max.max(ms);
+            }
+        }
         RetransmitKind::Fast => p.fast += 1,
         _ => {}
     }
-    if !timer_rto {
+    if let Some(ms) = probe_after_ms {
+        p.waited_ms += ms;
+    } else if !timer_rto {
         p.waited_ms += f64::from(r.srtt_us) / 1000.0;
     }
     p.stalled_ms_max = p.stalled_ms_max.max(r.stalled_ms.map_or(0.0, f64::from));

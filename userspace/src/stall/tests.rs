@@ -195,6 +195,32 @@ fn loss_without_timeouts_needs_the_rate() {
 }
 
 #[test]
+fn a_lone_response_s_late_probe_is_a_timeout_of_its_session() {
+    let th = Thresholds::default();
+    // A probe within the threshold (two round trips of a bulk flight) is no stall.
+    assert!(run(&[vec![probe("10.0.0.2", th.net_ms - 1.0, 51, 50001)]]).is_empty());
+    let e = first_closed(run(&[vec![
+        probe("10.0.0.2", 201.5, 51, 50001),
+        probe("10.0.0.2", 204.25, 52, 50002),
+    ]]));
+    assert_eq!(e.cause, Cause::RetransmissionTimeouts);
+    let late = e
+        .evidence
+        .iter()
+        .find(|x| x.signal == "probe_after_ms_max")
+        .unwrap_or_else(|| panic!("{:?}", e.evidence));
+    assert_eq!(late.value, json!(204.25));
+    assert!(
+        late.text.starts_with("2 tail-loss probe(s)"),
+        "{}",
+        late.text
+    );
+    // Both sessions waited, and the time lost is their waits, not a round trip each.
+    assert_eq!(e.sessions.len(), 2, "{:?}", e.sessions);
+    assert_eq!(e.impact_ms, 201.5 + 204.25);
+}
+
+#[test]
 fn a_full_queue_in_front_of_the_device() {
     // nr_requests 4 under 16 concurrent I/Os: in flight pinned at 4, waiting for tags.
     let pinned = block(
