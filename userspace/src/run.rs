@@ -38,8 +38,9 @@ use sink::{STOP_WITHIN, file_budget, finish_output, open_output, output_failed};
 
 /// Per-event records (retransmits, slow I/Os) the stall detector reads per
 /// interval at most; past it, they are counted as lost (`stall.records`)
-/// rather than held. As JSON values they take ~2 KiB each: this bounds the
-/// detector's copy at ~20 MiB in a storm.
+/// rather than held. Each is an `AnyRecord` (888 bytes, the largest variant's
+/// size) and its strings, about 1 KiB: this bounds the detector's copy at
+/// ~10 MiB in a storm.
 const TAP_EVENT_CAP: usize = 10_000;
 
 /// How often the ring buffers are drained between intervals. Events are

@@ -52,7 +52,13 @@ pub fn attach_loop(opts: &Opts, judge: &mut Judge) {
                 break;
             }
         };
-        if !judge.families_attached(&run.start, super::cli::FAMILIES) {
+        // Every family the run lists (`cli/check` holds the list to `check`'s).
+        let families = listed_families(&run.start);
+        if families.is_empty() {
+            judge.fail(format!("cycle {cycle}: `start` lists no family"));
+            break;
+        }
+        if !judge.families_attached(&run.start, &families) {
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -136,6 +142,14 @@ pub fn lockdown(opts: &Opts, judge: &mut Judge) {
 
 /// Programs of stalltrace's (names `on_*`/`maybe_*`, cut to 15 characters by
 /// the kernel) that the kernel holds, from bpftool; None without bpftool.
+/// The families a `start` record lists.
+fn listed_families(start: &serde_json::Value) -> Vec<&str> {
+    start["families"]
+        .as_array()
+        .map(|fs| fs.iter().filter_map(|f| f["family"].as_str()).collect())
+        .unwrap_or_default()
+}
+
 fn programs_loaded() -> Option<usize> {
     let out = Command::new("bpftool")
         .args(["prog", "show"])
