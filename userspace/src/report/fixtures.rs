@@ -7,6 +7,16 @@ use std::io::Read;
 use serde_json::{Value, json};
 
 pub const HOST: &str = "db-01";
+
+/// The report of a synthetic stream.
+pub fn report(records: &[Value]) -> super::model::Report {
+    super::model::Report::from_text(&lines(records)).expect("a valid stream")
+}
+
+/// The text with its line wrapping undone, to look for phrases.
+pub fn flat(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
 /// 2026-11-22T10:00:00Z + `s` seconds as a record timestamp.
 pub fn ts(s: f64) -> String {
     let t0 = super::time::parse_us("2026-11-22T10:00:00Z").unwrap();

@@ -62,3 +62,5 @@ pub use window::{Window, parse as parse_time};
 mod fixtures;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod stream_tests;
