@@ -69,6 +69,8 @@ impl Episode {
         self.impact_ms += f.impact_ms;
         self.tally.rtos += f.tally.rtos;
         self.tally.rto_wait_ms += f.tally.rto_wait_ms;
+        self.tally.late_probes += f.tally.late_probes;
+        self.tally.probe_wait_ms += f.tally.probe_wait_ms;
         self.tally.retransmitted_segs += f.tally.retransmitted_segs;
         if f.role.is_some() {
             self.role = f.role;
@@ -116,6 +118,20 @@ impl Episode {
                         "in the whole episode: {} retransmission timeout(s) made connections wait \
                          {:.0} ms in all",
                         self.tally.rtos, self.tally.rto_wait_ms
+                    ),
+                )
+                .unit("ms"),
+            );
+        }
+        if self.intervals > 1 && self.tally.late_probes > 0 {
+            evidence.push(
+                Evidence::new(
+                    "probe_wait_ms_total",
+                    (self.tally.probe_wait_ms * 1000.0).round() / 1000.0,
+                    format!(
+                        "in the whole episode: {} late tail-loss probe(s) made connections wait \
+                         {:.0} ms in all",
+                        self.tally.late_probes, self.tally.probe_wait_ms
                     ),
                 )
                 .unit("ms"),

@@ -212,5 +212,8 @@ pub struct Tally {
     pub rtos: u64,
     /// Time those timeouts made the connections wait.
     pub rto_wait_ms: f64,
+    /// Tail-loss probes sent after the stall threshold, and their waits.
+    pub late_probes: u64,
+    pub probe_wait_ms: f64,
     pub retransmitted_segs: u64,
 }

@@ -24,6 +24,8 @@ struct PeerLoss<'a> {
     /// acknowledgement, and the longest such wait.
     late_probes: u64,
     probe_after_ms_max: f64,
+    /// Sum of the late probes' `probe_after_ms`.
+    probe_wait_ms: f64,
     segs: u64,
     fast: u64,
     tlp: u64,
@@ -136,6 +138,8 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
         let tally = Tally {
             rtos: p.timer_rtos,
             rto_wait_ms: p.rto_wait_ms,
+            late_probes: p.late_probes,
+            probe_wait_ms: p.probe_wait_ms,
             retransmitted_segs: p.segs,
         };
         out.push(
@@ -175,6 +179,7 @@ fn add<'a>(p: &mut PeerLoss<'a>, r: &'a TcpRetransmitRecord, th: &Thresholds) {
             {
                 p.late_probes += 1;
                 p.probe_after_ms_max = p.probe_after_ms_max.max(ms);
+                p.probe_wait_ms += ms;
             }
         }
         RetransmitKind::Fast => p.fast += 1,

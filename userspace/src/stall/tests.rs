@@ -218,6 +218,22 @@ fn a_lone_response_s_late_probe_is_a_timeout_of_its_session() {
     // Both sessions waited, and the time lost is their waits, not a round trip each.
     assert_eq!(e.sessions.len(), 2, "{:?}", e.sessions);
     assert_eq!(e.impact_ms, 201.5 + 204.25);
+    // Over two intervals, the whole episode's probe waits beside the worst.
+    let e = first_closed(run(&[
+        vec![probe("10.0.0.2", 201.5, 51, 50001)],
+        vec![probe("10.0.0.2", 204.25, 51, 50001)],
+    ]));
+    let total = e
+        .evidence
+        .iter()
+        .find(|x| x.signal == "probe_wait_ms_total")
+        .unwrap_or_else(|| panic!("{:?}", e.evidence));
+    assert_eq!(total.value, json!(405.75));
+    assert!(
+        total.text.contains("2 late tail-loss probe(s)"),
+        "{}",
+        total.text
+    );
 }
 
 #[test]
