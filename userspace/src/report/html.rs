@@ -205,12 +205,12 @@ fn sessions(v: &View) -> Markup {
             h2 { "SQL Server sessions hit" }
             p {
                 "Most time lost first. " em { "In stalls" } ": " (view::IN_STALLS_MEANS) "; "
-                em { "RTO wait" } ": " (view::RTO_WAIT_MEANS) "."
+                em { "timeout wait" } ": " (view::TIMEOUT_WAIT_MEANS) "."
             }
             table id="sessions" class="sessions" {
                 thead { tr {
                     th { "session" } th { "client" } th { "who" } th { "episodes" }
-                    th class="num" { "in stalls" } th class="num" { "RTO wait" }
+                    th class="num" { "in stalls" } th class="num" { "timeout wait" }
                     th class="num" { "retransmits" } th class="num" { "segments" }
                 } }
                 tbody {
@@ -223,7 +223,7 @@ fn sessions(v: &View) -> Markup {
                                     a href=(format!("#episode-row-{id}")) data-episode=(id) { "#" (rank) }
                                 }
                             }
-                            td class="num" { (s.in_stalls) } td class="num" { (s.rto_wait) }
+                            td class="num" { (s.in_stalls) } td class="num" { (s.timeout_wait) }
                             td class="num" { (s.retransmits) } td class="num" { (s.segments) }
                         }
                     }

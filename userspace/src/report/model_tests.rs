@@ -352,7 +352,7 @@ fn a_session_collects_its_episodes_rto_waits_and_who_it_is() {
     let s51 = &r.sessions[0];
     assert_eq!(s51.episodes, [1, 2]);
     assert_eq!(s51.stall_ms, 2500.0);
-    assert_eq!(s51.rto_wait_ms, 612.0);
+    assert_eq!(s51.timeout_wait_ms, 612.0);
     assert_eq!(s51.rtos, 2);
     assert_eq!(s51.retransmits, 3);
     assert_eq!(s51.tag.login.as_deref(), Some("orders"));

@@ -11,7 +11,7 @@ use super::typed::named_counts;
 use crate::host::link::NOT_EXPOSED;
 use crate::records::netdev::{self, Exposed, NetdevRecord};
 use crate::records::sql::SqlTag;
-use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::tcp::{RetransmitKind, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 // ---- interfaces -----------------------------------------------------------
 
@@ -195,7 +195,8 @@ pub struct TcpPeer {
     pub rtos: u64,
     /// From the `tcp_retransmit` events of the connection.
     pub events: u64,
-    pub rto_wait_ms: f64,
+    /// Retransmission timeouts and tail-loss probes the connection sat out.
+    pub timeout_wait_ms: f64,
     /// The longest retransmission timeout waited out.
     pub max_rto_ms: f64,
     pub max_backoff: u64,
@@ -233,6 +234,23 @@ impl TcpPeer {
             port(self.local_port),
             port(self.peer_port)
         )
+    }
+}
+
+/// What a connection waited for one retransmission.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Waited {
+    /// The retransmission timer's timeout, ms.
+    Timeout(f64),
+    /// A tail-loss probe's wait (`probe_after_ms`).
+    Probe(f64),
+}
+
+impl Waited {
+    pub fn ms(self) -> f64 {
+        match self {
+            Waited::Timeout(ms) | Waited::Probe(ms) => ms,
+        }
     }
 }
 
@@ -405,7 +423,7 @@ impl Network {
             retrans_segs: 0,
             rtos: 0,
             events: 0,
-            rto_wait_ms: 0.0,
+            timeout_wait_ms: 0.0,
             max_rto_ms: 0.0,
             max_backoff: 0,
             sql: None,
@@ -433,9 +451,10 @@ impl Network {
         }
     }
 
-    /// A `tcp_retransmit` event; returns the RTO it waited out when the
-    /// retransmission timer sent it (for the session's time lost).
-    pub fn tcp_retransmit(&mut self, r: &TcpRetransmitRecord) -> Option<f64> {
+    /// A `tcp_retransmit` event; returns what the connection waited for it
+    /// (for the session's time lost): the RTO when the retransmission timer
+    /// sent it, the probe's wait for a tail-loss probe.
+    pub fn tcp_retransmit(&mut self, r: &TcpRetransmitRecord) -> Option<Waited> {
         let rt = &mut self.retransmits;
         rt.events += 1;
         rt.segs += u64::from(r.segs);
@@ -459,8 +478,18 @@ impl Network {
         );
         let p = self.peer(key);
         p.events += 1;
-        p.rto_wait_ms += waited.unwrap_or(0.0);
-        p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));
+        let probe = r
+            .probe_after_ms
+            .filter(|_| r.kind == RetransmitKind::Tlp && r.err == 0);
+        let waited = match (waited, probe) {
+            (Some(ms), _) => Some(Waited::Timeout(ms)),
+            (None, Some(ms)) => Some(Waited::Probe(ms)),
+            (None, None) => None,
+        };
+        p.timeout_wait_ms += waited.map_or(0.0, Waited::ms);
+        if let Some(Waited::Timeout(ms)) = waited {
+            p.max_rto_ms = p.max_rto_ms.max(ms);
+        }
         p.max_backoff = p.max_backoff.max(u64::from(r.backoff));
         if p.sql.is_none() && !p.others {
             p.sql.clone_from(&r.sql);
@@ -527,8 +556,8 @@ impl Network {
         ifaces.sort_by(|a, b| a.iface.cmp(&b.iface).then(a.netns.cmp(&b.netns)));
         let mut peers: Vec<TcpPeer> = self.peers.into_values().collect();
         peers.sort_by(|a, b| {
-            b.rto_wait_ms
-                .total_cmp(&a.rto_wait_ms)
+            b.timeout_wait_ms
+                .total_cmp(&a.timeout_wait_ms)
                 .then(b.rtos.cmp(&a.rtos))
                 .then(
                     b.retransmits

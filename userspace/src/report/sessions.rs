@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::network::Waited;
 use crate::records;
 use crate::records::sql::{SessionKind, SqlTag};
 
@@ -93,9 +94,10 @@ pub struct SessionImpact {
     pub episodes: Vec<u64>,
     /// Summed length of those episodes: time it spent inside a stall.
     pub stall_ms: f64,
-    /// Retransmission timeouts its connection waited out (`rto_ms` of each
-    /// timer-fired retransmission): time lost, measured on the connection itself.
-    pub rto_wait_ms: f64,
+    /// Retransmission timeouts and tail-loss probes its connection waited
+    /// out (`rto_ms` of each timer-fired retransmission, `probe_after_ms` of
+    /// each probe): time lost, measured on the connection itself.
+    pub timeout_wait_ms: f64,
     pub retransmits: u64,
     pub retrans_segs: u64,
     pub rtos: u64,
@@ -104,7 +106,7 @@ pub struct SessionImpact {
 impl SessionImpact {
     /// What sessions are ranked by.
     pub fn weight(&self) -> f64 {
-        self.stall_ms + self.rto_wait_ms
+        self.stall_ms + self.timeout_wait_ms
     }
 }
 
@@ -193,16 +195,16 @@ impl Sessions {
     }
 
     /// A `tcp_retransmit` record carrying a session's `sql` tag.
-    pub fn retransmit(&mut self, tag: &SqlTag, segs: u64, timer_rto_ms: Option<f64>) {
+    pub fn retransmit(&mut self, tag: &SqlTag, segs: u64, waited: Option<Waited>) {
         if !tag.is_session() {
             return;
         }
         let s = self.impact(tag);
         s.retransmits += 1;
         s.retrans_segs += segs;
-        if let Some(ms) = timer_rto_ms {
-            s.rtos += 1;
-            s.rto_wait_ms += ms;
+        if let Some(waited) = waited {
+            s.rtos += u64::from(matches!(waited, Waited::Timeout(_)));
+            s.timeout_wait_ms += waited.ms();
         }
     }
 
@@ -240,7 +242,7 @@ impl Sessions {
             .or_default() += 1;
     }
 
-    /// Sessions ranked by time lost (stall time + RTO wait), then retransmits;
+    /// Sessions ranked by time lost (stall time + timeout wait), then retransmits;
     /// each with everything any record said about it.
     pub fn finish(mut self) -> (Vec<Instance>, Vec<SessionImpact>) {
         for (pid, clients) in &self.opened {
@@ -311,8 +313,8 @@ mod tests {
         });
         let t = tag(json!({"pid": 10, "kind": "client", "spid": 51, "client": "10.0.0.9:50000"}));
         s.retransmit(&t, 2, None);
-        s.retransmit(&t, 1, Some(204.0));
-        s.retransmit(&t, 1, Some(408.0));
+        s.retransmit(&t, 1, Some(Waited::Timeout(204.0)));
+        s.retransmit(&t, 1, Some(Waited::Probe(408.0)));
         s.hit(&t, 3, 1500.0);
         s.hit(&t, 3, 1500.0); // named twice in one episode: counted once
         // Same connection, SPID not in this tag: still the same session.
@@ -326,8 +328,9 @@ mod tests {
         let i = &impacts[0];
         assert_eq!(i.retransmits, 3);
         assert_eq!(i.retrans_segs, 4);
-        assert_eq!(i.rtos, 2);
-        assert_eq!(i.rto_wait_ms, 612.0);
+        // The probe's wait is time lost, not a timeout.
+        assert_eq!(i.rtos, 1);
+        assert_eq!(i.timeout_wait_ms, 612.0);
         assert_eq!(i.episodes, vec![3, 4]);
         assert_eq!(i.stall_ms, 2000.0);
         assert_eq!(i.tag.spid, Some(51));
@@ -340,9 +343,9 @@ mod tests {
         let mut s = Sessions::default();
         let a = tag(json!({"pid": 1, "spid": 51, "client": "c:1"}));
         let b = tag(json!({"pid": 1, "spid": 52, "client": "c:2"}));
-        s.retransmit(&a, 1, Some(200.0));
+        s.retransmit(&a, 1, Some(Waited::Timeout(200.0)));
         s.hit(&b, 1, 900.0);
-        s.retransmit(&tag(json!({"pid": 1})), 1, Some(1000.0));
+        s.retransmit(&tag(json!({"pid": 1})), 1, Some(Waited::Timeout(1000.0)));
         let (_, impacts) = s.finish();
         let spids: Vec<_> = impacts.iter().map(|i| i.tag.spid).collect();
         assert_eq!(spids, vec![Some(52), Some(51)]);

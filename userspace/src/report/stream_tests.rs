@@ -380,7 +380,7 @@ fn the_recorded_stream_renders_every_section_within_the_width() {
     // SPID 51: in episodes 2 (its RTO) and 3 (the slow disk), and its own RTO of 212 ms.
     let s51 = r.sessions.iter().find(|s| s.tag.spid == Some(51)).unwrap();
     assert_eq!(s51.episodes, [2, 3]);
-    assert_eq!(s51.rto_wait_ms, 212.0);
+    assert_eq!(s51.timeout_wait_ms, 212.0);
     for width in [80, 100, 140] {
         let out = render_text(&r, width);
         for line in out.lines().filter(|l| l.contains('│')) {
@@ -470,7 +470,7 @@ fn connections_past_the_bound_are_summed_in_one_row() {
     let others: Vec<_> = r.peers.iter().filter(|p| p.others).collect();
     assert_eq!(others.len(), 1);
     let o = others[0];
-    assert_eq!((o.events, o.rto_wait_ms), (3, 612.0));
+    assert_eq!((o.events, o.timeout_wait_ms), (3, 612.0));
     assert!(o.sql.is_none(), "the summed row is nobody's session");
     assert!(o.label().contains("past the first"), "{}", o.label());
     // Nothing is lost by folding: every event is in some row.

@@ -266,7 +266,7 @@ fn sessions(o: &mut String, v: &View, width: usize) {
         "client".into(),
         "episodes".into(),
         "in stalls".into(),
-        "RTO wait".into(),
+        "timeout wait".into(),
         "retransmits".into(),
         "who".into(),
     ]];
@@ -281,7 +281,7 @@ fn sessions(o: &mut String, v: &View, width: usize) {
                 episodes.join(" ")
             },
             s.in_stalls.clone(),
-            s.rto_wait.clone(),
+            s.timeout_wait.clone(),
             format!("{} ({} segs)", s.retransmits, s.segments),
             s.who.clone(),
         ]);
@@ -296,9 +296,9 @@ fn sessions(o: &mut String, v: &View, width: usize) {
     }
     o.push_str(&wrap(
         &format!(
-            "(in stalls: {}; RTO wait: {})",
+            "(in stalls: {}; timeout wait: {})",
             view::IN_STALLS_MEANS,
-            view::RTO_WAIT_MEANS
+            view::TIMEOUT_WAIT_MEANS
         ),
         width,
         "  ",

@@ -155,7 +155,7 @@ pub fn peers(v: &View) -> Markup {
                 thead { tr {
                     th { "connection" } th { "session" } th class="num" { "srtt p50" }
                     th class="num" { "p99" } th class="num" { "max" } th class="num" { "retransmits" }
-                    th class="num" { "RTOs" } th class="num" { "RTO wait" }
+                    th class="num" { "RTOs" } th class="num" { "timeout wait" }
                 } }
                 tbody {
                     @for r in p.rows.iter().take(PEERS_SHOWN) {
@@ -163,7 +163,7 @@ pub fn peers(v: &View) -> Markup {
                             td { (r.label) } td { (r.session) }
                             td class="num" { (r.srtt_p50) } td class="num" { (r.srtt_p99) }
                             td class="num" { (r.srtt_max) } td class="num" { (r.retransmits) }
-                            td class="num" { (r.rtos) } td class="num" { (r.rto_wait) }
+                            td class="num" { (r.rtos) } td class="num" { (r.timeout_wait) }
                         }
                     }
                 }

@@ -72,7 +72,7 @@ pub(super) fn peers(o: &mut String, v: &View, width: usize) {
         "p99".into(),
         "retrans".into(),
         "RTOs".into(),
-        "RTO wait".into(),
+        "timeout wait".into(),
         "max RTO".into(),
     ]];
     for r in p.rows.iter().take(TOP_ROWS) {
@@ -83,7 +83,7 @@ pub(super) fn peers(o: &mut String, v: &View, width: usize) {
             r.srtt_p99.clone(),
             r.retransmits.clone(),
             r.rtos.clone(),
-            r.rto_wait.clone(),
+            r.timeout_wait.clone(),
             r.max_rto.clone(),
         ]);
     }

@@ -20,7 +20,7 @@ pub use episodes::{EpisodeView, IMPACT_MEANS, NO_STALLS, glance};
 pub use header::{Header, LOSSES_NONE, STREAM_COMPLETE};
 pub use network::{FlowView, IfaceView, LIMITERS, LINK_OK, PeersView};
 pub use requests::{RequestsView, TOTAL_MEANS};
-pub use sessions::{IN_STALLS_MEANS, RTO_WAIT_MEANS, SessionRow};
+pub use sessions::{IN_STALLS_MEANS, SessionRow, TIMEOUT_WAIT_MEANS};
 pub use storage::{DiskView, OpView};
 
 use super::merge::MergedHist;

@@ -71,7 +71,7 @@ pub struct PeerRow {
     pub srtt_max: String,
     pub retransmits: String,
     pub rtos: String,
-    pub rto_wait: String,
+    pub timeout_wait: String,
     pub max_rto: String,
 }
 
@@ -291,7 +291,7 @@ fn peer_row(p: &TcpPeer) -> PeerRow {
         srtt_max: lat(p.srtt.max()),
         retransmits: thousands(p.retransmits.max(p.events)),
         rtos: thousands(p.rtos),
-        rto_wait: ms_or_dash(p.rto_wait_ms),
+        timeout_wait: ms_or_dash(p.timeout_wait_ms),
         max_rto: ms_or_dash(p.max_rto_ms),
     }
 }

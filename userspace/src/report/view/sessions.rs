@@ -7,8 +7,9 @@ use crate::report::time::thousands;
 
 /// What the `in stalls` column means.
 pub const IN_STALLS_MEANS: &str = "summed length of the episodes that hit it";
-/// What the `RTO wait` column means.
-pub const RTO_WAIT_MEANS: &str = "retransmission timeouts its connection sat out";
+/// What the `timeout wait` column means.
+pub const TIMEOUT_WAIT_MEANS: &str =
+    "retransmission timeouts and tail-loss probes its connection sat out";
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionRow {
@@ -22,7 +23,7 @@ pub struct SessionRow {
     /// episode list numbers them.
     pub episodes: Vec<(usize, u64)>,
     pub in_stalls: String,
-    pub rto_wait: String,
+    pub timeout_wait: String,
     pub retransmits: String,
     pub segments: String,
 }
@@ -49,7 +50,7 @@ pub fn of(report: &Report) -> Vec<SessionRow> {
                 who: s.tag.who().map(|w| clean(&w)).unwrap_or_default(),
                 episodes,
                 in_stalls: ms_or_dash(s.stall_ms),
-                rto_wait: ms_or_dash(s.rto_wait_ms),
+                timeout_wait: ms_or_dash(s.timeout_wait_ms),
                 retransmits: thousands(s.retransmits),
                 segments: thousands(s.retrans_segs),
             }
