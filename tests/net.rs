@@ -98,13 +98,19 @@ fn loss_matches_the_kernel_counters(family: Family) {
         .count() as u64;
     let tlps = events.iter().filter(|r| went_out("tlp")(r)).count() as u64;
     let syns = events.iter().filter(|r| r["kind"] == "syn").count() as u64;
+    // Within 5%, and the segments no record carried (`unseen`, above) are of
+    // a kind nobody saw: the kernel's count of a kind may hold them too.
     let near = |ours: u64, kernel: u64| {
-        (ours as f64 - kernel as f64).abs() <= (0.05 * kernel as f64).max(2.0)
+        let slack = (0.05 * kernel as f64).max(2.0);
+        ours as f64 <= kernel as f64 + slack && kernel as f64 <= (ours + unseen) as f64 + slack
     };
-    assert!(near(fast, k.get("TcpExt.TCPFastRetrans")), "fast {fast}");
+    assert!(
+        near(fast, k.get("TcpExt.TCPFastRetrans")),
+        "fast {fast} (unseen {unseen})"
+    );
     assert!(
         near(slow_start, k.get("TcpExt.TCPSlowStartRetrans")),
-        "rto after the timer {slow_start}"
+        "rto after the timer {slow_start} (unseen {unseen})"
     );
     assert!(
         near(timeouts, k.get("TcpExt.TCPTimeouts")),
@@ -290,14 +296,19 @@ fn a_lost_response_s_probe_waits_as_long_as_the_wire_shows() {
         .output()
         .expect("tshark (run `cargo xtask setup`)");
     let _ = std::fs::remove_file(&pcap);
-    // Sequence number -> seconds since its first transmission.
-    let sent_again: std::collections::BTreeMap<u64, f64> = String::from_utf8_lossy(&wire.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (seq, rto) = l.split_once('\t')?;
-            Some((seq.parse().ok()?, rto.parse().ok()?))
-        })
-        .collect();
+    // Sequence number -> seconds since its first transmission, of its first
+    // retransmission: a probe comes before any timeout of the same segment
+    // (a lost probe is followed by the RTO's copy, later).
+    let mut sent_again = std::collections::BTreeMap::<u64, f64>::new();
+    for l in String::from_utf8_lossy(&wire.stdout).lines() {
+        let Some((seq, rto)) = l.split_once('\t') else {
+            continue;
+        };
+        if let (Ok(seq), Ok(rto)) = (seq.parse(), rto.parse::<f64>()) {
+            let first = sent_again.entry(seq).or_insert(rto);
+            *first = first.min(rto);
+        }
+    }
     let probes: Vec<&Value> = retransmits_in(&records, pair.netns_inode(Side::A))
         .into_iter()
         .filter(|r| r["kind"] == "tlp" && r["err"] == 0 && r["sport"] == server.port)
