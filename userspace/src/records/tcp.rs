@@ -1,6 +1,8 @@
-//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`.
+//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`;
+//! `tcp_retransmit` and `tcp_flow` name their connection with one
+//! [`Connection`].
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -22,7 +24,9 @@ pub fn addr(family: u16, bytes: &[u8; 16]) -> IpAddr {
 }
 
 /// An address family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 #[schemars(rename = "ip_family")]
 pub enum IpFamily {
@@ -47,6 +51,79 @@ impl IpFamily {
         } else {
             Self::Ipv4
         }
+    }
+}
+
+/// A TCP connection as a TCP record names it, at the record's top level
+/// (flattened): its network namespace, its address family, and its local
+/// (`saddr`, `sport`) and remote (`daddr`, `dport`) ends. The addresses are
+/// typed, so a record costs no allocation for them and a reader compares
+/// them without parsing; on the wire they are text.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[schemars(deny_unknown_fields)]
+pub struct Connection {
+    /// Network namespace inode of the socket (`ls -Li /proc/PID/ns/net`, `stat -L
+    /// /run/netns/NAME`).
+    pub netns: u32,
+    /// Address family.
+    pub family: IpFamily,
+    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
+    #[schemars(with = "String")]
+    pub saddr: IpAddr,
+    /// Local port.
+    pub sport: u16,
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
+    #[schemars(with = "String")]
+    pub daddr: IpAddr,
+    /// Remote port.
+    pub dport: u16,
+}
+
+impl Connection {
+    /// A connection as the kernel's tuple gives it (`struct tuple`, sock.bpf.h:
+    /// v4-mapped v6 already folded to v4).
+    pub fn from_kernel(
+        netns: u32,
+        family: u16,
+        saddr: &[u8; 16],
+        sport: u16,
+        daddr: &[u8; 16],
+        dport: u16,
+    ) -> Self {
+        Self {
+            netns,
+            family: IpFamily::from_kernel(family),
+            saddr: addr(family, saddr),
+            sport,
+            daddr: addr(family, daddr),
+            dport,
+        }
+    }
+
+    /// A connection from its two ends (the family is the local address's).
+    pub fn new(netns: u32, local: SocketAddr, remote: SocketAddr) -> Self {
+        Self {
+            netns,
+            family: IpFamily::of(&local.ip()),
+            saddr: local.ip(),
+            sport: local.port(),
+            daddr: remote.ip(),
+            dport: remote.port(),
+        }
+    }
+
+    /// The local end.
+    pub fn local(&self) -> SocketAddr {
+        SocketAddr::new(self.saddr, self.sport)
+    }
+
+    /// The remote end.
+    pub fn remote(&self) -> SocketAddr {
+        SocketAddr::new(self.daddr, self.dport)
     }
 }
 
@@ -166,21 +243,8 @@ impl Limiter {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpRetransmitRecord {
-    /// Network namespace inode of the socket (`ls -Li /proc/PID/ns/net`, `stat -L
-    /// /run/netns/NAME`).
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub saddr: String,
-    /// Local port.
-    pub sport: u16,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub daddr: String,
-    /// Remote port.
-    pub dport: u16,
+    #[serde(flatten)]
+    pub connection: Connection,
     /// TCP state of the connection (SYN_RECV for a SYN-ACK retransmit).
     pub state: String,
     /// Why it was sent again: `rto` in loss recovery after the retransmission timer fired
@@ -270,12 +334,9 @@ impl TcpRetransmitRecord {
         let comm_len = e.comm.iter().position(|&c| c == 0).unwrap_or(e.comm.len());
         let comm: Vec<u8> = e.comm[..comm_len].iter().map(|&c| c as u8).collect();
         Self {
-            netns: e.netns,
-            family: IpFamily::from_kernel(e.family),
-            saddr: addr(e.family, &e.saddr).to_string(),
-            sport: e.sport,
-            daddr: addr(e.family, &e.daddr).to_string(),
-            dport: e.dport,
+            connection: Connection::from_kernel(
+                e.netns, e.family, &e.saddr, e.sport, &e.daddr, e.dport,
+            ),
             state: state_name(e.state).to_string(),
             kind: RetransmitKind::from_kernel(e.retx_kind),
             timer: flag(abi::TCP_RETX_F_TIMER),
@@ -358,18 +419,8 @@ pub struct TcpRttRecord {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpFlowRecord {
-    /// Network namespace inode.
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Local address.
-    pub saddr: String,
-    /// Local port.
-    pub sport: u16,
-    /// Remote address.
-    pub daddr: String,
-    /// Remote port.
-    pub dport: u16,
+    #[serde(flatten)]
+    pub connection: Connection,
     /// Socket inode (as in /proc/PID/fd and `ss -e`); absent for a connection not accepted yet
     /// (no inode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,87 +485,5 @@ pub struct TcpFlowRecord {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decodes_an_rto_event() {
-        let mut e = tcp_retransmit_event {
-            kind: abi::EVENT_TCP_RETRANSMIT,
-            flags: abi::TCP_RETX_F_TIMER
-                | abi::TCP_RETX_F_COUNTED
-                | abi::TCP_RETX_F_OWNER
-                | abi::TCP_RETX_F_EPISODE,
-            family: 2,
-            sport: 1433,
-            dport: 50123,
-            state: 1,
-            ca_state: 4,
-            retx_kind: abi::TCP_RETX_RTO as u8,
-            backoff: 2,
-            retransmits: 3,
-            segs: 1,
-            rto_jiffies: 200, // 800 ms at HZ 250
-            srtt_us: 120,
-            stalled_ms: 1400,
-            tgid: 7,
-            pid: 8,
-            ..Default::default()
-        };
-        e.saddr[..4].copy_from_slice(&[10, 200, 0, 1]);
-        e.daddr[..4].copy_from_slice(&[10, 200, 0, 2]);
-        for (i, b) in b"sqlservr".iter().enumerate() {
-            e.comm[i] = *b as _;
-        }
-        let r = TcpRetransmitRecord::from_event(&e, 250);
-        assert_eq!(
-            (r.saddr.as_str(), r.daddr.as_str()),
-            ("10.200.0.1", "10.200.0.2")
-        );
-        assert_eq!(
-            (r.kind, r.state.as_str(), r.ca_state.as_str()),
-            (RetransmitKind::Rto, "ESTABLISHED", "loss")
-        );
-        assert!(r.timer && r.counted && !r.synack);
-        assert_eq!(r.rto_ms, 800.0);
-        assert_eq!(r.stalled_ms, Some(1400));
-        assert_eq!((r.pid, r.comm.as_deref()), (Some(7), Some("sqlservr")));
-    }
-
-    #[test]
-    fn a_probe_carries_how_long_its_flight_waited() {
-        let probe = tcp_retransmit_event {
-            flags: abi::TCP_RETX_F_PROBE,
-            retx_kind: abi::TCP_RETX_TLP as u8,
-            probe_after_us: 204_567,
-            ..Default::default()
-        };
-        let r = TcpRetransmitRecord::from_event(&probe, 250);
-        assert_eq!(
-            (r.kind, r.probe_after_ms),
-            (RetransmitKind::Tlp, Some(204.56))
-        );
-        let fast = tcp_retransmit_event {
-            retx_kind: abi::TCP_RETX_FAST as u8,
-            ..Default::default()
-        };
-        assert_eq!(
-            TcpRetransmitRecord::from_event(&fast, 250).probe_after_ms,
-            None
-        );
-    }
-
-    #[test]
-    fn v6_addresses_and_unowned_sockets() {
-        let mut e = tcp_retransmit_event {
-            family: 10,
-            retx_kind: abi::TCP_RETX_FAST as u8,
-            ..Default::default()
-        };
-        e.daddr = "fd00:5700::2".parse::<Ipv6Addr>().unwrap().octets();
-        let r = TcpRetransmitRecord::from_event(&e, 1000);
-        assert_eq!(r.daddr, "fd00:5700::2");
-        assert_eq!(r.family, IpFamily::Ipv6);
-        assert_eq!((r.pid, r.comm.clone(), r.stalled_ms), (None, None, None));
-    }
-}
+#[path = "tcp_tests.rs"]
+mod tests;

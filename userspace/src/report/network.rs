@@ -451,11 +451,12 @@ impl Network {
             rt.rto_wait_ms += ms;
             rt.max_rto_ms = rt.max_rto_ms.max(ms);
         }
+        let c = &r.connection;
         let key = (
-            Some(u64::from(r.netns)),
-            r.daddr.clone(),
-            Some(u64::from(r.dport)),
-            Some(u64::from(r.sport)),
+            Some(u64::from(c.netns)),
+            c.daddr.to_string(),
+            Some(u64::from(c.dport)),
+            Some(u64::from(c.sport)),
         );
         let p = self.peer(key);
         p.events += 1;
@@ -474,12 +475,13 @@ impl Network {
     }
 
     pub fn tcp_flow(&mut self, r: &TcpFlowRecord, ts_us: i64) {
+        let c = &r.connection;
         let flow = format!(
             "{} -> {}",
-            endpoint(&r.saddr, Some(u64::from(r.sport))),
-            endpoint(&r.daddr, Some(u64::from(r.dport)))
+            endpoint(&c.saddr.to_string(), Some(u64::from(c.sport))),
+            endpoint(&c.daddr.to_string(), Some(u64::from(c.dport)))
         );
-        let netns = Some(u64::from(r.netns));
+        let netns = Some(u64::from(c.netns));
         let f = self
             .flows
             .entry((netns, flow.clone()))

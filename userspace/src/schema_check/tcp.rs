@@ -5,7 +5,14 @@ use crate::abi;
 use crate::host::container::{self, Container};
 use crate::records::Examples;
 use crate::records::sql::{SessionKind, SpidSource, SqlTag};
-use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::tcp::{
+    Connection, IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord,
+};
+
+/// A connection in the host's namespace, from its local and remote ends.
+fn connection(local: &str, remote: &str) -> Connection {
+    Connection::new(4026531840, local.parse().unwrap(), remote.parse().unwrap())
+}
 
 /// The SQL Server session tag the tagged tcp records carry.
 fn session_tag() -> SqlTag {
@@ -124,12 +131,7 @@ impl Examples for TcpFlowRecord {
     fn examples() -> Vec<Self> {
         let mut all = Vec::new();
         let flow = TcpFlowRecord {
-            netns: 4026531840,
-            family: IpFamily::Ipv4,
-            saddr: "10.1.2.3".into(),
-            sport: 5022,
-            daddr: "10.1.2.4".into(),
-            dport: 50_200,
+            connection: connection("10.1.2.3:5022", "10.1.2.4:50200"),
             sock_ino: Some(88_123),
             interval_ms: 1001,
             bytes_acked: 31_250_000,

@@ -6,7 +6,7 @@ pub mod flows;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -148,13 +148,6 @@ impl TcpProbe {
     }
 }
 
-/// `addr:port` as a SocketAddr.
-fn socket(addr: &str, port: u16) -> Option<SocketAddr> {
-    addr.parse::<IpAddr>()
-        .ok()
-        .map(|ip| SocketAddr::new(ip, port))
-}
-
 impl Family for TcpProbe {
     fn attached(&self) -> &AttachedFamily {
         &self.family
@@ -165,10 +158,8 @@ impl Family for TcpProbe {
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
             if let Some(sql) = ctx.sql.as_deref_mut() {
-                let remote = socket(&record.daddr, record.dport);
-                let tag = |sql: &dyn Tagger| {
-                    remote.and_then(|r| sql.tag_socket(e.sock_ino, e.netns, e.sport, r))
-                };
+                let remote = record.connection.remote();
+                let tag = |sql: &dyn Tagger| sql.tag_socket(e.sock_ino, e.netns, e.sport, remote);
                 if tag(sql).is_none() {
                     // A session younger than the last discovery: look again (once per drain).
                     sql.missed(record.pid, &ts);
@@ -266,7 +257,7 @@ impl Family for TcpProbe {
                 syn_retransmits: delta[5],
                 peer_table_full: table_full,
                 sql: ctx.sql.as_deref().and_then(|sql| {
-                    let remote = socket(&addr(key.family, &key.raddr).to_string(), key.rport)?;
+                    let remote = SocketAddr::new(addr(key.family, &key.raddr), key.rport);
                     sql.tag_socket(0, key.netns, key.lport, remote)
                 }),
             };
