@@ -1,11 +1,10 @@
-//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`;
-//! `tcp_retransmit` and `tcp_flow` name their connection with one
-//! [`Connection`].
+//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`, each
+//! naming its connection with one [`Connection`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::sql::SqlTag;
 use crate::abi::{self, tcp_retransmit_event};
@@ -54,7 +53,7 @@ impl IpFamily {
     }
 }
 
-/// A TCP connection as a TCP record names it, at the record's top level
+/// A TCP connection as every TCP record names it, at the record's top level
 /// (flattened): its network namespace, its address family, and its local
 /// (`saddr`, `sport`) and remote (`daddr`, `dport`) ends. The addresses are
 /// typed, so a record costs no allocation for them and a reader compares
@@ -125,6 +124,54 @@ impl Connection {
     pub fn remote(&self) -> SocketAddr {
         SocketAddr::new(self.daddr, self.dport)
     }
+}
+
+/// `tcp_rtt`'s connection read from a line of any schema. Schema 1 and 2
+/// keyed it without the local address and spelled the rest `peer`,
+/// `peer_port`, `local_port`; such a line reads with `daddr`, `dport` and
+/// `sport` from those and `saddr` the unspecified address of its family
+/// (`0.0.0.0`, `::`): any local address, which is what its figures covered.
+/// Here, in the type, so that every reader of the stream (the report, a
+/// replayed recording) reads old streams alike, as `hist/record.rs` reads
+/// schema 1's histograms.
+fn rtt_connection<'de, D: Deserializer<'de>>(d: D) -> Result<Connection, D::Error> {
+    #[derive(Deserialize)]
+    struct AnySchema {
+        netns: u32,
+        family: IpFamily,
+        saddr: Option<IpAddr>,
+        sport: Option<u16>,
+        daddr: Option<IpAddr>,
+        dport: Option<u16>,
+        peer: Option<IpAddr>,
+        peer_port: Option<u16>,
+        local_port: Option<u16>,
+    }
+    let a = AnySchema::deserialize(d)?;
+    let missing = |field| serde::de::Error::missing_field(field);
+    let c = match (a.daddr, a.peer) {
+        (Some(daddr), _) => Connection {
+            netns: a.netns,
+            family: a.family,
+            saddr: a.saddr.ok_or_else(|| missing("saddr"))?,
+            sport: a.sport.ok_or_else(|| missing("sport"))?,
+            daddr,
+            dport: a.dport.ok_or_else(|| missing("dport"))?,
+        },
+        (None, Some(peer)) => Connection {
+            netns: a.netns,
+            family: a.family,
+            saddr: match a.family {
+                IpFamily::Ipv4 => Ipv4Addr::UNSPECIFIED.into(),
+                IpFamily::Ipv6 => Ipv6Addr::UNSPECIFIED.into(),
+            },
+            sport: a.local_port.ok_or_else(|| missing("local_port"))?,
+            daddr: peer,
+            dport: a.peer_port.ok_or_else(|| missing("peer_port"))?,
+        },
+        (None, None) => return Err(missing("daddr")),
+    };
+    Ok(c)
 }
 
 /// include/net/tcp_states.h
@@ -365,23 +412,14 @@ impl TcpRetransmitRecord {
     }
 }
 
-/// One TCP peer (remote address and port, local port, network namespace) over one interval, for
-/// peers that had RTT samples or retransmits in it. Aggregated in the kernel in a bounded table
-/// (1024 peers; the least recently active give way).
+/// One TCP connection (a peer: network namespace, local and remote address and port) over one
+/// interval, for connections that had RTT samples or retransmits in it. Aggregated in the kernel
+/// in a bounded table (1024 peers; the least recently active give way).
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpRttRecord {
-    /// Network namespace inode.
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub peer: String,
-    /// Remote port.
-    pub peer_port: u16,
-    /// Local port.
-    pub local_port: u16,
+    #[serde(flatten, deserialize_with = "rtt_connection")]
+    pub connection: Connection,
     /// Measured length of the interval, in milliseconds.
     pub interval_ms: u64,
     /// The kernel's smoothed RTT (srtt), in microseconds, sampled at the socket's send and

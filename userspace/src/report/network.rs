@@ -11,7 +11,7 @@ use super::typed::named_counts;
 use crate::host::link::NOT_EXPOSED;
 use crate::records::netdev::{self, Exposed, NetdevRecord};
 use crate::records::sql::SqlTag;
-use crate::records::tcp::{TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::tcp::{Connection, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
 
 // ---- interfaces -----------------------------------------------------------
 
@@ -181,13 +181,16 @@ pub struct Interface {
 
 // ---- TCP peers --------------------------------------------------------------
 
-/// One remote end as `tcp_rtt` keys it (a client connection is one peer).
+/// One connection, by its namespace, remote end and local port (a client
+/// connection is one peer). Not by its local address: a `tcp_rtt` of schema
+/// 1 or 2 has none (it reads as `0.0.0.0`), and would not meet the
+/// `tcp_retransmit` records of its connection.
 #[derive(Clone, Debug)]
 pub struct TcpPeer {
     pub netns: Option<u64>,
-    pub peer: String,
-    pub peer_port: Option<u64>,
-    pub local_port: Option<u64>,
+    pub daddr: String,
+    pub dport: Option<u64>,
+    pub sport: Option<u64>,
     pub srtt: MergedHist,
     /// From `tcp_rtt`'s per-interval counters (complete even when events were lost).
     pub retransmits: u64,
@@ -219,10 +222,10 @@ impl TcpPeer {
             return format!("(connections past the first {MAX_PEERS})");
         }
         let port = |p: Option<u64>| p.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
-        let addr = if self.peer.contains(':') {
-            format!("[{}]", self.peer)
+        let addr = if self.daddr.contains(':') {
+            format!("[{}]", self.daddr)
         } else {
-            self.peer.clone()
+            self.daddr.clone()
         };
         let owner = match &self.owner {
             Some((pid, comm)) => format!(" ({comm} {pid})"),
@@ -230,8 +233,8 @@ impl TcpPeer {
         };
         format!(
             ":{} with {addr}:{}{owner}",
-            port(self.local_port),
-            port(self.peer_port)
+            port(self.sport),
+            port(self.dport)
         )
     }
 }
@@ -328,8 +331,18 @@ pub fn endpoint(addr: &str, port: Option<u64>) -> String {
 
 // ---- builder ----------------------------------------------------------------
 
+/// `TcpPeer`'s: (netns, daddr, dport, sport).
 type PeerKey = (Option<u64>, String, Option<u64>, Option<u64>);
 type FlowKey = (Option<u64>, String);
+
+fn peer_key(c: &Connection) -> PeerKey {
+    (
+        Some(u64::from(c.netns)),
+        c.daddr.to_string(),
+        Some(u64::from(c.dport)),
+        Some(u64::from(c.sport)),
+    )
+}
 
 #[derive(Default)]
 pub struct Network {
@@ -397,9 +410,9 @@ impl Network {
         };
         self.peers.entry(key.clone()).or_insert_with(|| TcpPeer {
             netns: key.0,
-            peer: key.1,
-            peer_port: key.2,
-            local_port: key.3,
+            daddr: key.1,
+            dport: key.2,
+            sport: key.3,
             srtt: MergedHist::new(Unit::Micros),
             retransmits: 0,
             retrans_segs: 0,
@@ -415,13 +428,7 @@ impl Network {
     }
 
     pub fn tcp_rtt(&mut self, r: &TcpRttRecord) {
-        let key = (
-            Some(u64::from(r.netns)),
-            r.peer.clone(),
-            Some(u64::from(r.peer_port)),
-            Some(u64::from(r.local_port)),
-        );
-        let p = self.peer(key);
+        let p = self.peer(peer_key(&r.connection));
         p.srtt.add_record(&r.srtt_us);
         p.retransmits += r.retransmits;
         p.retrans_segs += r.retrans_segs;
@@ -451,14 +458,7 @@ impl Network {
             rt.rto_wait_ms += ms;
             rt.max_rto_ms = rt.max_rto_ms.max(ms);
         }
-        let c = &r.connection;
-        let key = (
-            Some(u64::from(c.netns)),
-            c.daddr.to_string(),
-            Some(u64::from(c.dport)),
-            Some(u64::from(c.sport)),
-        );
-        let p = self.peer(key);
+        let p = self.peer(peer_key(&r.connection));
         p.events += 1;
         p.rto_wait_ms += waited.unwrap_or(0.0);
         p.max_rto_ms = p.max_rto_ms.max(waited.unwrap_or(0.0));

@@ -380,7 +380,7 @@ fn interface(iv: &Interval, n: &NetdevRecord, th: &Thresholds) -> Option<Finding
     evidence.extend(rate);
     // The sessions sending through this namespace.
     let mut sessions: Vec<SqlTag> = Vec::new();
-    for r in iv.rtts.iter().filter(|r| r.netns == n.netns) {
+    for r in iv.rtts.iter().filter(|r| r.connection.netns == n.netns) {
         if let Some(tag) = &r.sql
             && !sessions.iter().any(|s| same_session(s, tag))
         {
