@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::enrich::{SqlTag, Tagger};
+use crate::enrich::SqlTag;
 use crate::host::container;
 use crate::host::netns::Netns;
 use crate::host::process_filter::ProcessFilter;
@@ -107,11 +107,12 @@ impl FlowSampler {
             {
                 continue;
             }
+            let connection = connection(netns, &flow.socket);
             let sql = ctx
                 .sql
                 .as_deref()
-                .and_then(|sql| tag(sql, netns, &flow.socket));
-            let mut r = record(connection(netns, &flow.socket), &flow, sql);
+                .and_then(|sql| sql.tag_socket(flow.socket.ino, &connection));
+            let mut r = record(connection, &flow, sql);
             if idle_senders.contains(&flow.socket.ino) {
                 r.pids = pids;
                 r.container = r
@@ -247,10 +248,6 @@ fn describe(e: &Undecodable) -> String {
             format!("tcp_info of {len} bytes, too short (a kernel before 4.10?)")
         }
     }
-}
-
-fn tag(sql: &dyn Tagger, netns: u32, s: &TcpSocket) -> Option<SqlTag> {
-    sql.tag_socket(s.ino, netns, s.sport, SocketAddr::new(s.remote, s.dport))
 }
 
 /// The connection a socket of `netns`'s dump is.

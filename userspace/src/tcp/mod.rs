@@ -162,8 +162,7 @@ impl Family for TcpProbe {
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
             if let Some(sql) = ctx.sql.as_deref_mut() {
-                let remote = record.connection.remote();
-                let tag = |sql: &dyn Tagger| sql.tag_socket(e.sock_ino, e.netns, e.sport, remote);
+                let tag = |sql: &dyn Tagger| sql.tag_socket(e.sock_ino, &record.connection);
                 if tag(sql).is_none() {
                     // A session younger than the last discovery: look again (once per drain).
                     sql.missed(record.pid, &ts);
@@ -253,10 +252,7 @@ impl Family for TcpProbe {
                 tail_loss_probes: delta[4],
                 syn_retransmits: delta[5],
                 peer_table_full: table_full,
-                sql: ctx
-                    .sql
-                    .as_deref()
-                    .and_then(|sql| sql.tag_socket(0, id.netns, id.sport, id.remote())),
+                sql: ctx.sql.as_deref().and_then(|sql| sql.tag_socket(0, &id)),
             };
             out.emit(ts, &record)?;
         }
