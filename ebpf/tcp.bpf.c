@@ -170,9 +170,11 @@ static __always_inline bool owner_wanted(const struct sock *sk, const struct tcp
 }
 
 /*
- * Per-peer aggregates, shared and preallocated: max_entries x ~4 KiB. LRU, so
- * the least recently active peers give way when the bound is hit; the daemon
- * sees that from peer_inserts exceeding the entries it finds.
+ * Per-peer aggregates, a peer being one connection (struct tcp_peer_key: the
+ * whole tuple), shared and preallocated: max_entries x ~4 KiB of value, the
+ * 44-byte key besides. LRU, so the least recently active peers give way when
+ * the bound is hit; the daemon sees that from peer_inserts exceeding the
+ * entries it finds, and deletes the peers idle for an interval.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -216,15 +218,17 @@ static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
 	struct tcp_peer_key key = {
 		.netns = t->netns,
 		.family = t->family,
-		.lport = t->sport,
-		.rport = t->dport,
+		.sport = t->sport,
+		.dport = t->dport,
 	};
 	struct tcp_peer_stats *peer;
 	__u32 zero = 0;
 	__u64 *inserts;
 	void *init;
 
-	__builtin_memcpy(key.raddr, t->daddr, 16);
+	/* The whole tuple: tcp_rtt names each connection as tcp_retransmit does. */
+	__builtin_memcpy(key.saddr, t->saddr, 16);
+	__builtin_memcpy(key.daddr, t->daddr, 16);
 	peer = bpf_map_lookup_elem(&tcp_peers, &key);
 	if (peer)
 		return peer;

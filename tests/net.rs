@@ -392,7 +392,7 @@ fn rtt_is_consistent_with_sockperf() {
     let records = tracer.stop();
     let peer: Vec<&Value> = of_type(&records, "tcp_rtt")
         .into_iter()
-        .filter(|r| r["peer"] == pair.v4(Side::B).to_string() && r["peer_port"] == server.port)
+        .filter(|r| r["daddr"] == pair.v4(Side::B).to_string() && r["dport"] == server.port)
         .collect();
     let srtt = Buckets::merge(&peer, "srtt_us");
     let (kernel, app) = (srtt.percentile(0.5), sockperf.percentile(50.0));

@@ -163,7 +163,7 @@ fn the_packages_install_start_rotate_stop_and_leave_under_systemd() {
     let rtt: u64 = of_type(&first, "tcp_rtt")
         .into_iter()
         .filter(|r| r["netns"].as_u64() == Some(netns))
-        .filter(|r| r["local_port"] == port || r["peer_port"] == port)
+        .filter(|r| r["sport"] == port || r["dport"] == port)
         .map(|r| Buckets::merge(&[r], "srtt_us").count())
         .sum();
     eprintln!("tcp: {rtt} RTT samples on port {port} in the guest's namespace {netns}");

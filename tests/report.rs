@@ -314,8 +314,8 @@ fn one_line_error(out: &Output) -> String {
 fn what_cannot_be_reported_is_one_line_naming_the_problem_and_the_fix() {
     let dir = Scratch::new();
     let mut start: Value = serde_json::from_str(recorded().lines().next().unwrap()).unwrap();
-    start["schema"] = json!(3);
-    start["version"] = json!("3.0.0");
+    start["schema"] = json!(4);
+    start["version"] = json!("4.0.0");
     let cases: Vec<(PathBuf, &[&str])> = vec![
         (
             dir.path("absent.jsonl"),
@@ -339,9 +339,9 @@ fn what_cannot_be_reported_is_one_line_naming_the_problem_and_the_fix() {
         (
             dir.write("newer.jsonl", &format!("{start}\n")),
             &[
-                "record schema 3 (by stalltrace 3.0.0)",
-                "reads schemas 1 and 2",
-                "report it with stalltrace 3.0.0",
+                "record schema 4 (by stalltrace 4.0.0)",
+                "reads schemas 1 to 3",
+                "report it with stalltrace 4.0.0",
             ],
         ),
         (dir.0.clone(), &["cannot read", "Is a directory"]),

@@ -282,13 +282,18 @@ struct tcp_retransmit_event {
 	char comm[STALLTRACE_COMM_LEN];
 };
 
-/* A remote peer of a local port, in one network namespace. */
+/*
+ * One connection: its local and remote ends in one network namespace, the
+ * tuple every TCP record names (tcp_rtt's key since schema 3; before, it left
+ * the local address out). No implicit padding: the map hashes the bytes.
+ */
 struct tcp_peer_key {
-	__u8 raddr[16]; /* first, 8-byte aligned: v4 in the first 4 bytes */
+	__u8 saddr[16]; /* first, 8-byte aligned: v4 in the first 4 bytes */
+	__u8 daddr[16];
 	__u32 netns;
 	__u16 family;
-	__u16 lport; /* host order */
-	__u16 rport; /* host order */
+	__u16 sport; /* host order */
+	__u16 dport; /* host order */
 	__u16 pad;
 };
 

@@ -115,7 +115,7 @@ fn lost_from(records: &[Value], sources: &[&str]) -> u64 {
 
 /// A histogram rebuilt from the buckets of many records, keyed by each
 /// bucket's `[low, high]` in thousandths of the field's unit. Decoded here
-/// from the published format (docs/records.md, schema 2; schema 1 triples
+/// from the published format (docs/records.md, schema 2 and 3; schema 1 triples
 /// too) and percentiles computed independently of stalltrace's own code.
 #[derive(Default, Debug)]
 pub struct Buckets(std::collections::BTreeMap<(u64, u64), u64>);

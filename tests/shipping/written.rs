@@ -83,7 +83,7 @@ pub fn check_received(
             &line[..200]
         );
         assert!(
-            record["host"].is_string() && record["schema"] == 2 && record["run"] == run,
+            record["host"].is_string() && record["schema"] == 3 && record["run"] == run,
             "the envelope a shipper needs is missing: {line}"
         );
         let n = seqno(record);

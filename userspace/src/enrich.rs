@@ -8,11 +8,12 @@
 //! it; the families and `probes` know only this trait, so neither imports
 //! `sqlserver`.
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 /// The `sql` object a record carries (the one place its path is named).
 pub use crate::records::sql::SqlTag;
+/// The connection a TCP record names, which a socket is looked up by.
+pub use crate::records::tcp::Connection;
 
 /// Whether a retransmission on a SQL Server session held up a response.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,14 +26,10 @@ pub struct RetransmitVerdict {
 
 /// Tags for the records of the block, tcp and netdev families.
 pub trait Tagger {
-    /// The session of a socket, by inode (0: unknown); or by its tuple.
-    fn tag_socket(
-        &self,
-        sock_ino: u64,
-        netns: u32,
-        local_port: u16,
-        remote: SocketAddr,
-    ) -> Option<SqlTag>;
+    /// The session of a socket, by inode (0: unknown); or by its
+    /// connection: its namespace, local port and remote end, which tell a
+    /// worker's sessions apart (the local address is not compared).
+    fn tag_socket(&self, sock_ino: u64, connection: &Connection) -> Option<SqlTag>;
 
     /// The SQL Server side's verdict on a retransmission of the segment
     /// starting at `seq` on socket `sock_ino`, sent at `ts_ns` (monotonic):

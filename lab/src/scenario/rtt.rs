@@ -60,8 +60,8 @@ pub fn run(bins: &Bins, fault: Fault) -> Outcome {
         .into_iter()
         .filter(|r| {
             r["netns"].as_u64() == Some(pair.netns_inode(Side::A))
-                && r["peer"] == pair.v4(Side::B).to_string()
-                && r["peer_port"] == sockperf_server.port
+                && r["daddr"] == pair.v4(Side::B).to_string()
+                && r["dport"] == sockperf_server.port
         })
         .collect();
     let srtt = Buckets::merge(&rtts, "srtt_us");

@@ -50,7 +50,10 @@ impl Peers {
     /// One `tcp_retransmit` record that went out (err 0); `timeout`: the
     /// timer's first retransmission.
     pub fn retransmitted(&mut self, r: &mut Registry, t: &TcpRetransmitRecord, timeout: bool) {
-        let labels = self.labels(t.netns.to_string(), &t.daddr, Instant::now());
+        // `peer` is the remote address (`daddr`): the label's name is the
+        // metrics' own contract (docs/metrics.md), older than the field's.
+        let c = &t.connection;
+        let labels = self.labels(c.netns.to_string(), &c.daddr.to_string(), Instant::now());
         r.add(SEGMENTS, labels.clone(), f64::from(t.segs));
         if timeout {
             r.add(TIMEOUTS, labels, 1.0);
@@ -77,7 +80,8 @@ mod tests {
 
     fn rtx(addr: &str, segs: u32) -> TcpRetransmitRecord {
         let mut t = TcpRetransmitRecord::from_event(&Default::default(), 250);
-        (t.netns, t.daddr, t.segs) = (4026531840, addr.into(), segs);
+        (t.connection.netns, t.connection.daddr) = (4026531840, addr.parse().unwrap());
+        t.segs = segs;
         t
     }
 

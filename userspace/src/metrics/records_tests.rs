@@ -187,8 +187,8 @@ fn start_netdev_rtt_and_lost_read_from_their_lines() {
     let mut kernel = crate::hist::Histogram::default();
     kernel.record(500, 2);
     let srtt = serde_json::to_value(kernel.to_record(1e-3)).unwrap();
-    let rtt = json!({"netns": 1, "family": "ipv4", "peer": "10.0.0.2", "peer_port": 1433,
-        "local_port": 50000, "interval_ms": 1000, "srtt_us": srtt,
+    let rtt = json!({"netns": 1, "family": "ipv4", "saddr": "10.0.0.1", "sport": 50000,
+        "daddr": "10.0.0.2", "dport": 1433, "interval_ms": 1000, "srtt_us": srtt,
         "retransmits": 0, "retrans_segs": 0, "rtos": 0, "fast_retransmits": 0,
         "tail_loss_probes": 0, "syn_retransmits": 0, "peer_table_full": false});
     feed(&mut r, &mut f, "tcp_rtt", &line("tcp_rtt", rtt));

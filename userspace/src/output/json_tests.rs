@@ -89,7 +89,7 @@ fn records_are_single_lines_with_the_envelope_first() {
     assert_eq!(
         lines[0],
         format!(
-            r#"{{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","schema":2,"run":"{run}","seqno":0,"dev":"loop3","count":7}}"#
+            r#"{{"ts":"2026-11-21T00:00:00.000000Z","host":"db1","type":"block","schema":{SCHEMA_VERSION},"run":"{run}","seqno":0,"dev":"loop3","count":7}}"#
         )
     );
     assert!(

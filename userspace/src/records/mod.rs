@@ -4,7 +4,7 @@
 //! back with the same types, and docs/schema.json is generated from them
 //! (`schema.rs`): a field exists once, with its meaning in its doc comment.
 //! Readers skip fields they do not know (a newer stream adds fields; a
-//! removal or a change of meaning bumps `output::SCHEMA_VERSION`), while the
+//! removal or a change of meaning bumps [`SCHEMA_VERSION`]), while the
 //! schema closes every object, so a field the code writes and the schema
 //! lacks fails its test.
 //!
@@ -27,8 +27,10 @@ pub use crate::hist::HistogramRecord;
 
 /// Bumped when a field is removed or changes meaning or encoding; additions
 /// keep it. 2: histograms by bucket index (hist/record.rs), `schema` and `run`
-/// on every record.
-pub const SCHEMA_VERSION: u32 = 2;
+/// on every record. 3: every TCP record names its connection with the same
+/// fields (`tcp::Connection`): `tcp_rtt`'s `peer`, `peer_port`, `local_port`
+/// became `daddr`, `dport`, `sport`, and it gained `saddr`.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The longest line written, newline included: 7.5 KiB leaves rsyslog room
 /// for its header with a host name of up to 255 bytes. A longer record is

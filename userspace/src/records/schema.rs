@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::{MAX_LINE_BYTES, RECORD_TYPES, SCHEMA_VERSION, each_schema};
 
 /// The document's own description: what a reader needs before any record.
-const DESCRIPTION: &str = "One JSON object per line, as written by `stalltrace run`. Every record has `ts`, `host`, `type`, `schema`, `run` and `seqno`, so that each line stands alone in a log pipeline; `type` selects the record's own fields, which sit at the same level (there is no nested body). Units are in field names (`_us` microseconds, `_ms` milliseconds, `_ns` nanoseconds). Field names never change meaning; fields may be added; a removal, rename or change of encoding bumps `schema` (2 since histograms name their buckets by index). A record that would be longer than one line is written as consecutive parts (`part`, `parts`, `split`). Every record object is closed (`additionalProperties: false`): a field the code emits and this file does not describe fails validation, on purpose. docs/records.md explains the records in prose. Generated from the record types (userspace/src/records/) by `cargo run -p stalltrace --example schema`.";
+const DESCRIPTION: &str = "One JSON object per line, as written by `stalltrace run`. Every record has `ts`, `host`, `type`, `schema`, `run` and `seqno`, so that each line stands alone in a log pipeline; `type` selects the record's own fields, which sit at the same level (there is no nested body). Units are in field names (`_us` microseconds, `_ms` milliseconds, `_ns` nanoseconds). Field names never change meaning; fields may be added; a removal, rename or change of encoding bumps `schema` (2 since histograms name their buckets by index; 3 since every TCP record names its connection with the same six fields, `netns`, `family`, `saddr`, `sport`, `daddr`, `dport`). A record that would be longer than one line is written as consecutive parts (`part`, `parts`, `split`). Every record object is closed (`additionalProperties: false`): a field the code emits and this file does not describe fails validation, on purpose. docs/records.md explains the records in prose. Generated from the record types (userspace/src/records/) by `cargo run -p stalltrace --example schema`.";
 
 /// The envelope's fields, on every record (output/json.rs writes them).
 fn envelope() -> Vec<(&'static str, Value, bool)> {
@@ -45,7 +45,7 @@ fn envelope() -> Vec<(&'static str, Value, bool)> {
             "schema",
             json!({
                 "const": SCHEMA_VERSION,
-                "description": "Version of the record schema, on every record: bumped when a field is removed or changes meaning or encoding. Schema 1 (before 2026-11-23) wrote it on `start` only and histograms as `[low, high, count]` triples; `stalltrace report` reads both."
+                "description": "Version of the record schema, on every record: bumped when a field is removed or changes meaning or encoding. Schema 1 (before 2026-11-23) wrote it on `start` only and histograms as `[low, high, count]` triples; schemas 1 and 2 named a `tcp_rtt`'s connection `peer`, `peer_port`, `local_port`, without its local address; `stalltrace report` reads all three."
             }),
             true,
         ),

@@ -1,9 +1,10 @@
-//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`.
+//! The tcp family's records: `tcp_retransmit`, `tcp_rtt`, `tcp_flow`, each
+//! naming its connection with one [`Connection`].
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::sql::SqlTag;
 use crate::abi::{self, tcp_retransmit_event};
@@ -22,7 +23,9 @@ pub fn addr(family: u16, bytes: &[u8; 16]) -> IpAddr {
 }
 
 /// An address family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 #[schemars(rename = "ip_family")]
 pub enum IpFamily {
@@ -48,6 +51,127 @@ impl IpFamily {
             Self::Ipv4
         }
     }
+}
+
+/// A TCP connection as every TCP record names it, at the record's top level
+/// (flattened): its network namespace, its address family, and its local
+/// (`saddr`, `sport`) and remote (`daddr`, `dport`) ends. The addresses are
+/// typed, so a record costs no allocation for them and a reader compares
+/// them without parsing; on the wire they are text.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[schemars(deny_unknown_fields)]
+pub struct Connection {
+    /// Network namespace inode of the socket (`ls -Li /proc/PID/ns/net`, `stat -L
+    /// /run/netns/NAME`).
+    pub netns: u32,
+    /// Address family.
+    pub family: IpFamily,
+    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
+    #[schemars(with = "String")]
+    pub saddr: IpAddr,
+    /// Local port.
+    pub sport: u16,
+    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
+    /// addresses are reported as IPv4.
+    #[schemars(with = "String")]
+    pub daddr: IpAddr,
+    /// Remote port.
+    pub dport: u16,
+}
+
+impl Connection {
+    /// A connection as the kernel's tuple gives it (`struct tuple`, sock.bpf.h:
+    /// v4-mapped v6 already folded to v4).
+    pub fn from_kernel(
+        netns: u32,
+        family: u16,
+        saddr: &[u8; 16],
+        sport: u16,
+        daddr: &[u8; 16],
+        dport: u16,
+    ) -> Self {
+        Self {
+            netns,
+            family: IpFamily::from_kernel(family),
+            saddr: addr(family, saddr),
+            sport,
+            daddr: addr(family, daddr),
+            dport,
+        }
+    }
+
+    /// A connection from its two ends (the family is the local address's).
+    pub fn new(netns: u32, local: SocketAddr, remote: SocketAddr) -> Self {
+        Self {
+            netns,
+            family: IpFamily::of(&local.ip()),
+            saddr: local.ip(),
+            sport: local.port(),
+            daddr: remote.ip(),
+            dport: remote.port(),
+        }
+    }
+
+    /// The local end.
+    pub fn local(&self) -> SocketAddr {
+        SocketAddr::new(self.saddr, self.sport)
+    }
+
+    /// The remote end.
+    pub fn remote(&self) -> SocketAddr {
+        SocketAddr::new(self.daddr, self.dport)
+    }
+}
+
+/// `tcp_rtt`'s connection read from a line of any schema. Schema 1 and 2
+/// keyed it without the local address and spelled the rest `peer`,
+/// `peer_port`, `local_port`; such a line reads with `daddr`, `dport` and
+/// `sport` from those and `saddr` the unspecified address of its family
+/// (`0.0.0.0`, `::`): any local address, which is what its figures covered.
+/// Here, in the type, so that every reader of the stream (the report, a
+/// replayed recording) reads old streams alike, as `hist/record.rs` reads
+/// schema 1's histograms.
+fn rtt_connection<'de, D: Deserializer<'de>>(d: D) -> Result<Connection, D::Error> {
+    #[derive(Deserialize)]
+    struct AnySchema {
+        netns: u32,
+        family: IpFamily,
+        saddr: Option<IpAddr>,
+        sport: Option<u16>,
+        daddr: Option<IpAddr>,
+        dport: Option<u16>,
+        peer: Option<IpAddr>,
+        peer_port: Option<u16>,
+        local_port: Option<u16>,
+    }
+    let a = AnySchema::deserialize(d)?;
+    let missing = |field| serde::de::Error::missing_field(field);
+    let c = match (a.daddr, a.peer) {
+        (Some(daddr), _) => Connection {
+            netns: a.netns,
+            family: a.family,
+            saddr: a.saddr.ok_or_else(|| missing("saddr"))?,
+            sport: a.sport.ok_or_else(|| missing("sport"))?,
+            daddr,
+            dport: a.dport.ok_or_else(|| missing("dport"))?,
+        },
+        (None, Some(peer)) => Connection {
+            netns: a.netns,
+            family: a.family,
+            saddr: match a.family {
+                IpFamily::Ipv4 => Ipv4Addr::UNSPECIFIED.into(),
+                IpFamily::Ipv6 => Ipv6Addr::UNSPECIFIED.into(),
+            },
+            sport: a.local_port.ok_or_else(|| missing("local_port"))?,
+            daddr: peer,
+            dport: a.peer_port.ok_or_else(|| missing("peer_port"))?,
+        },
+        (None, None) => return Err(missing("daddr")),
+    };
+    Ok(c)
 }
 
 /// include/net/tcp_states.h
@@ -166,21 +290,8 @@ impl Limiter {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpRetransmitRecord {
-    /// Network namespace inode of the socket (`ls -Li /proc/PID/ns/net`, `stat -L
-    /// /run/netns/NAME`).
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Local address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub saddr: String,
-    /// Local port.
-    pub sport: u16,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub daddr: String,
-    /// Remote port.
-    pub dport: u16,
+    #[serde(flatten)]
+    pub connection: Connection,
     /// TCP state of the connection (SYN_RECV for a SYN-ACK retransmit).
     pub state: String,
     /// Why it was sent again: `rto` in loss recovery after the retransmission timer fired
@@ -270,12 +381,9 @@ impl TcpRetransmitRecord {
         let comm_len = e.comm.iter().position(|&c| c == 0).unwrap_or(e.comm.len());
         let comm: Vec<u8> = e.comm[..comm_len].iter().map(|&c| c as u8).collect();
         Self {
-            netns: e.netns,
-            family: IpFamily::from_kernel(e.family),
-            saddr: addr(e.family, &e.saddr).to_string(),
-            sport: e.sport,
-            daddr: addr(e.family, &e.daddr).to_string(),
-            dport: e.dport,
+            connection: Connection::from_kernel(
+                e.netns, e.family, &e.saddr, e.sport, &e.daddr, e.dport,
+            ),
             state: state_name(e.state).to_string(),
             kind: RetransmitKind::from_kernel(e.retx_kind),
             timer: flag(abi::TCP_RETX_F_TIMER),
@@ -304,23 +412,14 @@ impl TcpRetransmitRecord {
     }
 }
 
-/// One TCP peer (remote address and port, local port, network namespace) over one interval, for
-/// peers that had RTT samples or retransmits in it. Aggregated in the kernel in a bounded table
-/// (1024 peers; the least recently active give way).
+/// One TCP connection (a peer: network namespace, local and remote address and port) over one
+/// interval, for connections that had RTT samples or retransmits in it. Aggregated in the kernel
+/// in a bounded table (1024 peers; the least recently active give way).
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpRttRecord {
-    /// Network namespace inode.
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Remote address. IP address, dotted quad or RFC 5952 IPv6 text; IPv4-mapped IPv6
-    /// addresses are reported as IPv4.
-    pub peer: String,
-    /// Remote port.
-    pub peer_port: u16,
-    /// Local port.
-    pub local_port: u16,
+    #[serde(flatten, deserialize_with = "rtt_connection")]
+    pub connection: Connection,
     /// Measured length of the interval, in milliseconds.
     pub interval_ms: u64,
     /// The kernel's smoothed RTT (srtt), in microseconds, sampled at the socket's send and
@@ -358,18 +457,8 @@ pub struct TcpRttRecord {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct TcpFlowRecord {
-    /// Network namespace inode.
-    pub netns: u32,
-    /// Address family.
-    pub family: IpFamily,
-    /// Local address.
-    pub saddr: String,
-    /// Local port.
-    pub sport: u16,
-    /// Remote address.
-    pub daddr: String,
-    /// Remote port.
-    pub dport: u16,
+    #[serde(flatten)]
+    pub connection: Connection,
     /// Socket inode (as in /proc/PID/fd and `ss -e`); absent for a connection not accepted yet
     /// (no inode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,87 +523,5 @@ pub struct TcpFlowRecord {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decodes_an_rto_event() {
-        let mut e = tcp_retransmit_event {
-            kind: abi::EVENT_TCP_RETRANSMIT,
-            flags: abi::TCP_RETX_F_TIMER
-                | abi::TCP_RETX_F_COUNTED
-                | abi::TCP_RETX_F_OWNER
-                | abi::TCP_RETX_F_EPISODE,
-            family: 2,
-            sport: 1433,
-            dport: 50123,
-            state: 1,
-            ca_state: 4,
-            retx_kind: abi::TCP_RETX_RTO as u8,
-            backoff: 2,
-            retransmits: 3,
-            segs: 1,
-            rto_jiffies: 200, // 800 ms at HZ 250
-            srtt_us: 120,
-            stalled_ms: 1400,
-            tgid: 7,
-            pid: 8,
-            ..Default::default()
-        };
-        e.saddr[..4].copy_from_slice(&[10, 200, 0, 1]);
-        e.daddr[..4].copy_from_slice(&[10, 200, 0, 2]);
-        for (i, b) in b"sqlservr".iter().enumerate() {
-            e.comm[i] = *b as _;
-        }
-        let r = TcpRetransmitRecord::from_event(&e, 250);
-        assert_eq!(
-            (r.saddr.as_str(), r.daddr.as_str()),
-            ("10.200.0.1", "10.200.0.2")
-        );
-        assert_eq!(
-            (r.kind, r.state.as_str(), r.ca_state.as_str()),
-            (RetransmitKind::Rto, "ESTABLISHED", "loss")
-        );
-        assert!(r.timer && r.counted && !r.synack);
-        assert_eq!(r.rto_ms, 800.0);
-        assert_eq!(r.stalled_ms, Some(1400));
-        assert_eq!((r.pid, r.comm.as_deref()), (Some(7), Some("sqlservr")));
-    }
-
-    #[test]
-    fn a_probe_carries_how_long_its_flight_waited() {
-        let probe = tcp_retransmit_event {
-            flags: abi::TCP_RETX_F_PROBE,
-            retx_kind: abi::TCP_RETX_TLP as u8,
-            probe_after_us: 204_567,
-            ..Default::default()
-        };
-        let r = TcpRetransmitRecord::from_event(&probe, 250);
-        assert_eq!(
-            (r.kind, r.probe_after_ms),
-            (RetransmitKind::Tlp, Some(204.56))
-        );
-        let fast = tcp_retransmit_event {
-            retx_kind: abi::TCP_RETX_FAST as u8,
-            ..Default::default()
-        };
-        assert_eq!(
-            TcpRetransmitRecord::from_event(&fast, 250).probe_after_ms,
-            None
-        );
-    }
-
-    #[test]
-    fn v6_addresses_and_unowned_sockets() {
-        let mut e = tcp_retransmit_event {
-            family: 10,
-            retx_kind: abi::TCP_RETX_FAST as u8,
-            ..Default::default()
-        };
-        e.daddr = "fd00:5700::2".parse::<Ipv6Addr>().unwrap().octets();
-        let r = TcpRetransmitRecord::from_event(&e, 1000);
-        assert_eq!(r.daddr, "fd00:5700::2");
-        assert_eq!(r.family, IpFamily::Ipv6);
-        assert_eq!((r.pid, r.comm.clone(), r.stalled_ms), (None, None, None));
-    }
-}
+#[path = "tcp_tests.rs"]
+mod tests;

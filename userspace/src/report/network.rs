@@ -11,7 +11,9 @@ use super::typed::named_counts;
 use crate::host::link::NOT_EXPOSED;
 use crate::records::netdev::{self, Exposed, NetdevRecord};
 use crate::records::sql::SqlTag;
-use crate::records::tcp::{RetransmitKind, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::tcp::{
+    Connection, RetransmitKind, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord,
+};
 
 // ---- interfaces -----------------------------------------------------------
 
@@ -181,13 +183,16 @@ pub struct Interface {
 
 // ---- TCP peers --------------------------------------------------------------
 
-/// One remote end as `tcp_rtt` keys it (a client connection is one peer).
+/// One connection, by its namespace, remote end and local port (a client
+/// connection is one peer). Not by its local address: a `tcp_rtt` of schema
+/// 1 or 2 has none (it reads as `0.0.0.0`), and would not meet the
+/// `tcp_retransmit` records of its connection.
 #[derive(Clone, Debug)]
 pub struct TcpPeer {
     pub netns: Option<u64>,
-    pub peer: String,
-    pub peer_port: Option<u64>,
-    pub local_port: Option<u64>,
+    pub daddr: String,
+    pub dport: Option<u64>,
+    pub sport: Option<u64>,
     pub srtt: MergedHist,
     /// From `tcp_rtt`'s per-interval counters (complete even when events were lost).
     pub retransmits: u64,
@@ -220,10 +225,10 @@ impl TcpPeer {
             return format!("(connections past the first {MAX_PEERS})");
         }
         let port = |p: Option<u64>| p.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
-        let addr = if self.peer.contains(':') {
-            format!("[{}]", self.peer)
+        let addr = if self.daddr.contains(':') {
+            format!("[{}]", self.daddr)
         } else {
-            self.peer.clone()
+            self.daddr.clone()
         };
         let owner = match &self.owner {
             Some((pid, comm)) => format!(" ({comm} {pid})"),
@@ -231,8 +236,8 @@ impl TcpPeer {
         };
         format!(
             ":{} with {addr}:{}{owner}",
-            port(self.local_port),
-            port(self.peer_port)
+            port(self.sport),
+            port(self.dport)
         )
     }
 }
@@ -346,8 +351,18 @@ pub fn endpoint(addr: &str, port: Option<u64>) -> String {
 
 // ---- builder ----------------------------------------------------------------
 
+/// `TcpPeer`'s: (netns, daddr, dport, sport).
 type PeerKey = (Option<u64>, String, Option<u64>, Option<u64>);
 type FlowKey = (Option<u64>, String);
+
+fn peer_key(c: &Connection) -> PeerKey {
+    (
+        Some(u64::from(c.netns)),
+        c.daddr.to_string(),
+        Some(u64::from(c.dport)),
+        Some(u64::from(c.sport)),
+    )
+}
 
 #[derive(Default)]
 pub struct Network {
@@ -415,9 +430,9 @@ impl Network {
         };
         self.peers.entry(key.clone()).or_insert_with(|| TcpPeer {
             netns: key.0,
-            peer: key.1,
-            peer_port: key.2,
-            local_port: key.3,
+            daddr: key.1,
+            dport: key.2,
+            sport: key.3,
             srtt: MergedHist::new(Unit::Micros),
             retransmits: 0,
             retrans_segs: 0,
@@ -433,13 +448,7 @@ impl Network {
     }
 
     pub fn tcp_rtt(&mut self, r: &TcpRttRecord) {
-        let key = (
-            Some(u64::from(r.netns)),
-            r.peer.clone(),
-            Some(u64::from(r.peer_port)),
-            Some(u64::from(r.local_port)),
-        );
-        let p = self.peer(key);
+        let p = self.peer(peer_key(&r.connection));
         p.srtt.add_record(&r.srtt_us);
         p.retransmits += r.retransmits;
         p.retrans_segs += r.retrans_segs;
@@ -470,13 +479,7 @@ impl Network {
             rt.rto_wait_ms += ms;
             rt.max_rto_ms = rt.max_rto_ms.max(ms);
         }
-        let key = (
-            Some(u64::from(r.netns)),
-            r.daddr.clone(),
-            Some(u64::from(r.dport)),
-            Some(u64::from(r.sport)),
-        );
-        let p = self.peer(key);
+        let p = self.peer(peer_key(&r.connection));
         p.events += 1;
         let probe = r
             .probe_after_ms
@@ -503,12 +506,13 @@ impl Network {
     }
 
     pub fn tcp_flow(&mut self, r: &TcpFlowRecord, ts_us: i64) {
+        let c = &r.connection;
         let flow = format!(
             "{} -> {}",
-            endpoint(&r.saddr, Some(u64::from(r.sport))),
-            endpoint(&r.daddr, Some(u64::from(r.dport)))
+            endpoint(&c.saddr.to_string(), Some(u64::from(c.sport))),
+            endpoint(&c.daddr.to_string(), Some(u64::from(c.dport)))
         );
-        let netns = Some(u64::from(r.netns));
+        let netns = Some(u64::from(c.netns));
         let f = self
             .flows
             .entry((netns, flow.clone()))

@@ -6,9 +6,17 @@
 //! is checked there first (`run::run_info`): its body is read here after.
 //!
 //! Compatibility policy. Readers skip fields they do not know (serde's
-//! default), so a newer stream reads as is. An older one may lack fields that
-//! were added over time (schema 1 streams, and schema 2 streams of earlier
-//! builds): a record is first deserialized strictly; when that fails, the
+//! default), so a newer stream reads as is. What an older schema wrote
+//! otherwise, its record type reads itself, so that every reader of the
+//! stream (a replayed recording too) reads it alike: schema 1's histogram
+//! triples (`hist/record.rs`), and schema 1 and 2's `tcp_rtt`, whose
+//! connection was `peer`, `peer_port`, `local_port` and no local address
+//! (`records::tcp`: it reads as schema 3's from `0.0.0.0` or `::`, and the
+//! report keys a peer without its local address, so it still meets its
+//! connection's `tcp_retransmit` records, see `network::TcpPeer`). An older
+//! stream may also lack fields that were added over time (schema 1 streams,
+//! and schema 2 streams of earlier builds): a record is first deserialized
+//! strictly; when that fails, the
 //! fields in [`ADDED`] that it lacks are filled with their "absent" value (0
 //! for a counter, `false` for a flag, an empty histogram, object, list or
 //! string, a `start`'s filters limiting nothing) and it is deserialized
@@ -27,7 +35,7 @@ use serde_json::{Map, Value, json};
 use crate::records::{AnyRecord, Record};
 
 /// Per record type, the fields an older stream may lack, with the value that
-/// means "absent". Identifying fields (`dev`, `op`, `iface`, `peer`, ...) are
+/// means "absent". Identifying fields (`dev`, `op`, `iface`, `daddr`, ...) are
 /// never filled: a record without them cannot be placed.
 const ADDED: &[(&str, &[&str])] = &[
     // The first builds (block only) wrote no kernel clock rate and no filters.
@@ -184,8 +192,57 @@ mod tests {
     use crate::records::block::BlockRecord;
     use crate::records::netdev::NetdevRecord;
     use crate::records::run::StartRecord;
-    use crate::report::fixtures::{block, start, ts};
+    use crate::report::fixtures::{
+        HOST, RUN, as_v2, assert_valid, block, hist, retransmit, schema_2_validator,
+        schema_validator, start, ts,
+    };
     use crate::report::model::Report;
+
+    /// A stream of schema 2 (as its writer wrote it: `tcp_rtt` without the
+    /// local address, the remote end as `peer`) and the same as schema 3
+    /// writes it: one connection, whose `tcp_rtt` and `tcp_retransmit`
+    /// records the report puts on one row.
+    #[test]
+    fn a_tcp_rtt_of_schema_2_or_3_meets_its_connections_retransmits() {
+        let rtt = json!({"ts": ts(1.0), "host": HOST, "type": "tcp_rtt",
+            "netns": 4026531840u64, "family": "ipv4",
+            "peer": "10.0.0.9", "peer_port": 50000, "local_port": 1433,
+            "interval_ms": 1000, "srtt_us": hist(json!([]), 0.0), "retransmits": 1,
+            "retrans_segs": 1, "rtos": 1, "fast_retransmits": 0, "tail_loss_probes": 0,
+            "syn_retransmits": 0, "peer_table_full": false});
+        let v2 = as_v2(
+            &[start(), rtt, retransmit(1.0, 50000, 51, true, 204.0)],
+            RUN,
+            0,
+        );
+        let mut v3 = v2.clone();
+        for r in &mut v3 {
+            r["schema"] = json!(3);
+            if r["type"] == "tcp_rtt" {
+                let o = r.as_object_mut().unwrap();
+                for (was, now) in [
+                    ("peer", "daddr"),
+                    ("peer_port", "dport"),
+                    ("local_port", "sport"),
+                ] {
+                    let v = o.remove(was).unwrap();
+                    o.insert(now.into(), v);
+                }
+                o.insert("saddr".into(), json!("10.0.0.1"));
+            }
+        }
+        for (stream, contract) in [(&v2, schema_2_validator()), (&v3, schema_validator())] {
+            stream.iter().for_each(|r| assert_valid(&contract, r));
+            let r = Report::from_records(stream).unwrap();
+            assert!(r.stream.unreadable.is_empty(), "{:?}", r.stream.unreadable);
+            let peers: Vec<_> = r
+                .peers
+                .iter()
+                .map(|p| (p.label(), p.rtos, p.events))
+                .collect();
+            assert_eq!(peers, [(":1433 with 10.0.0.9:50000".to_string(), 1, 1)]);
+        }
+    }
 
     #[test]
     fn an_older_block_record_reads_with_its_later_fields_absent() {

@@ -443,6 +443,14 @@ fn wrong_values_fail() {
     bad("tcp_retransmit", &|r| r["sport"] = json!(70000));
     bad("tcp_rtt", &|r| r["srtt_us"] = json!(120));
     bad("tcp_rtt", &|r| r["family"] = json!("inet"));
+    // Schema 2's spelling of its connection, which the report still reads, is not schema 3's.
+    bad("tcp_rtt", &|r| {
+        let daddr = r.as_object_mut().unwrap().remove("daddr").unwrap();
+        r["peer"] = daddr;
+    });
+    bad("tcp_rtt", &|r| {
+        r.as_object_mut().unwrap().remove("saddr");
+    });
     bad("sql_session", &|r| r["event"] = json!("reopened"));
     bad("sql_session", &|r| r["kind"] = json!("replica"));
     bad("tcp_flow", &|r| r["limiter"] = json!("cwnd"));

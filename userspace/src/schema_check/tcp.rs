@@ -5,7 +5,12 @@ use crate::abi;
 use crate::host::container::{self, Container};
 use crate::records::Examples;
 use crate::records::sql::{SessionKind, SpidSource, SqlTag};
-use crate::records::tcp::{IpFamily, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+use crate::records::tcp::{Connection, Limiter, TcpFlowRecord, TcpRetransmitRecord, TcpRttRecord};
+
+/// A connection in the host's namespace, from its local and remote ends.
+fn connection(local: &str, remote: &str) -> Connection {
+    Connection::new(4026531840, local.parse().unwrap(), remote.parse().unwrap())
+}
 
 /// The SQL Server session tag the tagged tcp records carry.
 fn session_tag() -> SqlTag {
@@ -88,16 +93,12 @@ impl Examples for TcpRetransmitRecord {
     }
 }
 
-/// One peer with samples and retransmits.
+/// One connection with samples and retransmits, and a v6 one.
 impl Examples for TcpRttRecord {
     fn examples() -> Vec<Self> {
         let mut all = Vec::new();
         let rtt = TcpRttRecord {
-            netns: 4026531840,
-            family: IpFamily::Ipv4,
-            peer: "10.1.2.4".into(),
-            peer_port: 50_123,
-            local_port: 1433,
+            connection: connection("10.1.2.3:1433", "10.1.2.4:50123"),
             interval_ms: 1000,
             srtt_us: latency_us(&[(120_000, 300), (900_000, 2)]),
             retransmits: 4,
@@ -112,6 +113,10 @@ impl Examples for TcpRttRecord {
         all.push(rtt.clone());
         all.push(TcpRttRecord {
             sql: Some(session_tag()),
+            ..rtt.clone()
+        });
+        all.push(TcpRttRecord {
+            connection: connection("[fd00:5700::1]:1433", "[fd00:5700::2]:50123"),
             ..rtt
         });
         all
@@ -124,12 +129,7 @@ impl Examples for TcpFlowRecord {
     fn examples() -> Vec<Self> {
         let mut all = Vec::new();
         let flow = TcpFlowRecord {
-            netns: 4026531840,
-            family: IpFamily::Ipv4,
-            saddr: "10.1.2.3".into(),
-            sport: 5022,
-            daddr: "10.1.2.4".into(),
-            dport: 50_200,
+            connection: connection("10.1.2.3:5022", "10.1.2.4:50200"),
             sock_ino: Some(88_123),
             interval_ms: 1001,
             bytes_acked: 31_250_000,

@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use super::inventory::{Discovery, Inventory, Session};
 use super::requests::Requests;
 use super::tls::{self, TlsHooks, TlsPolicy, TlsSpids, TlsSpidsState};
 use crate::abi::{self, tds_session};
-use crate::enrich::{RetransmitVerdict, Tagger};
+use crate::enrich::{Connection, RetransmitVerdict, Tagger};
 use crate::error::UserError;
 use crate::host::procfs;
 use crate::output::JsonWriter;
@@ -471,18 +470,12 @@ fn kernel_spid(t: &tds_session, tls_trusted: bool) -> Option<(u16, SpidSource)> 
 
 /// The lookups the other families tag their records with.
 impl Tagger for SqlServer {
-    /// The session of a socket, by inode; or by its tuple.
-    fn tag_socket(
-        &self,
-        sock_ino: u64,
-        netns: u32,
-        local_port: u16,
-        remote: SocketAddr,
-    ) -> Option<SqlTag> {
+    /// The session of a socket, by inode; or by its connection.
+    fn tag_socket(&self, sock_ino: u64, c: &Connection) -> Option<SqlTag> {
         let inv = &self.inventory;
         let session = inv
             .session_by_inode(sock_ino)
-            .or_else(|| inv.session_by_tuple(netns, local_port, remote))?;
+            .or_else(|| inv.session_by_tuple(c.netns, c.sport, c.remote()))?;
         let mut tag = SqlTag::for_session(session);
         tag.container = inv.container_id(session.pid);
         if tag.spid.is_none() {

@@ -32,7 +32,8 @@ fn lossy(f: &TcpFlowRecord) -> bool {
 pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
     for f in &iv.flows {
-        let name = format!("{}:{} -> {}:{}", f.saddr, f.sport, f.daddr, f.dport);
+        let c = &f.connection;
+        let name = format!("{}:{} -> {}:{}", c.saddr, c.sport, c.daddr, c.dport);
         let busy = f.busy_ms.max(0.0);
         let fraction = |part: f64| if busy > 0.0 { part / busy } else { 0.0 };
         let rate = Evidence::new(
@@ -58,14 +59,14 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) 
                 format!(
                     "{} does not read as fast as this host sends: check the receiving side (its \
                      disk, CPU, socket receive buffer)",
-                    f.daddr
+                    c.daddr
                 ),
                 f.rwnd_limited_ms,
             ),
             Limiter::Network => {
                 let path = others
                     .iter()
-                    .find(|o| o.kind == Kind::Network && o.subject.netns == Some(f.netns.into()));
+                    .find(|o| o.kind == Kind::Network && o.subject.netns == Some(c.netns.into()));
                 if !lossy(f) && path.is_none() {
                     continue; // the network at full speed: nothing wrong
                 }
@@ -177,7 +178,7 @@ pub fn bulk(iv: &Interval, sql: &SqlState, others: &[Finding], th: &Thresholds) 
         evidence.push(rate);
         let subject = Subject {
             flow: Some(name),
-            netns: Some(f.netns.into()),
+            netns: Some(c.netns.into()),
             ..Default::default()
         };
         out.push(

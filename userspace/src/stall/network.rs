@@ -36,9 +36,11 @@ struct PeerLoss<'a> {
 }
 
 pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
-    let mut by_peer: BTreeMap<(u32, &str), PeerLoss> = BTreeMap::new();
+    // By the address's text: the order the episodes have always been found in.
+    let mut by_peer: BTreeMap<(u32, String), PeerLoss> = BTreeMap::new();
     for r in iv.retransmits.iter().filter(|r| r.err == 0) {
-        let p = by_peer.entry((r.netns, r.daddr.as_str())).or_default();
+        let c = &r.connection;
+        let p = by_peer.entry((c.netns, c.daddr.to_string())).or_default();
         add(p, r, th);
     }
     let mut out = Vec::new();
@@ -128,7 +130,7 @@ pub fn peers(iv: &Interval, th: &Thresholds) -> Vec<Finding> {
             }
         }
         let subject = Subject {
-            peer: Some(peer.to_string()),
+            peer: Some(peer.clone()),
             netns: Some(netns.into()),
             ..Default::default()
         };
@@ -383,7 +385,7 @@ fn interface(iv: &Interval, n: &NetdevRecord, th: &Thresholds) -> Option<Finding
     evidence.extend(rate);
     // The sessions sending through this namespace.
     let mut sessions: Vec<SqlTag> = Vec::new();
-    for r in iv.rtts.iter().filter(|r| r.netns == n.netns) {
+    for r in iv.rtts.iter().filter(|r| r.connection.netns == n.netns) {
         if let Some(tag) = &r.sql
             && !sessions.iter().any(|s| same_session(s, tag))
         {

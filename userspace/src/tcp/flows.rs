@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::enrich::{SqlTag, Tagger};
+use crate::enrich::SqlTag;
 use crate::host::container;
 use crate::host::netns::Netns;
 use crate::host::process_filter::ProcessFilter;
@@ -30,7 +30,7 @@ use diag::{TcpSocket, Undecodable};
 use namespaces::{MAX_NAMESPACES, OpenError, Sockets};
 use table::{FlowDelta, FlowTable};
 
-use crate::records::tcp::{IpFamily, TcpFlowRecord};
+use crate::records::tcp::{Connection, TcpFlowRecord};
 
 /// Loss sources (`lost.by_source`, prefixed `tcp.`).
 const OVER_LIMIT: &str = "flow_netns_over_limit";
@@ -107,11 +107,12 @@ impl FlowSampler {
             {
                 continue;
             }
+            let connection = connection(netns, &flow.socket);
             let sql = ctx
                 .sql
                 .as_deref()
-                .and_then(|sql| tag(sql, netns, &flow.socket));
-            let mut r = record(netns, &flow, sql);
+                .and_then(|sql| sql.tag_socket(flow.socket.ino, &connection));
+            let mut r = record(connection, &flow, sql);
             if idle_senders.contains(&flow.socket.ino) {
                 r.pids = pids;
                 r.container = r
@@ -249,8 +250,13 @@ fn describe(e: &Undecodable) -> String {
     }
 }
 
-fn tag(sql: &dyn Tagger, netns: u32, s: &TcpSocket) -> Option<SqlTag> {
-    sql.tag_socket(s.ino, netns, s.sport, SocketAddr::new(s.remote, s.dport))
+/// The connection a socket of `netns`'s dump is.
+fn connection(netns: u32, s: &TcpSocket) -> Connection {
+    Connection::new(
+        netns,
+        SocketAddr::new(s.local, s.sport),
+        SocketAddr::new(s.remote, s.dport),
+    )
 }
 
 fn round3(v: f64) -> f64 {
@@ -258,17 +264,12 @@ fn round3(v: f64) -> f64 {
 }
 
 /// The record of one bulk flow.
-fn record(netns: u32, flow: &FlowDelta, sql: Option<SqlTag>) -> TcpFlowRecord {
+fn record(connection: Connection, flow: &FlowDelta, sql: Option<SqlTag>) -> TcpFlowRecord {
     let (s, d) = (&flow.socket, &flow.delta);
     let secs = flow.interval.as_secs_f64();
     let ms = |us: u64| round3(us as f64 / 1000.0);
     TcpFlowRecord {
-        netns,
-        family: IpFamily::of(&s.local),
-        saddr: s.local.to_string(),
-        sport: s.sport,
-        daddr: s.remote.to_string(),
-        dport: s.dport,
+        connection,
         sock_ino: (s.ino != 0).then_some(s.ino),
         interval_ms: flow.interval.as_millis() as u64,
         bytes_acked: d.bytes_acked,
@@ -297,7 +298,7 @@ mod tests {
     use super::diag::TcpInfo;
     use super::table::Counters;
     use super::*;
-    use crate::records::tcp::Limiter;
+    use crate::records::tcp::{IpFamily, Limiter};
 
     #[test]
     fn a_record_from_a_delta() {
@@ -327,7 +328,7 @@ mod tests {
             },
             interval: Duration::from_millis(1000),
         };
-        let r = record(4026531840, &flow, None);
+        let r = record(connection(4026531840, &flow.socket), &flow, None);
         assert_eq!(r.send_mbps, 20.0);
         assert_eq!(r.delivery_mbps, 20.0);
         assert_eq!(
@@ -339,9 +340,10 @@ mod tests {
             (r.sock_ino, r.interval_ms, r.srtt_us, r.cwnd),
             (None, 1000, 1234.0, 40)
         );
+        let c = r.connection;
         assert_eq!(
-            (r.family, r.saddr.as_str(), r.dport),
-            (IpFamily::Ipv4, "10.0.0.1", 41_000)
+            (c.family, c.saddr.to_string(), c.dport),
+            (IpFamily::Ipv4, "10.0.0.1".to_string(), 41_000)
         );
     }
 

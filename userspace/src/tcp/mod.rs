@@ -4,9 +4,8 @@
 
 pub mod flows;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use crate::host::process_filter::ProcessFilter;
 use crate::output::JsonWriter;
 use crate::probes::lost::LostCounters;
 use crate::probes::{self, AttachedFamily, Ctx, Family, FamilyFailure, ModeChoice};
-use crate::records::tcp::{IpFamily, TcpRetransmitRecord, TcpRttRecord, addr};
+use crate::records::tcp::{Connection, TcpRetransmitRecord, TcpRttRecord};
 use flows::{FlowOptions, FlowSampler};
 
 pub struct TcpOptions {
@@ -38,9 +37,6 @@ pub struct TcpOptions {
     pub flows: Option<FlowOptions>,
 }
 
-/// A peer: (netns, family, local port, remote port, remote address).
-type PeerId = (u32, u16, u16, u16, [u8; 16]);
-
 #[derive(Default)]
 struct PeerSeries {
     counters: [u64; 6],
@@ -53,7 +49,8 @@ pub struct TcpProbe {
     peers: BpfHashMap<MapData, tcp_peer_key, tcp_peer_stats>,
     inserts: PerCpuArray<MapData, u64>,
     lost: LostCounters,
-    series: HashMap<PeerId, PeerSeries>,
+    /// By connection: a peer of the kernel's table is one (`tcp_peer_key`).
+    series: HashMap<Connection, PeerSeries>,
     inserts_seen: u64,
     /// Idle peers this daemon deleted from the table (not evictions).
     deleted: u64,
@@ -148,11 +145,11 @@ impl TcpProbe {
     }
 }
 
-/// `addr:port` as a SocketAddr.
-fn socket(addr: &str, port: u16) -> Option<SocketAddr> {
-    addr.parse::<IpAddr>()
-        .ok()
-        .map(|ip| SocketAddr::new(ip, port))
+/// The connection a peer of the kernel's table is.
+fn connection(key: &tcp_peer_key) -> Connection {
+    Connection::from_kernel(
+        key.netns, key.family, &key.saddr, key.sport, &key.daddr, key.dport,
+    )
 }
 
 impl Family for TcpProbe {
@@ -165,10 +162,7 @@ impl Family for TcpProbe {
             let ts = ctx.clock.monotonic_to_rfc3339(e.ts_ns);
             let mut record = TcpRetransmitRecord::from_event(&e, self.hz);
             if let Some(sql) = ctx.sql.as_deref_mut() {
-                let remote = socket(&record.daddr, record.dport);
-                let tag = |sql: &dyn Tagger| {
-                    remote.and_then(|r| sql.tag_socket(e.sock_ino, e.netns, e.sport, r))
-                };
+                let tag = |sql: &dyn Tagger| sql.tag_socket(e.sock_ino, &record.connection);
                 if tag(sql).is_none() {
                     // A session younger than the last discovery: look again (once per drain).
                     sql.missed(record.pid, &ts);
@@ -211,14 +205,11 @@ impl Family for TcpProbe {
         self.evicted_seen = evicted;
         self.inserts_seen = inserted;
 
-        let present: std::collections::HashSet<PeerId> = entries
-            .iter()
-            .map(|(k, _)| (k.netns, k.family, k.lport, k.rport, k.raddr))
-            .collect();
+        let present: HashSet<Connection> = entries.iter().map(|(k, _)| connection(k)).collect();
         // Peers the LRU evicted take their baselines with them.
         self.series.retain(|id, _| present.contains(id));
         for (key, stats) in entries {
-            let id: PeerId = (key.netns, key.family, key.lport, key.rport, key.raddr);
+            let id = connection(&key);
             let seen_before = self.series.contains_key(&id);
             let series = self.series.entry(id).or_default();
             let now = [
@@ -251,11 +242,7 @@ impl Family for TcpProbe {
                 continue;
             }
             let record = TcpRttRecord {
-                netns: key.netns,
-                family: IpFamily::from_kernel(key.family),
-                peer: addr(key.family, &key.raddr).to_string(),
-                peer_port: key.rport,
-                local_port: key.lport,
+                connection: id,
                 interval_ms: interval.as_millis() as u64,
                 srtt_us: srtt.to_record(1e-3),
                 retransmits: delta[0],
@@ -265,10 +252,7 @@ impl Family for TcpProbe {
                 tail_loss_probes: delta[4],
                 syn_retransmits: delta[5],
                 peer_table_full: table_full,
-                sql: ctx.sql.as_deref().and_then(|sql| {
-                    let remote = socket(&addr(key.family, &key.raddr).to_string(), key.rport)?;
-                    sql.tag_socket(0, key.netns, key.lport, remote)
-                }),
+                sql: ctx.sql.as_deref().and_then(|sql| sql.tag_socket(0, &id)),
             };
             out.emit(ts, &record)?;
         }

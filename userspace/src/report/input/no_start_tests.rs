@@ -32,7 +32,7 @@ fn a_schema_2_set_without_its_start_is_reported_from_its_records() {
     // copytruncate, `rotate 1`: seqno 0–4 (with the `start`) were in the
     // file deleted; .1 holds 5–9, the live file 10–13.
     let records = run(11);
-    let v = schema_validator();
+    let v = schema_2_validator();
     for r in &records {
         assert_valid(&v, r);
     }
@@ -198,11 +198,11 @@ fn schema_1_records_without_a_start_are_refused_as_before() {
 fn records_of_a_schema_this_version_does_not_read_are_refused_without_a_start() {
     let mut records = run(11);
     for r in &mut records {
-        r["schema"] = json!(3);
+        r["schema"] = json!(4);
     }
     match Report::from_text(&lines(&records[5..])) {
         Err(ReportError::Schema { found, writer }) => {
-            assert_eq!((found.as_str(), writer), ("3", None));
+            assert_eq!((found.as_str(), writer), ("4", None));
         }
         other => panic!("{other:?}"),
     }

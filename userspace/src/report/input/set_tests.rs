@@ -133,7 +133,7 @@ pub(super) fn warnings(r: &Report) -> String {
 #[test]
 fn a_rotated_set_in_any_order_is_read_as_the_one_stream_it_was() {
     let files = rotated_run(RUN, &[3, 4, 2]);
-    let v = schema_validator();
+    let v = schema_2_validator();
     for r in files.concat() {
         assert_valid(&v, &r);
     }
@@ -238,7 +238,7 @@ fn gaps_repeats_and_records_in_parts_are_found_and_said() {
     ]
     .concat();
     let v2 = as_v2(&flat_run, RUN, 0);
-    let v = schema_validator();
+    let v = schema_2_validator();
     for r in &v2 {
         assert_valid(&v, r);
     }
