@@ -8,6 +8,7 @@
 
 mod block;
 mod daemon;
+mod engine;
 mod fio;
 mod floor;
 mod hostcpu;

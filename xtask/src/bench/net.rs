@@ -30,13 +30,14 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+use super::engine;
 use super::netpair;
 use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
 use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
 use super::settings::Settings;
-use super::tracer::{self, ProgramCost, StopRecord};
+use super::tracer::{self, ProgramCost};
 use workload::{Run, Workload};
 
 /// The acceptance target: round-trip p50 and throughput within 2% of no tracer.
@@ -71,36 +72,27 @@ pub fn on_net_path(family: &str) -> bool {
     family != "block"
 }
 
-/// One daemon, from start to stop: a round's traced block (every workload,
-/// with and without the accounting).
-pub struct DaemonLife {
-    pub stop: StopRecord,
-    /// user + system over its whole life: load, verify and attach included.
-    pub lifetime_cpu_s: f64,
-    /// Packets the client's veth sent while the daemon ran, as its netdev
-    /// programs saw them (`qdisc_us.count + qdisc_untimed`) and as the kernel
-    /// counted them (`tx_packets`, from netlink), summed over its `netdev`
-    /// records for that interface: the hooks against the kernel's own counter.
-    pub tx_seen: u64,
-    pub tx_counted: u64,
+/// Packets the client's veth sent while a daemon ran, as its netdev
+/// programs saw them (`qdisc_us.count + qdisc_untimed`) and as the kernel
+/// counted them (`tx_packets`, from netlink), summed over its `netdev`
+/// records for that interface: the hooks against the kernel's own counter.
+pub struct Transmits {
+    pub seen: u64,
+    pub counted: u64,
 }
 
 /// Every configuration's runs of one workload (`part`).
 pub type WorkloadRuns = paired::PartRuns<&'static Workload, Run>;
 
 pub struct Measured {
-    pub workloads: Vec<WorkloadRuns>,
-    /// One per round.
-    pub daemons: Vec<DaemonLife>,
+    /// Each workload's runs, each round's daemon with the transmits it saw,
+    /// the floor's programs (compiled for the daemon's network-path hooks)
+    /// and the warnings.
+    pub runs: engine::Runs<&'static Workload, Run, Transmits>,
     /// Network-path hooks as the daemon reported them attached, one string per
     /// family: "tcp: tcp_probe (tp_btf), ...".
     pub hooks: Vec<String>,
-    /// The floor's programs, compiled for the daemon's network-path hooks
-    /// (None before a traced block ran).
-    pub floor: Option<super::floor::Object>,
     pub congestion_control: String,
-    /// Anything that may have disturbed the figures.
-    pub warnings: Vec<String>,
     /// The usual peers that cannot run here, and why.
     pub unavailable: Vec<peers::Unavailable>,
 }
@@ -167,12 +159,12 @@ fn disturbance(ours: &[u64]) -> Option<String> {
 
 /// Transmits on `iface` as the daemon's hooks saw them and as the kernel
 /// counted them, summed over the `netdev` records in `out`.
-pub fn transmits(out: &Path, iface: &str) -> anyhow::Result<(u64, u64)> {
+pub fn transmits(out: &Path, iface: &str) -> anyhow::Result<Transmits> {
     let text = fs::read_to_string(out).with_context(|| format!("cannot read {}", out.display()))?;
     Ok(netdev_transmits(&text, iface))
 }
 
-fn netdev_transmits(text: &str, iface: &str) -> (u64, u64) {
+fn netdev_transmits(text: &str, iface: &str) -> Transmits {
     let (mut seen, mut counted) = (0, 0);
     for line in text.lines() {
         let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -185,7 +177,7 @@ fn netdev_transmits(text: &str, iface: &str) -> (u64, u64) {
         seen += n(&r["qdisc_us"]["count"]) + n(&r["qdisc_untimed"]);
         counted += n(&r["tx_packets"]);
     }
-    (seen, counted)
+    Transmits { seen, counted }
 }
 
 /// What the bench may have left behind; empty when clean.
@@ -249,6 +241,7 @@ mod tests {
 {"type":"netdev","iface":"eth0","tx_packets":99,"qdisc_us":{"count":1},"qdisc_untimed":0}
 {"type":"netdev","iface":"stb1c","tx_packets":5,"qdisc_us":{"count":4},"qdisc_untimed":0}
 {"type":"stop"}"#;
-        assert_eq!(super::netdev_transmits(text, "stb1c"), (14, 15));
+        let tx = super::netdev_transmits(text, "stb1c");
+        assert_eq!((tx.seen, tx.counted), (14, 15));
     }
 }

@@ -135,64 +135,83 @@ pub struct TracedRun<R, P> {
     pub usage: ProcessUse,
 }
 
+/// One configuration's runs of a part under a daemon or a peer, one per
+/// round each: as deployed (`plain`: its programs count no runs) and with
+/// the kernel's accounting on (`bpf_stats`: the per-program costs come from
+/// these).
+pub struct Accounted<T> {
+    pub plain: Vec<T>,
+    pub bpf_stats: Vec<T>,
+}
+
+impl<T> Accounted<T> {
+    /// Files a run under the configuration it ran in (`stats`: the accounting on).
+    pub fn file(&mut self, stats: bool, run: T) {
+        if stats {
+            self.bpf_stats.push(run);
+        } else {
+            self.plain.push(run);
+        }
+    }
+}
+
+impl<T> Default for Accounted<T> {
+    fn default() -> Self {
+        Accounted {
+            plain: Vec::new(),
+            bpf_stats: Vec::new(),
+        }
+    }
+}
+
 /// Every configuration's runs of one part of a suite (`part`: a depth, a
 /// workload), one per round, in round order (index i of each is round i +
 /// 1: the pairs).
 pub struct PartRuns<K, R> {
     pub part: K,
     pub untraced: Vec<R>,
-    /// stalltrace as deployed, without the accounting: its programs count no runs.
-    pub traced: Vec<TracedRun<R, ProgramCost>>,
-    /// The same daemon with the accounting on: the per-program costs come from these.
-    pub traced_bpf_stats: Vec<TracedRun<R, ProgramCost>>,
-    /// The bpftrace peer, without and with the accounting.
-    pub peer: Vec<TracedRun<R, PeerProgram>>,
-    pub peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
-    /// A second peer in the same block (the block suite's rezolus), likewise;
-    /// empty for suites without one, or where it is not installed.
-    pub second_peer: Vec<TracedRun<R, PeerProgram>>,
-    pub second_peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
-    /// Empty programs on the daemon's hooks (see `floor`), in the traced
-    /// block after the daemon stopped, with the accounting on; their process
+    /// Each daemon configuration of the suite (block, net: stalltrace as
+    /// deployed; tls: `--sql-tls off`, `always`).
+    pub daemons: Vec<Accounted<TracedRun<R, ProgramCost>>>,
+    /// Each peer of the suite (block: bpftrace, rezolus when installed;
+    /// net: bpftrace).
+    pub peers: Vec<Accounted<TracedRun<R, PeerProgram>>>,
+    /// Empty programs on the daemon's hooks (see `floor`), in the daemon's
+    /// block after it stopped, with the accounting on; their process
     /// is the bench's own, so its use is zero. Empty for suites without a floor.
     pub floor: Vec<TracedRun<R, PeerProgram>>,
 }
 
 impl<K, R> PartRuns<K, R> {
-    /// No runs yet.
-    pub fn new(part: K) -> Self {
+    /// No runs yet, for `daemons` daemon configurations and `peers` peers.
+    pub fn new(part: K, daemons: usize, peers: usize) -> Self {
         PartRuns {
             part,
             untraced: Vec::new(),
-            traced: Vec::new(),
-            traced_bpf_stats: Vec::new(),
-            peer: Vec::new(),
-            peer_bpf_stats: Vec::new(),
-            second_peer: Vec::new(),
-            second_peer_bpf_stats: Vec::new(),
+            daemons: (0..daemons).map(|_| Accounted::default()).collect(),
+            peers: (0..peers).map(|_| Accounted::default()).collect(),
             floor: Vec::new(),
         }
     }
 
-    /// Files a daemon's run under the configuration it ran in (`stats`: the
-    /// accounting on).
-    pub fn file_traced(&mut self, stats: bool, run: TracedRun<R, ProgramCost>) {
-        file(stats, run, &mut self.traced, &mut self.traced_bpf_stats);
+    /// stalltrace as deployed (the first daemon configuration).
+    pub fn traced(&self) -> &[TracedRun<R, ProgramCost>] {
+        self.daemons.first().map_or(&[], |d| &d.plain)
     }
 
-    /// Files a bpftrace run likewise.
-    pub fn file_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
-        file(stats, run, &mut self.peer, &mut self.peer_bpf_stats);
+    /// The same daemons with the accounting on.
+    pub fn traced_bpf_stats(&self) -> &[TracedRun<R, ProgramCost>] {
+        self.daemons.first().map_or(&[], |d| &d.bpf_stats)
     }
 
-    /// Files a second peer's run likewise.
-    pub fn file_second_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
-        file(
-            stats,
-            run,
-            &mut self.second_peer,
-            &mut self.second_peer_bpf_stats,
-        );
+    /// Peer `i`'s runs as deployed; none where it did not run.
+    pub fn peer_plain(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
+        self.peers.get(i).map_or(&[], |p| &p.plain)
+    }
+
+    /// Peer `i`'s runs with the accounting on.
+    pub fn peer_bpf_stats(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
+        self.peers.get(i).map_or(&[], |p| &p.bpf_stats)
     }
 }
 
@@ -300,16 +319,6 @@ pub fn config(tool: &str, stats: bool) -> String {
         format!("{tool}+bpf-stats")
     } else {
         tool.to_string()
-    }
-}
-
-/// Files one run of a part under the configuration it ran in: `with_stats`
-/// when the accounting was on, else `plain`.
-fn file<T>(stats: bool, run: T, plain: &mut Vec<T>, with_stats: &mut Vec<T>) {
-    if stats {
-        with_stats.push(run);
-    } else {
-        plain.push(run);
     }
 }
 

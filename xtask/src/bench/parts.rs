@@ -96,7 +96,7 @@ pub fn program_rows<'a, K, R, X>(
     let per_part: Vec<PartTotals> = parts
         .iter()
         .map(|p| {
-            let runs = &p.traced_bpf_stats;
+            let runs = p.traced_bpf_stats();
             let (seconds, units) = runs
                 .iter()
                 .map(|r| seconds_and_units(&p.part, &r.run))
@@ -108,11 +108,11 @@ pub fn program_rows<'a, K, R, X>(
             }
         })
         .collect();
-    let per_round: Vec<BTreeMap<Key, ProgramCost>> = by_round(parts, |p| &p.traced_bpf_stats)
+    let per_round: Vec<BTreeMap<Key, ProgramCost>> = by_round(parts, |p| p.traced_bpf_stats())
         .into_iter()
         .map(|runs| program_totals(runs, keep))
         .collect();
-    let all = program_totals(parts.iter().flat_map(|p| &p.traced_bpf_stats), keep);
+    let all = program_totals(parts.iter().flat_map(|p| p.traced_bpf_stats()), keep);
     let recursion = programs::totals(stops, keep);
     all.into_iter()
         .map(|(key, mut total)| {

@@ -258,11 +258,11 @@ fn peer_round_cost(r: &PeerRun) -> RoundCost {
 
 fn depth_result(d: &DepthRuns) -> DepthResult {
     let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.run).collect::<Vec<_>>();
-    let peer_fio: Vec<FioRun> = d.peer.iter().map(|r| r.run).collect();
-    let st_rounds: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
-    let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats.iter().map(peer_round_cost).collect();
-    let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
-    let st_programs: Vec<(String, u64, u64)> = program_totals(&d.traced_bpf_stats)
+    let peer_fio: Vec<FioRun> = d.peer_plain(0).iter().map(|r| r.run).collect();
+    let st_rounds: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
+    let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats(0).iter().map(peer_round_cost).collect();
+    let peer_cost = peers::sum_costs(d.peer_bpf_stats(0).iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(d.traced_bpf_stats())
         .into_values()
         .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
@@ -283,7 +283,7 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         "I/O",
         &st_rounds,
         &peer_rounds,
-        (overhead(&fio_of(&d.traced)), overhead(&peer_fio)),
+        (overhead(&fio_of(d.traced())), overhead(&peer_fio)),
         same,
     );
     let floor_fio: Vec<FioRun> = d.floor.iter().map(|r| r.run).collect();
@@ -292,13 +292,13 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         backing: d.part.backing,
         iodepth: d.part.iodepth,
         label: d.part.label(),
-        traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.run)),
-        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.run)),
+        traced_ratio: ratios(&d.untraced, d.traced().iter().map(|r| &r.run)),
+        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats().iter().map(|r| &r.run)),
         floor_ratio: ratios(&d.untraced, &floor_fio),
         peer_ratio: ratios(&d.untraced, &peer_fio),
         untraced: side(&d.untraced),
-        traced: side(&fio_of(&d.traced)),
-        traced_bpf_stats: side(&fio_of(&d.traced_bpf_stats)),
+        traced: side(&fio_of(d.traced())),
+        traced_bpf_stats: side(&fio_of(d.traced_bpf_stats())),
         floor_bpf_stats: (!floor_fio.is_empty()).then(|| side(&floor_fio)),
         peer: side(&peer_fio),
         bpf_ns_per_io: versus_peer.stalltrace_ns_per_unit,
@@ -307,8 +307,8 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         work_over_floor_ns_per_io,
         peer_cost,
         versus_peer,
-        daemon: process(d.traced.iter().map(|r| &r.usage)),
-        peer_process: process(d.peer.iter().map(|r| &r.usage)),
+        daemon: process(d.traced().iter().map(|r| &r.usage)),
+        peer_process: process(d.peer_plain(0).iter().map(|r| &r.usage)),
         rezolus: rezolus::at_depth(d),
         versus_cheapest_peer,
     }
@@ -317,8 +317,8 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
 /// Each program over all accounting runs, round by round and depth by depth.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
     parts::program_rows(
-        &m.depths,
-        m.daemons.iter().map(|l| &l.stop),
+        &m.runs.parts,
+        m.runs.daemons.iter().map(|l| &l.stop),
         is_block,
         |_, fio| (fio.runtime_s, fio.ios as f64),
         |part, d, p| ProgramAtDepth {
@@ -346,7 +346,7 @@ pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
 /// Cost per I/O of stalltrace, of the floor under it and of the peer at each depth.
 fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
-    for (d, r) in m.depths.iter().zip(depths) {
+    for (d, r) in m.runs.parts.iter().zip(depths) {
         let workload = format!("fio {}", d.part.label());
         let per_io = floor::per_io(d);
         out.push(UnitCost {
@@ -355,7 +355,9 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
             per_unit: vec![
                 PerUnit::new(
                     "I/O",
-                    d.traced_bpf_stats.iter().map(|r| round_cost(r).per_unit()),
+                    d.traced_bpf_stats()
+                        .iter()
+                        .map(|r| round_cost(r).per_unit()),
                 )
                 .with_work_over_floor(per_io.work),
             ],
@@ -379,7 +381,7 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
             tool: "bpftrace (peer)".into(),
             per_unit: vec![PerUnit::new(
                 "I/O",
-                d.peer_bpf_stats
+                d.peer_bpf_stats(0)
                     .iter()
                     .map(|r| peer_round_cost(r).per_unit()),
             )],
@@ -408,9 +410,9 @@ pub fn aggregate(
     wall_time_s: f64,
     load_average: [String; 2],
 ) -> BlockResults {
-    let depths: Vec<DepthResult> = m.depths.iter().map(depth_result).collect();
+    let depths: Vec<DepthResult> = m.runs.parts.iter().map(depth_result).collect();
     let programs = program_results(m);
-    let lost = programs::lost(m.daemons.iter().map(|l| &l.stop));
+    let lost = programs::lost(m.runs.daemons.iter().map(|l| &l.stop));
     let find = |backing, iodepth| {
         depths
             .iter()
@@ -418,9 +420,9 @@ pub fn aggregate(
     };
     let headline = find(Backing::Tmpfs, 16).unwrap_or(&depths[0]);
     let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
-        &m.depths,
+        &m.runs.parts,
         settings.rounds,
-        |d| &d.peer_bpf_stats,
+        |d| d.peer_bpf_stats(0),
         |r| &r.programs,
     );
     let unit_costs = unit_costs(m, &depths);
@@ -452,7 +454,8 @@ pub fn aggregate(
         unit_cost_formula: unitcost::FORMULA,
         unit_costs,
         daemon_lifetime_cpu_s: Summary::of(
-            &m.daemons
+            &m.runs
+                .daemons
                 .iter()
                 .map(|l| l.lifetime_cpu_s)
                 .collect::<Vec<_>>(),
@@ -488,7 +491,7 @@ pub fn aggregate(
         programs,
         lost,
         load_average,
-        warnings: m.warnings.clone(),
+        warnings: m.runs.warnings.clone(),
     }
 }
 

@@ -262,7 +262,7 @@ fn per_segment<'a>(
 
 fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
     let ratios: Vec<f64> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .filter_map(|r| {
             let xmit = r
@@ -278,7 +278,7 @@ fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
 
 fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
     let w = runs.part;
-    let s = &runs.traced_bpf_stats;
+    let s = runs.traced_bpf_stats();
     let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
     let units: f64 = s.iter().map(|r| r.run.figure(w.unit_figure)).sum();
     let ns: u64 = program_totals(s).values().map(|p| p.run_time_ns).sum();
@@ -306,7 +306,7 @@ fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
 fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
     let w = runs.part;
     let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
-    let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
+    let peer_runs: Vec<Run> = runs.peer_plain(0).iter().map(|p| p.run.clone()).collect();
     let untraced = side(&runs.untraced);
     let key = w.figures[0].key;
     // Overhead as a fraction, positive when the tool made things worse.
@@ -320,19 +320,19 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
             })
             .collect()
     };
-    let peer_cost = peers::sum_costs(runs.peer_bpf_stats.iter().map(|r| &r.programs));
-    let st_programs: Vec<(String, u64, u64)> = program_totals(&runs.traced_bpf_stats)
+    let peer_cost = peers::sum_costs(runs.peer_bpf_stats(0).iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(runs.traced_bpf_stats())
         .into_values()
         .filter(|p| p.family == "tcp")
         .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
     let st_rounds: Vec<RoundCost> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .map(|r| round_cost(w, r))
         .collect();
     let peer_rounds: Vec<RoundCost> = runs
-        .peer_bpf_stats
+        .peer_bpf_stats(0)
         .iter()
         .map(|r| peer_round_cost(w, r))
         .collect();
@@ -340,27 +340,27 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
         w.unit,
         &st_rounds,
         &peer_rounds,
-        (overhead(&traced_runs(&runs.traced)), overhead(&peer_runs)),
+        (overhead(&traced_runs(runs.traced())), overhead(&peer_runs)),
         peers::same_hooks(&["tcp_retransmit_skb"], &st_programs, &peer_cost),
     );
     WorkloadResult {
         key: w.key,
         title: w.title,
-        ratio: ratios(w, &runs.untraced, runs.traced.iter().map(|r| &r.run)),
+        ratio: ratios(w, &runs.untraced, runs.traced().iter().map(|r| &r.run)),
         bpf_stats_ratio: ratios(
             w,
             &runs.untraced,
-            runs.traced_bpf_stats.iter().map(|r| &r.run),
+            runs.traced_bpf_stats().iter().map(|r| &r.run),
         ),
         peer_ratio: ratios(w, &runs.untraced, &peer_runs),
-        daemon: process(runs.traced.iter().map(|r| &r.usage)),
-        peer_process: process(runs.peer.iter().map(|r| &r.usage)),
+        daemon: process(runs.traced().iter().map(|r| &r.usage)),
+        peer_process: process(runs.peer_plain(0).iter().map(|r| &r.usage)),
         bpf: bpf_load(runs, &untraced),
         xmit_runs_per_veth_packet: xmit_coverage(runs),
         versus_peer,
         untraced,
-        traced: side(&traced_runs(&runs.traced)),
-        traced_bpf_stats: side(&traced_runs(&runs.traced_bpf_stats)),
+        traced: side(&traced_runs(runs.traced())),
+        traced_bpf_stats: side(&traced_runs(runs.traced_bpf_stats())),
         peer: side(&peer_runs),
     }
 }
@@ -369,8 +369,8 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
 /// workload by workload.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
     parts::program_rows(
-        &m.workloads,
-        m.daemons.iter().map(|l| &l.stop),
+        &m.runs.parts,
+        m.runs.daemons.iter().map(|l| &l.stop),
         on_net_path,
         |w, run| (run.seconds, run.figure(w.unit_figure)),
         |w, t, p| ProgramInWorkload {
@@ -397,9 +397,10 @@ pub fn aggregate(
     wall_time_s: f64,
     load_average: [String; 2],
 ) -> NetResults {
-    let workloads: Vec<WorkloadResult> = m.workloads.iter().map(workload_result).collect();
+    let workloads: Vec<WorkloadResult> = m.runs.parts.iter().map(workload_result).collect();
     let mut targets: Vec<Verdict> = m
-        .workloads
+        .runs
+        .parts
         .iter()
         .zip(&workloads)
         .map(|(runs, r)| verdicts::ratio(runs.part, r))
@@ -416,9 +417,9 @@ pub fn aggregate(
     let unit_costs = costs::unit_costs(m, &workloads);
     targets.push(verdicts::ns_per_sent_segment(&unit_costs, "sockperf"));
     let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
-        &m.workloads,
+        &m.runs.parts,
         settings.rounds,
-        |w| &w.peer_bpf_stats,
+        |w| w.peer_bpf_stats(0),
         |r| &r.programs,
     );
     let filters = ["--netns", "CLIENT_NS"];
@@ -481,9 +482,9 @@ pub fn aggregate(
         workloads,
         peer: PeerInfo::new(&peers::TCP_RETRANSMIT, &peer_rounds, m.unavailable.clone()),
         daemon_lives: costs::lives(m),
-        lost: programs::lost(m.daemons.iter().map(|l| &l.stop)),
+        lost: programs::lost(m.runs.daemons.iter().map(|l| &l.stop)),
         load_average,
-        warnings: m.warnings.clone(),
+        warnings: m.runs.warnings.clone(),
     }
 }
 

@@ -26,8 +26,13 @@ pub struct FloorResult {
 
 /// None when no traced block ran (no daemon, no hooks, no floor).
 pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
-    let object = m.floor.as_ref()?;
-    let rounds = parts::peer_rounds(&m.depths, settings.rounds, |d| &d.floor, |r| &r.programs);
+    let object = m.runs.floor.as_ref()?;
+    let rounds = parts::peer_rounds(
+        &m.runs.parts,
+        settings.rounds,
+        |d| &d.floor,
+        |r| &r.programs,
+    );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
     Some(FloorResult {
         body: floor::BODY,
@@ -54,7 +59,7 @@ pub struct PerIo {
 
 pub fn per_io(d: &DepthRuns) -> PerIo {
     let floor: Vec<RoundCost> = d.floor.iter().map(floor_round_cost).collect();
-    let stalltrace: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
+    let stalltrace: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
     PerIo {
         work: floor::over_floor(&stalltrace, &floor),
         floor: floor.iter().map(RoundCost::per_unit).collect(),

@@ -1,6 +1,8 @@
 use super::*;
-use crate::bench::block::{DaemonLife, DepthRuns, render};
+use crate::bench::block::{DepthRuns, render};
+use crate::bench::engine::{DaemonLife, Runs};
 use crate::bench::floor::{self, AttachPoint};
+use crate::bench::paired::Accounted;
 use crate::bench::parts::fixtures::{self, cost, host};
 use crate::bench::peers::PeerProgram;
 use crate::bench::stats::Outcome;
@@ -76,23 +78,25 @@ fn stop(recursion: u64) -> StopRecord {
 /// target's whole interval is above 0.97.
 fn measured(rounds: usize) -> Measured {
     let traced_iops = [98_000.0, 98_500.0, 99_000.0, 98_200.0, 98_800.0, 98_600.0];
-    Measured {
-        depths: vec![DepthRuns {
+    let runs = Runs {
+        parts: vec![DepthRuns {
             part: crate::bench::block::Part {
                 backing: crate::bench::block::Backing::Tmpfs,
                 iodepth: 16,
             },
             untraced: vec![fio(100_000.0, 100.0); rounds],
-            traced: (0..rounds)
-                .map(|i| traced(traced_iops[i % 6], 110.0, 0, 0.01))
-                .collect(),
-            traced_bpf_stats: (0..rounds)
-                .map(|_| traced(80_000.0, 150.0, 800_000, 0.02))
-                .collect(),
-            peer: (0..rounds).map(|_| peer(90_000.0, 0)).collect(),
-            peer_bpf_stats: (0..rounds).map(|_| peer(80_000.0, 800_000)).collect(),
-            second_peer: Vec::new(),
-            second_peer_bpf_stats: Vec::new(),
+            daemons: vec![Accounted {
+                plain: (0..rounds)
+                    .map(|i| traced(traced_iops[i % 6], 110.0, 0, 0.01))
+                    .collect(),
+                bpf_stats: (0..rounds)
+                    .map(|_| traced(80_000.0, 150.0, 800_000, 0.02))
+                    .collect(),
+            }],
+            peers: vec![Accounted {
+                plain: (0..rounds).map(|_| peer(90_000.0, 0)).collect(),
+                bpf_stats: (0..rounds).map(|_| peer(80_000.0, 800_000)).collect(),
+            }],
             floor: (0..rounds)
                 .map(|i| floor_run([38, 40, 42, 39, 41, 40][i % 6]))
                 .collect(),
@@ -101,18 +105,22 @@ fn measured(rounds: usize) -> Measured {
             .map(|i| DaemonLife {
                 stop: stop(i as u64),
                 lifetime_cpu_s: 0.5,
+                output: (),
             })
             .collect(),
-        direct_io: true,
-        disk_direct_io: true,
-        hooks: vec!["block_rq_issue (tp_btf)".into()],
         floor: Some(floor::Object::uncompiled(&[AttachPoint {
             hook: "block_rq_issue".into(),
             kind: floor::Kind::TpBtf,
             target: "block_rq_issue".into(),
         }])),
-        rezolus: false,
         warnings: Vec::new(),
+    };
+    Measured {
+        runs,
+        direct_io: true,
+        disk_direct_io: true,
+        hooks: vec!["block_rq_issue (tp_btf)".into()],
+        rezolus: false,
         unavailable: Vec::new(),
     }
 }
@@ -272,8 +280,8 @@ fn no_floor_runs_no_floor_figures() {
         runtime_s: 10,
     };
     let mut m = measured(6);
-    m.depths[0].floor.clear();
-    m.floor = None;
+    m.runs.parts[0].floor.clear();
+    m.runs.floor = None;
     let r = aggregate(&settings, &m, host(), 1.0, Default::default());
     let d = &r.depths[0];
     assert!(d.floor_bpf_stats.is_none() && d.floor_ns_per_io.is_none());
@@ -308,10 +316,12 @@ fn the_target_takes_the_cheaper_peer_of_each_round() {
         }],
         usage: usage(0.002),
     };
-    m.depths[0].second_peer = (0..6).map(|_| rz(95_000.0, 0)).collect();
-    m.depths[0].second_peer_bpf_stats = (0..6)
-        .map(|i| rz(80_000.0, if i % 2 == 0 { 300 } else { 900 }))
-        .collect();
+    m.runs.parts[0].peers.push(Accounted {
+        plain: (0..6).map(|_| rz(95_000.0, 0)).collect(),
+        bpf_stats: (0..6)
+            .map(|i| rz(80_000.0, if i % 2 == 0 { 300 } else { 900 }))
+            .collect(),
+    });
     let r = aggregate(&settings, &m, host(), 1.0, Default::default());
     let d = &r.depths[0];
     let c = &d.versus_cheapest_peer;
@@ -358,16 +368,16 @@ fn the_disk_device_has_its_own_rows_and_target() {
         runtime_s: 10,
     };
     let mut m = measured(6);
-    let mut disk = measured(6).depths.remove(0);
+    let mut disk = measured(6).runs.parts.remove(0);
     disk.part = crate::bench::block::Part {
         backing: crate::bench::block::Backing::Disk,
         iodepth: 16,
     };
     // 99.5% of untraced IOPS in every round: met at 0.99.
-    for t in &mut disk.traced {
+    for t in &mut disk.daemons[0].plain {
         t.run.iops = 99_500.0;
     }
-    m.depths.push(disk);
+    m.runs.parts.push(disk);
     let r = aggregate(&settings, &m, host(), 1.0, Default::default());
     let v = &r.targets.iops_ratio_disk_qd16;
     assert_eq!(v.outcome, Outcome::Met, "{}", v.detail);

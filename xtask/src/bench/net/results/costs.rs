@@ -16,7 +16,7 @@ pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
 pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
     let paths = floor::paths(m);
     let mut out = Vec::new();
-    for (runs, r) in m.workloads.iter().zip(results) {
+    for (runs, r) in m.runs.parts.iter().zip(results) {
         let rx_rate = |side: &Side| {
             let runs = &side.runs;
             let rates: Vec<f64> = runs
@@ -29,7 +29,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
             )
         };
         let (rx, tx, _) = super::per_segment(
-            runs.traced_bpf_stats
+            runs.traced_bpf_stats()
                 .iter()
                 .map(|t| (&t.run, segments::split(super::net_programs(t)))),
         );
@@ -70,7 +70,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 peak_rss_mib: None,
             });
         }
-        let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats.iter().map(|p| {
+        let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats(0).iter().map(|p| {
             let programs = p
                 .programs
                 .iter()
@@ -101,19 +101,22 @@ pub fn lives(m: &Measured) -> Lives {
         })
     };
     let coverage: Vec<f64> = m
+        .runs
         .daemons
         .iter()
-        .filter(|l| l.tx_counted > 0)
-        .map(|l| l.tx_seen as f64 / l.tx_counted as f64)
+        .filter(|l| l.output.counted > 0)
+        .map(|l| l.output.seen as f64 / l.output.counted as f64)
         .collect();
     Lives {
-        lifetime_cpu_s: of(m.daemons.iter().map(|l| l.lifetime_cpu_s).collect()),
+        lifetime_cpu_s: of(m.runs.daemons.iter().map(|l| l.lifetime_cpu_s).collect()),
         records: of(m
+            .runs
             .daemons
             .iter()
             .map(|l| l.stop.records.values().sum::<u64>() as f64)
             .collect()),
         tcp_retransmit_records: of(m
+            .runs
             .daemons
             .iter()
             .map(|l| l.stop.records.get("tcp_retransmit").copied().unwrap_or(0) as f64)

@@ -70,7 +70,8 @@ impl Paths {
 /// rule that names programs (`on_<hook>`, `maybe_<hook>`; see
 /// `programs::resolve`), from the daemons' stop records.
 fn stalltrace_program(m: &Measured, point: &AttachPoint) -> Option<String> {
-    m.daemons
+    m.runs
+        .daemons
         .iter()
         .flat_map(|l| &l.stop.programs)
         .filter(|p| on_net_path(&p.family))
@@ -82,7 +83,7 @@ fn stalltrace_program(m: &Measured, point: &AttachPoint) -> Option<String> {
 /// so that the floor per segment covers exactly the hooks stalltrace's
 /// figure per segment does; a hook without one goes by its own name.
 pub fn paths(m: &Measured) -> Paths {
-    let points = m.floor.as_ref().map_or(&[][..], |o| &o.points[..]);
+    let points = m.runs.floor.as_ref().map_or(&[][..], |o| &o.points[..]);
     Paths(
         points
             .iter()
@@ -120,7 +121,7 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
     let w = runs.part;
     let (f_rx, f_tx, _) = per_segment(runs.floor.iter().map(|r| (&r.run, split(paths, r))));
     let (s_rx, s_tx, _) = per_segment(
-        runs.traced_bpf_stats
+        runs.traced_bpf_stats()
             .iter()
             .map(|t| (&t.run, segments::split(net_programs(t)))),
     );
@@ -133,7 +134,7 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
         })
         .collect();
     let s_unit: Vec<RoundCost> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .map(|r| round_cost(w, r))
         .collect();
@@ -151,9 +152,14 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
 
 /// None when no traced block ran (no daemon, no hooks, no floor).
 pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
-    let object = m.floor.as_ref()?;
+    let object = m.runs.floor.as_ref()?;
     let paths = paths(m);
-    let rounds = parts::peer_rounds(&m.workloads, settings.rounds, |w| &w.floor, |r| &r.programs);
+    let rounds = parts::peer_rounds(
+        &m.runs.parts,
+        settings.rounds,
+        |w| &w.floor,
+        |r| &r.programs,
+    );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
     let programs = peers::program_results(&cost, &rounds)
         .into_iter()
@@ -168,7 +174,8 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
         })
         .collect();
     let workloads = m
-        .workloads
+        .runs
+        .parts
         .iter()
         .map(|runs| {
             let PerRound {

@@ -1,8 +1,10 @@
 mod floor;
 
 use super::*;
+use crate::bench::engine::{DaemonLife, Runs};
 use crate::bench::net::workload::WORKLOADS;
-use crate::bench::net::{DaemonLife, render};
+use crate::bench::net::{Transmits, render};
+use crate::bench::paired::Accounted;
 use crate::bench::parts::fixtures::{self, cost, host};
 use crate::bench::peers::PeerProgram;
 use crate::bench::stats::Outcome;
@@ -69,22 +71,24 @@ fn measured(rounds: usize) -> Measured {
             WorkloadRuns {
                 part: w,
                 untraced: vec![run(w, base); rounds],
-                traced: (0..rounds)
-                    .map(|_| traced(w, traced_fig, 0, 0.08))
-                    .collect(),
-                traced_bpf_stats: (0..rounds)
-                    .map(|_| traced(w, stats_fig, 80_000, 0.16))
-                    .collect(),
-                peer: (0..rounds).map(|_| peer(w, base, 0)).collect(),
-                peer_bpf_stats: (0..rounds).map(|_| peer(w, base, 60_000)).collect(),
-                second_peer: Vec::new(),
-                second_peer_bpf_stats: Vec::new(),
+                daemons: vec![Accounted {
+                    plain: (0..rounds)
+                        .map(|_| traced(w, traced_fig, 0, 0.08))
+                        .collect(),
+                    bpf_stats: (0..rounds)
+                        .map(|_| traced(w, stats_fig, 80_000, 0.16))
+                        .collect(),
+                }],
+                peers: vec![Accounted {
+                    plain: (0..rounds).map(|_| peer(w, base, 0)).collect(),
+                    bpf_stats: (0..rounds).map(|_| peer(w, base, 60_000)).collect(),
+                }],
                 floor: Vec::new(),
             }
         })
         .collect();
-    Measured {
-        workloads,
+    let runs = Runs {
+        parts: workloads,
         daemons: (0..rounds)
             .map(|_| DaemonLife {
                 stop: StopRecord {
@@ -100,14 +104,19 @@ fn measured(rounds: usize) -> Measured {
                     }],
                 },
                 lifetime_cpu_s: 0.7,
-                tx_seen: 99,
-                tx_counted: 100,
+                output: Transmits {
+                    seen: 99,
+                    counted: 100,
+                },
             })
             .collect(),
-        hooks: vec!["tcp_probe (tp_btf)".into()],
         floor: None,
-        congestion_control: "bbr".into(),
         warnings: Vec::new(),
+    };
+    Measured {
+        runs,
+        hooks: vec!["tcp_probe (tp_btf)".into()],
+        congestion_control: "bbr".into(),
         unavailable: Vec::new(),
     }
 }
@@ -232,7 +241,7 @@ fn straddling_and_too_few_rounds_are_inconclusive() {
     };
     let mut m = measured(6);
     // sockperf: traced 1% faster in half the rounds, 4% slower in the other half.
-    for (i, t) in m.workloads[0].traced.iter_mut().enumerate() {
+    for (i, t) in m.runs.parts[0].daemons[0].plain.iter_mut().enumerate() {
         let p50 = if i % 2 == 0 { 99.0 } else { 104.0 };
         t.run.figures.insert("p50_us", p50);
     }

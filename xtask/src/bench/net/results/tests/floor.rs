@@ -43,8 +43,8 @@ fn the_floor_counts_on_stalltraces_paths_and_work_is_taken_over_it() {
         point("net_dev_start_xmit"),
         point("inet_sock_set_state"),
     ];
-    m.floor = Some(Object::uncompiled(&points));
-    for w in &mut m.workloads {
+    m.runs.floor = Some(Object::uncompiled(&points));
+    for w in &mut m.runs.parts {
         w.floor = (0..6).map(|_| floor_run(w.part)).collect();
     }
     let r = aggregate(&settings, &m, host(), 1.0, Default::default());
