@@ -109,8 +109,8 @@ pub trait Suite {
         run: &Self::Run,
         accounted: Option<&BTreeMap<u64, Counter>>,
     );
-    /// Start the daemon of configuration `config`, its files tagged `tag`.
-    fn start_daemon(&mut self, config: usize, tag: &str) -> anyhow::Result<Daemon>;
+    /// Start round `round`'s daemon of configuration `config`, its files tagged `tag`.
+    fn start_daemon(&mut self, config: usize, round: usize, tag: &str) -> anyhow::Result<Daemon>;
     /// The floor's attach points for a daemon just started; None for a suite without a floor.
     fn floor_points(&self, _daemon: &Tracer) -> anyhow::Result<Option<Vec<AttachPoint>>> {
         Ok(None)
@@ -134,7 +134,10 @@ pub trait Suite {
     fn peer_name(&self, _peer: usize) -> &'static str {
         "peer"
     }
-    fn start_peer(&self, peer: usize, tag: &str) -> anyhow::Result<Box<dyn Peer>>;
+    /// Start peer `peer`, its files tagged `tag`.
+    fn start_peer(&self, _peer: usize, _tag: &str) -> anyhow::Result<Box<dyn Peer>> {
+        bail!("this suite has no peer")
+    }
 }
 
 /// Everything the engine measured: each part's runs (`K` the part, `R` a
@@ -354,9 +357,8 @@ impl<S: Suite> Engine<'_, S> {
         config: usize,
     ) -> anyhow::Result<DaemonBlock<S>> {
         let name = self.suite.daemon_name(config);
-        let daemon = self
-            .suite
-            .start_daemon(config, &format!("r{round}-{name}"))?;
+        let tag = format!("r{round}-{name}");
+        let daemon = self.suite.start_daemon(config, round, &tag)?;
         let points = self.suite.floor_points(&daemon.tracer)?;
         let ids: Vec<u64> = daemon.attached.iter().map(|(id, _, _)| *id).collect();
         let tracer = &daemon.tracer;

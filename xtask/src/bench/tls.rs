@@ -33,11 +33,12 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use stalltrace_lab::Bins;
 
+use super::engine;
 use super::paired;
 use super::publish::{self, Host};
 use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
 use super::settings::Settings;
-use super::tracer::{self, ProgramCost, StopRecord};
+use super::tracer::{self, ProgramCost};
 use crate::util;
 use workload::{Run, Server};
 
@@ -115,27 +116,20 @@ impl Bio {
 /// The uprobe programs (both, whichever BIO).
 pub const UPROBE_PROGRAMS: [&str; 2] = ["on_ssl_write", "on_ssl_write_ex"];
 
-/// A round's three configurations.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+/// A round's two daemon configurations (the third is no stalltrace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Config {
-    None,
     Off,
     Always,
 }
 
 impl Config {
-    /// `--sql-tls` of the daemon; None for no daemon.
-    pub fn sql_tls(self) -> Option<&'static str> {
+    /// `--sql-tls` of the daemon, and the configuration's name.
+    pub fn sql_tls(self) -> &'static str {
         match self {
-            Config::None => None,
-            Config::Off => Some("off"),
-            Config::Always => Some("always"),
+            Config::Off => "off",
+            Config::Always => "always",
         }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.sql_tls().unwrap_or("none")
     }
 }
 
@@ -150,50 +144,17 @@ pub fn daemon_args(sql_tls: &str) -> Vec<&str> {
 
 pub type TracedRun = paired::TracedRun<Run, ProgramCost>;
 
-/// Every configuration's runs of one BIO style, one per round (index i is
-/// round i + 1: the pairs).
-pub struct BioRuns {
-    pub bio: Bio,
-    pub none: Vec<Run>,
-    pub off: Vec<TracedRun>,
-    pub off_stats: Vec<TracedRun>,
-    pub always: Vec<TracedRun>,
-    pub always_stats: Vec<TracedRun>,
-}
+/// The daemon configurations' places in [`BioRuns::daemons`].
+pub const OFF: usize = 0;
+pub const ALWAYS: usize = 1;
 
-impl BioRuns {
-    fn new(bio: Bio) -> Self {
-        BioRuns {
-            bio,
-            none: Vec::new(),
-            off: Vec::new(),
-            off_stats: Vec::new(),
-            always: Vec::new(),
-            always_stats: Vec::new(),
-        }
-    }
-
-    fn file(&mut self, config: Config, stats: bool, run: TracedRun) {
-        let to = match (config, stats) {
-            (Config::Always, true) => &mut self.always_stats,
-            (Config::Always, false) => &mut self.always,
-            (_, true) => &mut self.off_stats,
-            (_, false) => &mut self.off,
-        };
-        to.push(run);
-    }
-}
-
-/// One daemon, from start to stop.
-pub struct DaemonLife {
-    pub stop: StopRecord,
-    pub lifetime_cpu_s: f64,
-}
+/// Every configuration's runs of one BIO style: `untraced` is no
+/// stalltrace, `daemons` `--sql-tls off` and `always` (see `drive`).
+pub type BioRuns = paired::PartRuns<Bio, Run>;
 
 pub struct Measured {
-    pub bios: Vec<BioRuns>,
-    pub daemons: Vec<DaemonLife>,
-    pub warnings: Vec<String>,
+    /// Each BIO style's runs, each daemon's life, the warnings.
+    pub runs: engine::Runs<Bio, Run, ()>,
     /// Attempts run again because the host was not quiet, and why.
     pub disturbed: Vec<String>,
     /// Seconds the runs waited for a quiet host (beyond the CPU samples).
@@ -372,7 +333,6 @@ mod tests {
             daemon_args("always"),
             ["run", "--interval", "1s", "--sql-tls", "always"]
         );
-        assert_eq!(Config::None.name(), "none");
-        assert_eq!(Config::Always.sql_tls(), Some("always"));
+        assert_eq!(Config::Always.sql_tls(), "always");
     }
 }

@@ -70,7 +70,7 @@ impl Suite for BlockSuite<'_> {
         );
     }
 
-    fn start_daemon(&mut self, _: usize, tag: &str) -> anyhow::Result<Daemon> {
+    fn start_daemon(&mut self, _: usize, _: usize, tag: &str) -> anyhow::Result<Daemon> {
         let tracer = Tracer::start(self.bin, self.disk.dir(), tag, false, &[])?;
         if self.hooks.is_empty() {
             self.hooks = tracer.hooks_of("block");

@@ -120,7 +120,7 @@ impl Suite for NetSuite<'_> {
         }
     }
 
-    fn start_daemon(&mut self, _: usize, tag: &str) -> anyhow::Result<Daemon> {
+    fn start_daemon(&mut self, _: usize, _: usize, tag: &str) -> anyhow::Result<Daemon> {
         let tracer = Tracer::start(self.bin, self.scratch, tag, false, &self.filters)?;
         if self.hooks.is_empty() {
             self.hooks = tracer
