@@ -22,6 +22,7 @@ mod peers;
 mod publish;
 mod quiet;
 mod settings;
+mod shell;
 mod soak;
 mod stats;
 mod table;

@@ -24,7 +24,6 @@ mod results;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::bail;
 use serde::Serialize;
 
 use super::engine;
@@ -34,7 +33,8 @@ use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
 pub use super::settings::Settings;
-use super::tracer::{self, ProgramCost};
+use super::shell;
+use super::tracer::ProgramCost;
 
 /// What a loop device reads from.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,15 +145,11 @@ pub fn run() -> anyhow::Result<()> {
     // Tear down before judging the figures, and check that it happened.
     drop(tmpfs);
     drop(on_disk);
-    let leaks = leaks(&scratch);
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!(
-        "bench: cleaned up: loop devices detached, their files deleted, tmpfs unmounted, no \
-         stalltrace left"
-    );
+    let measured = shell::torn_down(
+        measured,
+        leaks(&scratch),
+        "loop devices detached, their files deleted, tmpfs unmounted, no stalltrace left",
+    )?;
 
     let results = results::aggregate(
         &settings,
@@ -162,12 +158,10 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("block", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("block", &render::markdown(&results), &results)
 }
 
-/// What the bench may have left behind in its `scratch` directories; empty when clean.
+/// What the bench may have left behind in its `scratch` directories.
 fn leaks(scratch: &[PathBuf]) -> Vec<String> {
     let mut out = Vec::new();
     for dir in scratch {
@@ -179,7 +173,5 @@ fn leaks(scratch: &[PathBuf]) -> Vec<String> {
             out.push(format!("{} still exists", dir.display()));
         }
     }
-    out.extend(tracer::our_daemons_left());
-    out.extend(peers::ours_left());
     out
 }

@@ -25,19 +25,20 @@ mod segments;
 mod workload;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use super::engine;
 use super::netpair;
 use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
-use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
+use super::quiet::{self, Quiet};
 use super::settings::Settings;
-use super::tracer::{self, ProgramCost};
+use super::shell::{self, Scratch};
+use super::tracer::ProgramCost;
 use workload::{Run, Workload};
 
 /// The acceptance target: round-trip p50 and throughput within 2% of no tracer.
@@ -104,14 +105,10 @@ pub fn run() -> anyhow::Result<()> {
     let bin = super::stalltrace_bin();
     let mut warnings = Vec::new();
     let mut quiet_host = Quiet::new(disturbance);
-    if let Some(why) = quiet_host.wait(QUIET_BEFORE_SUITE, &[])? {
-        let w = format!("the host never went quiet before the suite began: {why}");
-        eprintln!("bench: warning: {w}");
-        warnings.push(w);
-    }
+    shell::quiet_before_suite(&mut quiet_host, &mut warnings)?;
     let load_before = publish::load_average();
 
-    let scratch = Scratch::create()?;
+    let scratch = Scratch::on_tmpfs("net")?;
     let pair = netpair::create()?;
     let names = [pair.netns(netpair::CLIENT), pair.netns(netpair::SERVER)].map(String::from);
     let measured = drive::measure(
@@ -126,19 +123,12 @@ pub fn run() -> anyhow::Result<()> {
     drop(pair);
     let scratch_dir = scratch.path().to_path_buf();
     drop(scratch);
-    let leaks = leaks(&names, &scratch_dir);
-    if !leaks.is_empty() && measured.is_err() {
-        eprintln!("bench: cleanup incomplete: {}", leaks.join("; "));
-    }
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!(
-        "bench: cleaned up: namespaces {} and {} deleted (veth and nft table with them), \
-         no server or stalltrace left",
+    let cleaned = format!(
+        "namespaces {} and {} deleted (veth and nft table with them), no server or stalltrace \
+         left",
         names[0], names[1]
     );
+    let measured = shell::torn_down(measured, leaks(&names, &scratch_dir), &cleaned)?;
 
     let results = results::aggregate(
         &settings,
@@ -147,9 +137,7 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("net", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("net", &render::markdown(&results), &results)
 }
 
 /// Why the host is not quiet right now, if it is not.
@@ -180,7 +168,7 @@ fn netdev_transmits(text: &str, iface: &str) -> Transmits {
     Transmits { seen, counted }
 }
 
-/// What the bench may have left behind; empty when clean.
+/// What the bench may have left behind of its own.
 fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
     let mut out: Vec<String> = netns
         .iter()
@@ -191,45 +179,7 @@ fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
         out.push(format!("{} still exists", scratch.display()));
     }
     out.extend(quiet::our_processes(LOAD_GENERATORS));
-    out.extend(tracer::our_daemons_left());
-    out.extend(peers::ours_left());
     out
-}
-
-/// A private directory for the daemons' output and the servers' logs, on
-/// tmpfs when there is one (so the daemon's writes cause no disk I/O during
-/// a run); removed on drop.
-struct Scratch {
-    dir: PathBuf,
-}
-
-impl Scratch {
-    fn create() -> anyhow::Result<Self> {
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = PathBuf::from(format!(
-            "{base}/stalltrace-bench-net-{}",
-            std::process::id()
-        ));
-        // create_dir (not _all) fails if it exists: never adopt someone else's directory.
-        fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(Scratch { dir })
-    }
-
-    fn path(&self) -> &Path {
-        &self.dir
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir_all(&self.dir) {
-            eprintln!("bench: cannot remove {}: {e}", self.dir.display());
-        }
-    }
 }
 
 #[cfg(test)]

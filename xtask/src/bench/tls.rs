@@ -29,15 +29,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Serialize;
 use stalltrace_lab::Bins;
 
 use super::engine;
 use super::paired;
 use super::publish::{self, Host};
-use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
+use super::quiet::{self, Quiet};
 use super::settings::Settings;
+use super::shell::{self, Scratch};
 use super::tracer::{self, ProgramCost};
 use crate::util;
 use workload::{Run, Server};
@@ -169,32 +170,31 @@ pub fn run() -> anyhow::Result<()> {
     let host = Host::this();
     let mut warnings = Vec::new();
     let mut quiet_host = Quiet::new(disturbance);
-    let before_suite = quiet_host.wait(QUIET_BEFORE_SUITE, &[])?;
-    if let Some(why) = &before_suite {
-        let w = format!("the host never went quiet before the suite began: {why}");
-        eprintln!("bench: warning: {w}");
-        warnings.push(w);
-    }
+    shell::quiet_before_suite(&mut quiet_host, &mut warnings)?;
     let load_before = publish::load_average();
 
-    let scratch = Scratch::create()?;
-    let bins = scratch.bins()?;
+    // The daemons' output on tmpfs (no disk I/O during a run); the
+    // simulators' files (O_DIRECT: not on tmpfs) and binaries on disk.
+    let out = Scratch::on_tmpfs("tls")?;
+    let files = Scratch::under("/var/tmp", "tls")?;
+    let bins = bins(files.path())?;
     let mut servers = Vec::new();
     for bio in BIOS {
-        servers.push(Server::start(&bins, scratch.files(), bio)?);
+        servers.push(Server::start(&bins, files.path(), bio)?);
     }
     let workers: Vec<u32> = servers.iter().map(Server::worker).collect();
     let measured = drive::measure(
         &settings,
         &bins,
         &servers,
-        scratch.out(),
+        out.path(),
         &mut quiet_host,
         warnings,
     );
     drop(servers);
-    let dirs = scratch.dirs();
-    drop(scratch);
+    let dirs = [out.path().to_path_buf(), files.path().to_path_buf()];
+    drop(out);
+    drop(files);
     let mut leaks: Vec<String> = dirs
         .iter()
         .filter(|d| d.exists())
@@ -207,15 +207,11 @@ pub fn run() -> anyhow::Result<()> {
             .map(|w| format!("sqlservr worker {w} still running")),
     );
     leaks.extend(quiet::our_processes(&["sqlservr", "sqlclient"]));
-    leaks.extend(tracer::our_daemons_left());
-    if !leaks.is_empty() && measured.is_err() {
-        eprintln!("bench: cleanup incomplete: {}", leaks.join("; "));
-    }
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!("bench: cleaned up: simulators stopped, their files removed, no stalltrace left");
+    let measured = shell::torn_down(
+        measured,
+        leaks,
+        "simulators stopped, their files removed, no stalltrace left",
+    )?;
 
     let results = results::aggregate(
         &settings,
@@ -224,9 +220,7 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("tls", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("tls", &render::markdown(&results), &results)
 }
 
 /// Why the host is not quiet right now, if it is not: someone else's
@@ -249,70 +243,22 @@ fn disturbance(ours: &[u64]) -> Option<String> {
     quiet::foreign_processes(OTHERS)
 }
 
-/// The suite's directories, removed on drop: the daemons' output on tmpfs
-/// (no disk I/O during a run), the simulators' files (O_DIRECT: not on
-/// tmpfs) and private copies of sqlservr and sqlclient (someone rebuilding
-/// target/release mid-run cannot swap the workload) on disk.
-struct Scratch {
-    out: PathBuf,
-    files: PathBuf,
-}
-
-impl Scratch {
-    fn create() -> anyhow::Result<Self> {
-        let pid = std::process::id();
-        let shm = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let out = PathBuf::from(format!("{shm}/stalltrace-bench-tls-{pid}"));
-        let files = PathBuf::from(format!("/var/tmp/stalltrace-bench-tls-{pid}"));
-        // create_dir (not _all) fails if it exists: never adopt someone else's directory.
-        fs::create_dir(&out).with_context(|| format!("cannot create {}", out.display()))?;
-        let scratch = Scratch { out, files };
-        fs::create_dir(&scratch.files)
-            .with_context(|| format!("cannot create {}", scratch.files.display()))?;
-        Ok(scratch)
-    }
-
-    fn out(&self) -> &Path {
-        &self.out
-    }
-
-    fn files(&self) -> &Path {
-        &self.files
-    }
-
-    fn dirs(&self) -> [PathBuf; 2] {
-        [self.out.clone(), self.files.clone()]
-    }
-
-    /// The stalltrace under test, and copies of the simulator's binaries.
-    fn bins(&self) -> anyhow::Result<Bins> {
-        let release = util::workspace_root().join("target/release");
-        let copy = |name: &str| -> anyhow::Result<PathBuf> {
-            let to = self.files.join(name);
-            fs::copy(release.join(name), &to)
-                .with_context(|| format!("cannot copy target/release/{name}"))?;
-            Ok(to)
-        };
-        Ok(Bins {
-            stalltrace: super::stalltrace_bin(),
-            sqlservr: copy("sqlservr")?,
-            sqlclient: copy("sqlclient")?,
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for dir in self.dirs() {
-            if let Err(e) = fs::remove_dir_all(&dir) {
-                eprintln!("bench: cannot remove {}: {e}", dir.display());
-            }
-        }
-    }
+/// The stalltrace under test, and private copies of the simulator's
+/// binaries in `dir` (someone rebuilding target/release mid-run cannot swap
+/// the workload).
+fn bins(dir: &Path) -> anyhow::Result<Bins> {
+    let release = util::workspace_root().join("target/release");
+    let copy = |name: &str| -> anyhow::Result<PathBuf> {
+        let to = dir.join(name);
+        fs::copy(release.join(name), &to)
+            .with_context(|| format!("cannot copy target/release/{name}"))?;
+        Ok(to)
+    };
+    Ok(Bins {
+        stalltrace: super::stalltrace_bin(),
+        sqlservr: copy("sqlservr")?,
+        sqlclient: copy("sqlclient")?,
+    })
 }
 
 #[cfg(test)]
