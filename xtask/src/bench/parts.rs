@@ -9,12 +9,50 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::paired::{PartRuns, ProcessUse, TracedRun};
+use super::paired::{self, PartRuns, ProcessUse, TracedRun};
 use super::peers::{self, PeerCost, PeerProgram};
+use super::settings::Settings;
 use super::stats::Estimate;
 use super::tracer::ProgramCost;
 use super::tracer::StopRecord;
 use super::tracer::programs::{self, InPart, Key, ProgramTotal};
+
+/// What every paired suite publishes of how it ran (flattened into the
+/// suite's own setup, beside what it says of its workloads).
+#[derive(Serialize)]
+pub struct PairedSetup {
+    pub rounds: usize,
+    pub runtime_s: u64,
+    /// The daemon of the traced block: stalltrace as deployed.
+    pub tracer: String,
+    /// How the runs with the accounting differ.
+    pub tracer_bpf_stats: &'static str,
+    /// The order of play.
+    pub order: &'static str,
+    /// What each configuration is for, in words.
+    pub configs: &'static str,
+    /// How the floor is measured; what it is, under `floor`.
+    pub floor: &'static str,
+}
+
+impl PairedSetup {
+    pub fn new(
+        settings: &Settings,
+        tracer: String,
+        configs: &'static str,
+        floor: &'static str,
+    ) -> Self {
+        PairedSetup {
+            rounds: settings.rounds,
+            runtime_s: settings.runtime_s,
+            tracer,
+            tracer_bpf_stats: paired::TRACER_BPF_STATS,
+            order: paired::ORDER,
+            configs,
+            floor,
+        }
+    }
+}
 
 /// A process's use while the workload ran, in the runs without the accounting.
 #[derive(Serialize)]

@@ -20,8 +20,7 @@ use super::{
     TracedRun,
 };
 use crate::bench::fio::{self, FioRun};
-use crate::bench::paired;
-use crate::bench::parts::{self, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::stats::{Estimate, Summary, summary};
@@ -64,25 +63,15 @@ pub struct BlockResults {
 
 #[derive(Serialize)]
 pub struct Setup {
-    pub rounds: usize,
-    pub runtime_s: u64,
+    #[serde(flatten)]
+    pub paired: PairedSetup,
     pub file_mib: u64,
     pub loop_direct_io: bool,
     /// The disk-backed device's: the same file size, on /var/tmp.
     pub disk_loop_direct_io: bool,
     pub fio: String,
-    /// The daemon of the traced block: stalltrace as deployed.
-    pub tracer: String,
-    /// How the runs with the accounting differ.
-    pub tracer_bpf_stats: &'static str,
-    /// The order of play.
-    pub order: &'static str,
     /// The two peers' order within the peer block.
     pub peer_order: &'static str,
-    /// What each configuration is for, in words.
-    pub configs: &'static str,
-    /// How the floor is measured; what it is, under `floor`.
-    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and depth: untraced; traced (stalltrace without the \
@@ -469,8 +458,12 @@ pub fn aggregate(
         command: "cargo xtask bench block",
         wall_time_s,
         setup: Setup {
-            rounds: settings.rounds,
-            runtime_s: settings.runtime_s,
+            paired: PairedSetup::new(
+                settings,
+                crate::bench::tracer::command_line(false),
+                CONFIGS,
+                FLOOR_SETUP,
+            ),
             file_mib: super::FILE_MIB,
             loop_direct_io: m.direct_io,
             disk_loop_direct_io: m.disk_direct_io,
@@ -479,12 +472,7 @@ pub fn aggregate(
                 settings.runtime_s,
                 fio::WORKLOAD.join(" ")
             ),
-            tracer: crate::bench::tracer::command_line(false),
-            tracer_bpf_stats: paired::TRACER_BPF_STATS,
-            order: paired::ORDER,
             peer_order: PEER_ORDER,
-            configs: CONFIGS,
-            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         depths,

@@ -19,8 +19,7 @@ use super::segments;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::netpair::Owner;
-use crate::bench::paired;
-use crate::bench::parts::{self, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
@@ -62,22 +61,14 @@ pub struct NetResults {
 
 #[derive(Serialize)]
 pub struct Setup {
-    pub rounds: usize,
-    pub runtime_s: u64,
+    #[serde(flatten)]
+    pub paired: PairedSetup,
     pub network: String,
     pub congestion_control: String,
     pub sockperf: String,
     pub iperf3: String,
     pub iperf3_loss: String,
     pub loss_rule: String,
-    /// The daemon of the traced block: stalltrace as deployed.
-    pub tracer: String,
-    /// How the runs with the accounting differ.
-    pub tracer_bpf_stats: &'static str,
-    pub order: &'static str,
-    pub configs: &'static str,
-    /// How the floor is measured; what it is, under `floor`.
-    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and workload: untraced; traced (stalltrace without the \
@@ -436,8 +427,12 @@ pub fn aggregate(
         command: "cargo xtask bench net",
         wall_time_s,
         setup: Setup {
-            rounds: settings.rounds,
-            runtime_s: settings.runtime_s,
+            paired: PairedSetup::new(
+                settings,
+                tracer::command_line_with(false, &filters),
+                CONFIGS,
+                FLOOR_SETUP,
+            ),
             network: format!(
                 "two network namespaces of the bench's own (client, server) joined by a veth \
                  pair, an IPv4 /30 in 10.201.0.0/16, no route outside; veth defaults (TSO/GSO \
@@ -467,11 +462,6 @@ pub fn aggregate(
                 port = workload::IPERF3_LOSS_PORT,
                 percent = workload::LOSS_PERCENT
             ),
-            tracer: tracer::command_line_with(false, &filters),
-            tracer_bpf_stats: paired::TRACER_BPF_STATS,
-            order: paired::ORDER,
-            configs: CONFIGS,
-            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         targets,

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::{DepthRuns, Measured, PeerRun, Settings, round_cost};
-use crate::bench::floor::{self, AttachPoint};
+use crate::bench::floor::{self, Description};
 use crate::bench::parts;
 use crate::bench::peers::{self, PeerProgramResult, RoundCost};
 use crate::bench::stats::Estimate;
@@ -13,12 +13,8 @@ use crate::bench::stats::Estimate;
 /// What the floor is, and what its programs cost on each hook.
 #[derive(Serialize)]
 pub struct FloorResult {
-    /// What each program does.
-    pub body: &'static str,
-    /// One program per hook the daemon attached, as it attached them.
-    pub attach_points: Vec<AttachPoint>,
-    /// The generated C, as compiled.
-    pub source: String,
+    #[serde(flatten)]
+    pub description: Description,
     /// Each program (by section, "tp_btf/block_rq_issue") over every floor
     /// run of both depths, and round by round.
     pub programs: Vec<PeerProgramResult>,
@@ -35,9 +31,7 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
     );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
     Some(FloorResult {
-        body: floor::BODY,
-        attach_points: object.points.clone(),
-        source: object.source.clone(),
+        description: Description::of(object),
         programs: peers::program_results(&cost, &rounds),
     })
 }

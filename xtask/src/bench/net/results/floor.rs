@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::{net_programs, per_segment, round_cost};
-use crate::bench::floor::{self, AttachPoint};
+use crate::bench::floor::{self, AttachPoint, Description};
 use crate::bench::net::segments::{self, Direction};
 use crate::bench::net::{Measured, PeerRun, WorkloadRuns, on_net_path};
 use crate::bench::parts;
@@ -17,12 +17,9 @@ use crate::bench::stats::Estimate;
 /// What the floor is, what its programs cost, and its figures per workload.
 #[derive(Serialize)]
 pub struct FloorResult {
-    /// What each program does.
-    pub body: &'static str,
-    /// One program per network-path attach point the daemon used, as it attached them.
-    pub attach_points: Vec<AttachPoint>,
-    /// The generated C, as compiled.
-    pub source: String,
+    /// One program per network-path attach point the daemon used.
+    #[serde(flatten)]
+    pub description: Description,
     /// Each program over every floor run of every workload, and round by round.
     pub programs: Vec<FloorProgram>,
     pub workloads: Vec<WorkloadFloor>,
@@ -195,9 +192,7 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
         })
         .collect();
     Some(FloorResult {
-        body: floor::BODY,
-        attach_points: object.points.clone(),
-        source: object.source.clone(),
+        description: Description::of(object),
         programs,
         workloads,
     })

@@ -215,7 +215,7 @@ fn each_figure_comes_from_its_configuration() {
         r.targets[3].detail
     );
 
-    assert!(r.setup.tracer.contains("--netns CLIENT_NS"));
+    assert!(r.setup.paired.tracer.contains("--netns CLIENT_NS"));
     assert!(r.setup.iperf3_loss.contains("-b 500M"));
     let md = render::markdown(&r);
     for needle in [
