@@ -9,14 +9,15 @@
 //! is filed are the engine's, once for every suite.
 
 use std::collections::BTreeMap;
+use std::fs;
 use std::path::Path;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use super::floor::{self, AttachPoint, Floor};
 use super::paired::{self, PartRuns, TracedRun, Window};
 use super::peers::{Peer, PeerProgram};
-use super::quiet;
+use super::quiet::{self, Quiet};
 use super::settings::Settings;
 use super::tracer::programs::{Counter, total_runs};
 use super::tracer::{ProgramCost, StopRecord, Tracer, Usage};
@@ -88,8 +89,14 @@ pub trait Suite {
     fn part_name(&self, part: Self::Part) -> String;
     /// Where the daemons, peers and the floor write their files.
     fn scratch(&self) -> &Path;
-    /// Before each attempt of a run or a block (`ours`: the programs under which it runs).
-    fn prepare(&mut self, _label: &str, _ours: &[u64]) -> anyhow::Result<()> {
+    /// The quiet-host budget of a suite that waits for a quiet host before
+    /// each attempt of a run or a block.
+    fn quiet(&mut self) -> Option<&mut Quiet> {
+        None
+    }
+    /// Before each attempt of a run or a block, what the suite's workload
+    /// needs (net: its servers up again after someone else's cleanup).
+    fn before_attempt(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
     /// Why the host is not quiet right now, if it is not.
@@ -203,6 +210,22 @@ pub fn measure<S: Suite>(
     Ok(engine.runs)
 }
 
+/// Before each attempt of a run or a block: the scratch directory there
+/// (someone else's cleanup of a shared host may remove it), what the
+/// workload needs, and a quiet host waited for within the budget (`ours`:
+/// the programs under which the attempt runs).
+fn prepare<S: Suite>(suite: &mut S, label: &str, ours: &[u64]) -> anyhow::Result<()> {
+    let scratch = suite.scratch();
+    fs::create_dir_all(scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
+    suite.before_attempt()?;
+    if let Some(quiet) = suite.quiet()
+        && let Some(why) = quiet.before_run(ours)?
+    {
+        eprintln!("bench: {label}: measuring anyway: {why}");
+    }
+    Ok(())
+}
+
 struct Engine<'a, S: Suite> {
     suite: &'a mut S,
     settings: &'a Settings,
@@ -246,7 +269,7 @@ impl<S: Suite> Engine<'_, S> {
             let label = self.label(round, i, S::UNTRACED);
             let suite = &mut *self.suite;
             let attempt = || {
-                suite.prepare(&label, &[])?;
+                prepare(suite, &label, &[])?;
                 let before = suite.disturbance(&[]);
                 let run = suite.run(part, None)?;
                 let disturbed = before.or_else(|| suite.disturbance(&[]));
@@ -279,7 +302,7 @@ impl<S: Suite> Engine<'_, S> {
         let stats_sysctl = self.stats_sysctl;
         let suite = &mut *self.suite;
         let win = quiet::retry(label, warnings, || {
-            suite.prepare(label, under.ours)?;
+            prepare(suite, label, under.ours)?;
             let before = suite.disturbance(under.ours);
             let win = paired::window(under.ids, stats, under.usage, || {
                 suite.run(part, under.daemon)
@@ -312,7 +335,7 @@ impl<S: Suite> Engine<'_, S> {
             let mut inner = Vec::new();
             let done = quiet::retry_failures(&block, &mut warnings, || {
                 inner.clear();
-                self.suite.prepare(&block, &[])?;
+                prepare(self.suite, &block, &[])?;
                 Ok((attempt(self, &mut inner, &block)?, None))
             });
             warnings.append(&mut inner);

@@ -5,10 +5,7 @@
 //! namespace, its floor on the daemon's network-path hooks, its peer bpftrace.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::Path;
-
-use anyhow::Context;
 
 use super::workload::{self, Run, Servers, WORKLOADS, Workload};
 use super::{Measured, Settings, Transmits, disturbance, on_net_path, transmits};
@@ -59,19 +56,16 @@ impl Suite for NetSuite<'_> {
         self.scratch
     }
 
-    /// Before each attempt: the servers up, the scratch directory there
-    /// (someone else's cleanup of a shared host may remove either), and a
-    /// quiet host, waited for within the budget.
-    fn prepare(&mut self, label: &str, ours: &[u64]) -> anyhow::Result<()> {
-        fs::create_dir_all(self.scratch)
-            .with_context(|| format!("cannot create {}", self.scratch.display()))?;
+    fn quiet(&mut self) -> Option<&mut Quiet> {
+        Some(self.quiet)
+    }
+
+    /// The servers up: someone else's cleanup of a shared host may kill one.
+    fn before_attempt(&mut self) -> anyhow::Result<()> {
         for what in self.servers.restart_dead()? {
             let w = format!("restarted a server: {what}");
             eprintln!("bench: {w}");
             self.restarted.push(w);
-        }
-        if let Some(why) = self.quiet.before_run(ours)? {
-            eprintln!("bench: {label}: measuring anyway: {why}");
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use stalltrace_lab::Bins;
 
 use super::workload::{self, Run, Server};
@@ -80,15 +80,8 @@ impl Suite for TlsSuite<'_> {
         self.scratch
     }
 
-    /// Before each attempt: the scratch directory there, a quiet host
-    /// waited for within the budget.
-    fn prepare(&mut self, label: &str, ours: &[u64]) -> anyhow::Result<()> {
-        fs::create_dir_all(self.scratch)
-            .with_context(|| format!("cannot create {}", self.scratch.display()))?;
-        if let Some(why) = self.quiet.before_run(ours)? {
-            eprintln!("bench: {label}: measuring anyway: {why}");
-        }
-        Ok(())
+    fn quiet(&mut self) -> Option<&mut Quiet> {
+        Some(self.quiet)
     }
 
     fn disturbance(&self, ours: &[u64]) -> Option<String> {
