@@ -172,12 +172,59 @@ pub fn program_rows<'a, K, R, X>(
         .collect()
 }
 
-/// What both suites' results tests build their runs from.
+/// The results tests' harness: what the suites' tests build their runs
+/// from, and the checks they make of the results.
 #[cfg(test)]
 pub mod fixtures {
-    use super::ProgramCost;
+    use super::{PeerProgram, ProgramCost, Settings};
+    use crate::bench::floor::{AttachPoint, Kind};
     use crate::bench::paired::ProcessUse;
-    use crate::bench::publish::Host;
+    use crate::bench::publish::{Host, Verdict};
+    use crate::bench::stats::Outcome;
+
+    pub fn settings(rounds: usize, runtime_s: u64) -> Settings {
+        Settings { rounds, runtime_s }
+    }
+
+    pub fn peer_program(tracepoint: &str, run_count: u64, ns_each: u64) -> PeerProgram {
+        PeerProgram {
+            tracepoint: tracepoint.into(),
+            run_count,
+            run_time_ns: run_count * ns_each,
+        }
+    }
+
+    /// A floor program's attach point on `hook`'s tracepoint.
+    pub fn tp_btf(hook: &str) -> AttachPoint {
+        AttachPoint {
+            hook: hook.into(),
+            kind: Kind::TpBtf,
+            target: hook.into(),
+        }
+    }
+
+    /// Equal but for the last bits of a float.
+    #[track_caller]
+    pub fn assert_near(actual: f64, expected: f64) {
+        assert!(
+            (actual - expected).abs() < 1e-9,
+            "{actual} is not {expected}"
+        );
+    }
+
+    /// The verdict's outcome, its detail shown when it is another.
+    #[track_caller]
+    pub fn assert_outcome(v: &Verdict, outcome: Outcome) {
+        assert_eq!(v.outcome, outcome, "{}: {}", v.target, v.detail);
+    }
+
+    /// Every one of `needles` in the rendered `md`.
+    #[track_caller]
+    pub fn assert_shows(md: &str, needles: &[&str]) {
+        for needle in needles {
+            assert!(md.contains(needle), "{needle}\n---\n{md}");
+        }
+    }
 
     pub fn cost(family: &str, program: &str, run_count: u64, ns_each: u64) -> ProgramCost {
         ProgramCost {
