@@ -329,64 +329,50 @@ fn program_results(m: &Measured) -> Vec<ProgramResult> {
     .collect()
 }
 
-/// The floor's row in the cost-per-unit table.
-pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
-
-/// Cost per I/O of stalltrace, of the floor under it and of the peer at each depth.
+/// Cost per I/O of stalltrace, of the floor under it and of the peers at each depth.
 fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
     for (d, r) in m.runs.parts.iter().zip(depths) {
         let workload = format!("fio {}", d.part.label());
+        let iops = |side: &Side| format!("{} IOPS", rate_text(side.iops.median));
         let per_io = floor::per_io(d);
-        out.push(UnitCost {
-            workload: workload.clone(),
-            tool: "stalltrace".into(),
-            per_unit: vec![
-                PerUnit::new(
-                    "I/O",
-                    d.traced_bpf_stats()
-                        .iter()
-                        .map(|r| round_cost(r).per_unit()),
-                )
-                .with_work_over_floor(per_io.work),
-            ],
-            process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
-            measured_at: format!("{} IOPS", rate_text(r.traced.iops.median)),
-            peak_rss_mib: Some(r.daemon.peak_rss_mib),
-        });
+        let st_ns = d
+            .traced_bpf_stats()
+            .iter()
+            .map(|r| round_cost(r).per_unit());
+        let st = PerUnit::new("I/O", st_ns).with_work_over_floor(per_io.work);
+        out.push(UnitCost::of_process(
+            &workload,
+            "stalltrace",
+            vec![st],
+            &r.daemon,
+            iops(&r.traced),
+        ));
         if !d.floor.is_empty() {
-            out.push(UnitCost {
-                workload: workload.clone(),
-                tool: FLOOR_TOOL.into(),
-                per_unit: vec![PerUnit::new("I/O", per_io.floor)],
-                // Its programs run in the bench's own process, which has nothing else to show.
-                process_cpu_pct: None,
-                measured_at: "–".into(),
-                peak_rss_mib: None,
-            });
+            out.push(UnitCost::floor(
+                &workload,
+                vec![PerUnit::new("I/O", per_io.floor)],
+            ));
         }
-        out.push(UnitCost {
-            workload: workload.clone(),
-            tool: "bpftrace (peer)".into(),
-            per_unit: vec![PerUnit::new(
-                "I/O",
-                d.peer_bpf_stats(0)
-                    .iter()
-                    .map(|r| peer_round_cost(r).per_unit()),
-            )],
-            process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
-            measured_at: format!("{} IOPS", rate_text(r.peer.iops.median)),
-            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
-        });
+        let bt_ns = d
+            .peer_bpf_stats(0)
+            .iter()
+            .map(|r| peer_round_cost(r).per_unit());
+        out.push(UnitCost::of_process(
+            &workload,
+            "bpftrace (peer)",
+            vec![PerUnit::new("I/O", bt_ns)],
+            &r.peer_process,
+            iops(&r.peer),
+        ));
         if let Some(rz) = &r.rezolus {
-            out.push(UnitCost {
-                workload,
-                tool: "rezolus (peer)".into(),
-                per_unit: vec![PerUnit::new("I/O", rezolus::per_io(d))],
-                process_cpu_pct: rz.process.cpu_pct_of_one_cpu,
-                measured_at: format!("{} IOPS", rate_text(rz.fio.iops.median)),
-                peak_rss_mib: Some(rz.process.peak_rss_mib),
-            });
+            out.push(UnitCost::of_process(
+                &workload,
+                "rezolus (peer)",
+                vec![PerUnit::new("I/O", rezolus::per_io(d))],
+                &rz.process,
+                iops(&rz.fio),
+            ));
         }
     }
     out

@@ -197,7 +197,7 @@ fn each_figure_comes_from_its_configuration() {
     assert_outcome(&r.targets.work_over_floor_qd16, Outcome::Met);
     assert_eq!(r.targets.work_over_floor_qd16.measured, "60 [58–62] ns");
     let fl = &r.unit_costs[1];
-    assert_eq!(fl.tool, super::FLOOR_TOOL);
+    assert_eq!(fl.tool, crate::bench::unitcost::FLOOR_TOOL);
     assert_eq!(fl.per_unit[0].bpf_ns, d.floor_ns_per_io);
     assert_eq!((fl.process_cpu_pct, fl.peak_rss_mib), (None, None));
     assert_eq!(

@@ -8,9 +8,6 @@ use crate::bench::net::{Measured, segments};
 use crate::bench::stats::Summary;
 use crate::bench::unitcost::{PerUnit, UnitCost, rate_text};
 
-/// The floor's row in the cost-per-unit table.
-pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
-
 /// Cost per received and per sent segment, stalltrace's, the floor's and
 /// the peer's, on each workload.
 pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
@@ -45,30 +42,23 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 u.with_work_over_floor(w)
             }
         };
-        out.push(UnitCost {
-            workload: runs.part.key.to_string(),
-            tool: "stalltrace".into(),
-            per_unit: vec![
+        let workload = runs.part.key;
+        out.push(UnitCost::of_process(
+            workload,
+            "stalltrace",
+            vec![
                 work(PerUnit::new("received segment", rx), work_rx),
                 work(PerUnit::new("sent segment", tx), work_tx),
             ],
-            process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
-            measured_at: rx_rate(&r.traced),
-            peak_rss_mib: Some(r.daemon.peak_rss_mib),
-        });
+            &r.daemon,
+            rx_rate(&r.traced),
+        ));
         if !runs.floor.is_empty() {
-            out.push(UnitCost {
-                workload: runs.part.key.to_string(),
-                tool: FLOOR_TOOL.into(),
-                per_unit: vec![
-                    PerUnit::new("received segment", floor_rx),
-                    PerUnit::new("sent segment", floor_tx),
-                ],
-                // Its programs run in the bench's own process, which has nothing else to show.
-                process_cpu_pct: None,
-                measured_at: "–".into(),
-                peak_rss_mib: None,
-            });
+            let floor = vec![
+                PerUnit::new("received segment", floor_rx),
+                PerUnit::new("sent segment", floor_tx),
+            ];
+            out.push(UnitCost::floor(workload, floor));
         }
         let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats(0).iter().map(|p| {
             let programs = p
@@ -77,17 +67,16 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 .map(|q| (q.tracepoint.as_str(), q.run_time_ns));
             (&p.run, segments::split(programs))
         }));
-        out.push(UnitCost {
-            workload: runs.part.key.to_string(),
-            tool: "bpftrace (peer)".into(),
-            per_unit: vec![
+        out.push(UnitCost::of_process(
+            workload,
+            "bpftrace (peer)",
+            vec![
                 PerUnit::new("received segment", rx),
                 PerUnit::new("sent segment", tx),
             ],
-            process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
-            measured_at: rx_rate(&r.peer),
-            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
-        });
+            &r.peer_process,
+            rx_rate(&r.peer),
+        ));
     }
     out
 }

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::bench::floor::Object;
-use crate::bench::net::results::costs::FLOOR_TOOL;
 use crate::bench::net::segments::Direction;
+use crate::bench::unitcost::FLOOR_TOOL;
 
 fn floor_run(w: &Workload) -> PeerRun {
     let p = |hook: &str, run_count, ns| peer_program(&format!("tp_btf/{hook}"), run_count, ns);
