@@ -13,6 +13,7 @@ use super::paired::{self, PartRuns, ProcessUse, TracedRun};
 use super::peers::{self, PeerCost, PeerProgram};
 use super::settings::Settings;
 use super::stats::Estimate;
+use super::table;
 use super::tracer::ProgramCost;
 use super::tracer::StopRecord;
 use super::tracer::programs::{self, InPart, Key, ProgramTotal};
@@ -68,6 +69,31 @@ pub fn process<'a>(uses: impl IntoIterator<Item = &'a ProcessUse>) -> ProcessRes
         cpu_pct_of_one_cpu: Estimate::of(uses.iter().map(|u| u.cpu_pct_of_one_cpu())),
         peak_rss_mib: uses.iter().map(|u| u.peak_rss_mib()).fold(0.0, f64::max),
     }
+}
+
+/// The daemon's own table: its CPU while each part's workload ran (`during`:
+/// "fio", "the client") and its peak RSS, one row per part (`part`: the
+/// first column's header).
+pub fn daemon_table<'a>(
+    part: &str,
+    during: &str,
+    rows: impl IntoIterator<Item = (String, &'a ProcessResult)>,
+) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|(label, d)| {
+            let cpu = d.cpu_pct_of_one_cpu.as_ref();
+            vec![
+                label,
+                cpu.map_or("–".into(), |e| e.text(2)),
+                cpu.map_or("–".into(), |e| e.range_text(2)),
+                format!("{:.1}", d.peak_rss_mib),
+            ]
+        })
+        .collect();
+    let cpu = format!("CPU % of one CPU while {during} ran, median [95% CI]");
+    "\n### The daemon itself (traced runs, without the accounting)\n\n".to_string()
+        + &table::markdown(&[part, &cpu, "min–max", "peak RSS MiB (VmHWM)"], &rows)
 }
 
 /// Round by round (index i is round i + 1), the runs of every part that

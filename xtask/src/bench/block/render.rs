@@ -9,7 +9,7 @@ use super::results::{BlockResults, Ratios, Side};
 use crate::bench::publish::{self, Verdict};
 use crate::bench::stats::{Estimate, range};
 use crate::bench::tracer::programs;
-use crate::bench::{table, unitcost};
+use crate::bench::{parts, table, unitcost};
 
 pub fn markdown(r: &BlockResults) -> String {
     let mut s = String::new();
@@ -101,30 +101,10 @@ pub fn markdown(r: &BlockResults) -> String {
     s += &r.peer.markdown();
     rezolus::section(&mut s, r);
 
-    s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .depths
-        .iter()
-        .map(|d| {
-            let m = &d.daemon;
-            vec![
-                d.label.clone(),
-                est(&m.cpu_pct_of_one_cpu, 2),
-                m.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.range_text(2)),
-                format!("{:.1}", m.peak_rss_mib),
-            ]
-        })
-        .collect();
-    s += &table::markdown(
-        &[
-            "depth",
-            "CPU % of one CPU while fio ran, median [95% CI]",
-            "min–max",
-            "peak RSS MiB (VmHWM)",
-        ],
-        &rows,
+    s += &parts::daemon_table(
+        "depth",
+        "fio",
+        r.depths.iter().map(|d| (d.label.clone(), &d.daemon)),
     );
     let l = &r.daemon_lifetime_cpu_s;
     let _ = writeln!(

@@ -12,7 +12,7 @@ use crate::bench::publish::{self, Verdict};
 use crate::bench::quiet::{BUSY_USER_CPU_PCT, QUIET_BUDGET, QUIET_PER_RUN};
 use crate::bench::stats::{Estimate, Summary, range};
 use crate::bench::tracer::programs;
-use crate::bench::{table, unitcost};
+use crate::bench::{parts, table, unitcost};
 
 fn workload(key: &str) -> &'static Workload {
     WORKLOADS
@@ -295,32 +295,12 @@ fn cross_check(r: &NetResults) -> String {
 }
 
 fn daemon(s: &mut String, r: &NetResults) {
-    *s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .workloads
-        .iter()
-        .map(|wr| {
-            let d = &wr.daemon;
-            vec![
-                wr.key.to_string(),
-                d.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.text(2)),
-                d.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.range_text(2)),
-                format!("{:.1}", d.peak_rss_mib),
-            ]
-        })
-        .collect();
-    *s += &table::markdown(
-        &[
-            "workload",
-            "CPU % of one CPU while the client ran, median [95% CI]",
-            "min–max",
-            "peak RSS MiB (VmHWM)",
-        ],
-        &rows,
+    *s += &parts::daemon_table(
+        "workload",
+        "the client",
+        r.workloads
+            .iter()
+            .map(|wr| (wr.key.to_string(), &wr.daemon)),
     );
     let l = &r.daemon_lives;
     let _ = writeln!(
