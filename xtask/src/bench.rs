@@ -7,6 +7,7 @@
 //! other's published figures.
 
 mod block;
+mod configs;
 mod daemon;
 mod engine;
 mod fio;

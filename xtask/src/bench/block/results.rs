@@ -19,11 +19,12 @@ use super::{
     Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, PeerRun, Settings,
     TracedRun,
 };
+use crate::bench::configs::{self, Configurations};
 use crate::bench::fio::{self, FioRun};
-use crate::bench::parts::{self, PairedSetup, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
-use crate::bench::stats::{Estimate, Summary, summary};
+use crate::bench::stats::{Estimate, Summary};
 use crate::bench::tracer::ProgramCost;
 use crate::bench::tracer::programs::{self, ProgramTotal};
 use crate::bench::unitcost::{self, PerUnit, UnitCost, rate_text};
@@ -96,24 +97,12 @@ pub const FLOOR_SETUP: &str = "right after each round's daemon stopped, in the s
      attached, with the same attach type (a tracepoint, or the kernel function the daemon \
      used in its place), and runs each depth once under them with the kernel's accounting on";
 
-#[derive(Serialize)]
-pub struct Side {
-    pub iops: Summary,
-    pub p50_us: Summary,
-    pub p99_us: Summary,
-    pub others_user_cpu_pct: Summary,
-    pub steal_pct: Summary,
-    pub runs: Vec<FioRun>,
-}
+/// fio's figures over the rounds, and over the untraced run of the same round.
+pub type Side = configs::Side<FioRun>;
+pub type Ratios = configs::Ratios<FioRun>;
 
-/// A configuration over the untraced run of the same round, per figure:
-/// median of the rounds' ratios and its 95% interval.
-#[derive(Serialize)]
-pub struct Ratios {
-    pub iops: Option<Estimate>,
-    pub p50_us: Option<Estimate>,
-    pub p99_us: Option<Estimate>,
-}
+/// The figures every ratio is taken of.
+pub const FIGURES: [&str; 3] = ["iops", "p50_us", "p99_us"];
 
 #[derive(Serialize)]
 pub struct DepthResult {
@@ -121,18 +110,12 @@ pub struct DepthResult {
     pub iodepth: u32,
     /// How the tables name the part: "QD16" (tmpfs), "disk QD16".
     pub label: String,
-    pub untraced: Side,
-    /// Without the accounting: what the ratios and the target are about.
-    pub traced: Side,
-    /// With the accounting: shown, judges nothing.
-    pub traced_bpf_stats: Side,
+    #[serde(flatten)]
+    pub configs: Configurations<FioRun>,
     /// The floor, with the accounting: shown, judges nothing. None without floor runs.
     pub floor_bpf_stats: Option<Side>,
-    pub peer: Side,
     pub traced_ratio: Ratios,
-    pub bpf_stats_ratio: Ratios,
     pub floor_ratio: Ratios,
-    pub peer_ratio: Ratios,
     /// All block programs' run time per I/O fio completed, over every
     /// accounting run of this depth (sum over sum).
     pub bpf_ns_per_io: f64,
@@ -146,8 +129,6 @@ pub struct DepthResult {
     pub peer_cost: PeerCost,
     /// stalltrace against the peer, per I/O, round by round.
     pub versus_peer: Comparison,
-    pub daemon: ProcessResult,
-    pub peer_process: ProcessResult,
     /// The second peer (rezolus) at this depth; None when it did not run.
     pub rezolus: Option<rezolus::RezolusAtDepth>,
     /// stalltrace against the cheaper peer of each round: what the target judges.
@@ -191,27 +172,6 @@ pub struct Targets {
     pub work_over_floor_qd16: Verdict,
 }
 
-fn side(runs: &[FioRun]) -> Side {
-    Side {
-        iops: summary(runs.iter().map(|r| r.iops)),
-        p50_us: summary(runs.iter().map(|r| r.p50_us)),
-        p99_us: summary(runs.iter().map(|r| r.p99_us)),
-        others_user_cpu_pct: summary(runs.iter().map(|r| r.others_user_cpu_pct)),
-        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
-        runs: runs.to_vec(),
-    }
-}
-
-fn ratios<'a>(untraced: &[FioRun], other: impl IntoIterator<Item = &'a FioRun>) -> Ratios {
-    let pairs: Vec<(&FioRun, &FioRun)> = untraced.iter().zip(other).collect();
-    let of = |f: fn(&FioRun) -> f64| Estimate::of(pairs.iter().map(|(u, t)| f(t) / f(u)));
-    Ratios {
-        iops: of(|r| r.iops),
-        p50_us: of(|r| r.p50_us),
-        p99_us: of(|r| r.p99_us),
-    }
-}
-
 fn is_block(family: &str) -> bool {
     family == "block"
 }
@@ -248,6 +208,7 @@ fn peer_round_cost(r: &PeerRun) -> RoundCost {
 fn depth_result(d: &DepthRuns) -> DepthResult {
     let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.run).collect::<Vec<_>>();
     let peer_fio: Vec<FioRun> = d.peer_plain(0).iter().map(|r| r.run).collect();
+    let ratios = |other: &[FioRun]| Ratios::of(&FIGURES, &d.untraced, other);
     let st_rounds: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
     let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats(0).iter().map(peer_round_cost).collect();
     let peer_cost = peers::sum_costs(d.peer_bpf_stats(0).iter().map(|r| &r.programs));
@@ -281,23 +242,16 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         backing: d.part.backing,
         iodepth: d.part.iodepth,
         label: d.part.label(),
-        traced_ratio: ratios(&d.untraced, d.traced().iter().map(|r| &r.run)),
-        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats().iter().map(|r| &r.run)),
-        floor_ratio: ratios(&d.untraced, &floor_fio),
-        peer_ratio: ratios(&d.untraced, &peer_fio),
-        untraced: side(&d.untraced),
-        traced: side(&fio_of(d.traced())),
-        traced_bpf_stats: side(&fio_of(d.traced_bpf_stats())),
-        floor_bpf_stats: (!floor_fio.is_empty()).then(|| side(&floor_fio)),
-        peer: side(&peer_fio),
+        configs: Configurations::of(d, &FIGURES),
+        traced_ratio: ratios(&fio_of(d.traced())),
+        floor_ratio: ratios(&floor_fio),
+        floor_bpf_stats: (!floor_fio.is_empty()).then(|| Side::of(&floor_fio)),
         bpf_ns_per_io: versus_peer.stalltrace_ns_per_unit,
         peer_ns_per_io: versus_peer.peer_ns_per_unit,
         floor_ns_per_io,
         work_over_floor_ns_per_io,
         peer_cost,
         versus_peer,
-        daemon: process(d.traced().iter().map(|r| &r.usage)),
-        peer_process: process(d.peer_plain(0).iter().map(|r| &r.usage)),
         rezolus: rezolus::at_depth(d),
         versus_cheapest_peer,
     }
@@ -334,7 +288,7 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
     for (d, r) in m.runs.parts.iter().zip(depths) {
         let workload = format!("fio {}", d.part.label());
-        let iops = |side: &Side| format!("{} IOPS", rate_text(side.iops.median));
+        let iops = |side: &Side| format!("{} IOPS", rate_text(side.figures["iops"].median));
         let per_io = floor::per_io(d);
         let st_ns = d
             .traced_bpf_stats()
@@ -345,8 +299,8 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
             &workload,
             "stalltrace",
             vec![st],
-            &r.daemon,
-            iops(&r.traced),
+            &r.configs.daemon,
+            iops(&r.configs.traced),
         ));
         if !d.floor.is_empty() {
             out.push(UnitCost::floor(
@@ -362,8 +316,8 @@ fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
             &workload,
             "bpftrace (peer)",
             vec![PerUnit::new("I/O", bt_ns)],
-            &r.peer_process,
-            iops(&r.peer),
+            &r.configs.peer_process,
+            iops(&r.configs.peer),
         ));
         if let Some(rz) = &r.rezolus {
             out.push(UnitCost::of_process(

@@ -18,12 +18,13 @@ use serde::Serialize;
 use super::segments;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
+use crate::bench::configs::{self, Configurations};
 use crate::bench::netpair::Owner;
-use crate::bench::parts::{self, PairedSetup, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
-use crate::bench::stats::{Estimate, Summary, summary};
+use crate::bench::stats::{Estimate, Summary};
 use crate::bench::tracer::programs::{self, ProgramTotal};
 use crate::bench::tracer::{self, ProgramCost};
 use crate::bench::unitcost::{self, UnitCost};
@@ -98,33 +99,20 @@ pub struct Lives {
     pub tx_seen_per_counted: Option<Summary>,
 }
 
-#[derive(Serialize)]
-pub struct Side {
-    /// Every figure the workload's tool gave, over the rounds.
-    pub figures: BTreeMap<&'static str, Summary>,
-    pub others_user_cpu_pct: Summary,
-    pub steal_pct: Summary,
-    pub runs: Vec<Run>,
-}
+/// A workload's figures over the rounds, and over the untraced run of the same round.
+pub type Side = configs::Side<Run>;
+pub type Ratios = configs::Ratios<Run>;
 
 #[derive(Serialize)]
 pub struct WorkloadResult {
     pub key: &'static str,
     pub title: &'static str,
-    pub untraced: Side,
-    /// Without the accounting: what the ratios and the targets are about.
-    pub traced: Side,
-    /// With the accounting: shown, judges nothing.
-    pub traced_bpf_stats: Side,
-    pub peer: Side,
-    /// Per figure of the workload: each run over the untraced run of the
-    /// same round, median and 95% interval (figures whose untraced value is
-    /// 0 in every round have none).
-    pub ratio: BTreeMap<&'static str, Estimate>,
-    pub bpf_stats_ratio: BTreeMap<&'static str, Estimate>,
-    pub peer_ratio: BTreeMap<&'static str, Estimate>,
-    pub daemon: ProcessResult,
-    pub peer_process: ProcessResult,
+    #[serde(flatten)]
+    pub configs: Configurations<Run>,
+    /// Stalltrace as deployed over untraced, per figure of the workload:
+    /// each run over the untraced run of the same round, median and 95%
+    /// interval (figures whose untraced value is 0 in every round have none).
+    pub ratio: Ratios,
     /// All network-path programs together, in the accounting runs.
     pub bpf: BpfLoad,
     /// A cross-check of the hooks against the kernel's own counters: runs of
@@ -172,38 +160,6 @@ pub struct ProgramInWorkload {
     pub events_per_s: f64,
     /// Per transaction (a round trip; a MB received).
     pub events_per_unit: f64,
-}
-
-fn side(runs: &[Run]) -> Side {
-    let keys: Vec<&'static str> = runs
-        .iter()
-        .flat_map(|r| r.figures.keys().copied())
-        .collect();
-    Side {
-        figures: keys
-            .into_iter()
-            .map(|k| (k, summary(runs.iter().map(|r| r.figure(k)))))
-            .collect(),
-        others_user_cpu_pct: summary(runs.iter().map(|r| r.others_user_cpu_pct)),
-        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
-        runs: runs.to_vec(),
-    }
-}
-
-/// Each of `w`'s figures, `other`'s run over `untraced`'s of the same round.
-fn ratios<'a>(
-    w: &Workload,
-    untraced: &[Run],
-    other: impl IntoIterator<Item = &'a Run>,
-) -> BTreeMap<&'static str, Estimate> {
-    let pairs: Vec<(&Run, &Run)> = untraced.iter().zip(other).collect();
-    w.figures
-        .iter()
-        .filter_map(|f| {
-            let e = Estimate::of(pairs.iter().map(|(u, t)| t.figure(f.key) / u.figure(f.key)))?;
-            Some((f.key, e))
-        })
-        .collect()
 }
 
 /// Counters of the network-path programs, summed over `runs`, keyed by (family, program).
@@ -298,7 +254,8 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
     let w = runs.part;
     let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
     let peer_runs: Vec<Run> = runs.peer_plain(0).iter().map(|p| p.run.clone()).collect();
-    let untraced = side(&runs.untraced);
+    let keys: Vec<&'static str> = w.figures.iter().map(|f| f.key).collect();
+    let configs = Configurations::of(runs, &keys);
     let key = w.figures[0].key;
     // Overhead as a fraction, positive when the tool made things worse.
     let overhead = |other: &[Run]| -> Vec<f64> {
@@ -337,22 +294,11 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
     WorkloadResult {
         key: w.key,
         title: w.title,
-        ratio: ratios(w, &runs.untraced, runs.traced().iter().map(|r| &r.run)),
-        bpf_stats_ratio: ratios(
-            w,
-            &runs.untraced,
-            runs.traced_bpf_stats().iter().map(|r| &r.run),
-        ),
-        peer_ratio: ratios(w, &runs.untraced, &peer_runs),
-        daemon: process(runs.traced().iter().map(|r| &r.usage)),
-        peer_process: process(runs.peer_plain(0).iter().map(|r| &r.usage)),
-        bpf: bpf_load(runs, &untraced),
+        ratio: Ratios::of(&keys, &runs.untraced, runs.traced().iter().map(|r| &r.run)),
+        bpf: bpf_load(runs, &configs.untraced),
         xmit_runs_per_veth_packet: xmit_coverage(runs),
         versus_peer,
-        untraced,
-        traced: side(&traced_runs(runs.traced())),
-        traced_bpf_stats: side(&traced_runs(runs.traced_bpf_stats())),
-        peer: side(&peer_runs),
+        configs,
     }
 }
 

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::{DepthRuns, Ratios, RoundCost, Side, peer_round_cost, ratios, side};
+use super::{DepthRuns, FIGURES, Ratios, RoundCost, Side, peer_round_cost};
 use crate::bench::fio::FioRun;
 use crate::bench::parts::{self, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerProgramResult, SameHooks, rezolus};
@@ -64,8 +64,8 @@ pub fn at_depth(d: &DepthRuns) -> Option<RezolusAtDepth> {
     }
     let runs: Vec<FioRun> = d.peer_plain(1).iter().map(|r| r.run).collect();
     Some(RezolusAtDepth {
-        ratio: ratios(&d.untraced, &runs),
-        fio: side(&runs),
+        ratio: Ratios::of(&FIGURES, &d.untraced, &runs),
+        fio: Side::of(&runs),
         ns_per_io: Estimate::of(per_io(d)),
         cost: peers::sum_costs(d.peer_bpf_stats(1).iter().map(|r| &r.programs)),
         process: process(d.peer_plain(1).iter().map(|r| &r.usage)),

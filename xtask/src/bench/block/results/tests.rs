@@ -127,14 +127,14 @@ fn aggregated(m: &Measured) -> BlockResults {
 fn each_figure_comes_from_its_configuration() {
     let r = aggregated(&measured(6));
     let d = &r.depths[0];
-    let iops = d.traced_ratio.iops.unwrap();
+    let iops = d.traced_ratio["iops"];
     assert!((iops.median - 0.9855).abs() < 1e-9, "{}", iops.median);
     assert_eq!(iops.rounds, 6);
     assert_near(iops.ci.unwrap().low, 0.98);
-    assert_near(d.traced_ratio.p99_us.unwrap().median, 1.1);
-    assert_near(d.bpf_stats_ratio.iops.unwrap().median, 0.8);
+    assert_near(d.traced_ratio["p99_us"].median, 1.1);
+    assert_near(d.configs.bpf_stats_ratio["iops"].median, 0.8);
     assert_outcome(&r.targets.iops_ratio_qd16, Outcome::Met);
-    let cpu = d.daemon.cpu_pct_of_one_cpu.unwrap();
+    let cpu = d.configs.daemon.cpu_pct_of_one_cpu.unwrap();
     assert_near(cpu.median, 0.1);
 
     let p = r
@@ -171,7 +171,7 @@ fn each_figure_comes_from_its_configuration() {
     assert_near(d.peer_ns_per_io, 600.0);
     assert_near(d.versus_peer.factor.unwrap().median, 6.0);
     assert_outcome(&r.targets.versus_peer_qd16, Outcome::Met);
-    assert_near(d.peer_ratio.iops.unwrap().median, 0.9);
+    assert_near(d.configs.peer_ratio["iops"].median, 0.9);
     assert_eq!(r.peer.bpf_stats_rounds, 6);
     assert_eq!(r.lost["block.ring"], 6);
 
@@ -208,7 +208,7 @@ fn each_figure_comes_from_its_configuration() {
     let floor = r.floor.as_ref().unwrap();
     assert_eq!(floor.programs[0].tracepoint, "tp_btf/block_rq_issue");
     assert_eq!(floor.programs[0].by_round.unwrap().median, 40.0);
-    assert_near(d.floor_ratio.iops.unwrap().median, 0.8);
+    assert_near(d.floor_ratio["iops"].median, 0.8);
 
     let md = render::markdown(&r);
     for needle in [
@@ -310,7 +310,7 @@ fn the_target_takes_the_cheaper_peer_of_each_round() {
     assert!(v.detail.contains("rezolus in 3"), "{}", v.detail);
     let z = d.rezolus.as_ref().unwrap();
     assert_eq!(z.ns_per_io.unwrap().median, 600.0);
-    assert_near(z.ratio.iops.unwrap().median, 0.95);
+    assert_near(z.ratio["iops"].median, 0.95);
     let row = r.unit_costs.iter().find(|u| u.tool == "rezolus (peer)");
     assert_eq!(row.unwrap().per_unit[0].bpf_ns, z.ns_per_io);
     assert_eq!(r.rezolus.as_ref().unwrap().bpf_stats_rounds, 6);

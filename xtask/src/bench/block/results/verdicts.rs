@@ -15,7 +15,7 @@ use crate::bench::stats::{Goal, Judgement, Outcome, judge};
 /// traced / untraced IOPS of the same round, on `d`'s device at its depth,
 /// at least `target`.
 pub fn iops(d: &DepthResult, target: f64) -> Verdict {
-    let e = d.traced_ratio.iops.as_ref();
+    let e = d.traced_ratio.get("iops");
     let j = judge(e, Goal::AtLeast(target), 3);
     let allowed_pct = (1.0 - target) * 100.0;
     let detail = match e {

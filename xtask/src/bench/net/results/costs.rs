@@ -50,8 +50,8 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 work(PerUnit::new("received segment", rx), work_rx),
                 work(PerUnit::new("sent segment", tx), work_tx),
             ],
-            &r.daemon,
-            rx_rate(&r.traced),
+            &r.configs.daemon,
+            rx_rate(&r.configs.traced),
         ));
         if !runs.floor.is_empty() {
             let floor = vec![
@@ -74,8 +74,8 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 PerUnit::new("received segment", rx),
                 PerUnit::new("sent segment", tx),
             ],
-            &r.peer_process,
-            rx_rate(&r.peer),
+            &r.configs.peer_process,
+            rx_rate(&r.configs.peer),
         ));
     }
     out

@@ -132,8 +132,8 @@ fn each_figure_comes_from_its_configuration() {
     let r = aggregated(&measured(6));
     let s = &r.workloads[0];
     assert_near(s.ratio["p50_us"].median, 1.03);
-    assert_near(s.bpf_stats_ratio["p50_us"].median, 1.1);
-    assert!(!s.ratio.contains_key("retransmits"), "0 untraced: no ratio");
+    assert_near(s.configs.bpf_stats_ratio["p50_us"].median, 1.1);
+    assert!(s.ratio.get("retransmits").is_none(), "0 untraced: no ratio");
     assert_outcome(&r.targets[0], Outcome::Missed);
     assert!(
         r.targets[0]
@@ -148,7 +148,7 @@ fn each_figure_comes_from_its_configuration() {
         "{}",
         r.targets[1].detail
     );
-    let cpu = s.daemon.cpu_pct_of_one_cpu.unwrap();
+    let cpu = s.configs.daemon.cpu_pct_of_one_cpu.unwrap();
     assert_near(cpu.median, 1.0);
     assert_eq!(r.daemon_lives.tcp_retransmit_records.median, 3.0);
     assert_eq!(r.daemon_lives.records.median, 10.0);
