@@ -1,4 +1,5 @@
-//! The paired-run driver's order of play, shared by the block and net suites.
+//! The paired rounds' order of play and what they measure, which `engine`
+//! drives for the block, net and tls suites.
 //!
 //! A round measures every part of a suite (fio's depths, the net workloads)
 //! in three blocks: untraced; traced (one stalltrace daemon started for the

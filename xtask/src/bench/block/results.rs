@@ -198,11 +198,9 @@ pub(super) fn round_cost(r: &TracedRun) -> RoundCost {
     }
 }
 
+/// A peer's (or the floor's) programs in one accounting run: run time and I/Os.
 fn peer_round_cost(r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.ios as f64,
-    }
+    RoundCost::of_all(&r.programs, r.run.ios as f64)
 }
 
 fn depth_result(d: &DepthRuns) -> DepthResult {

@@ -186,11 +186,9 @@ fn round_cost(w: &Workload, r: &TracedRun) -> RoundCost {
     }
 }
 
+/// A peer's (or the floor's) programs in one accounting run: run time and transactions.
 fn peer_round_cost(w: &Workload, r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.figure(w.unit_figure),
-    }
+    RoundCost::of_all(&r.programs, r.run.figure(w.unit_figure))
 }
 
 /// Run time per received segment and per sent segment, one value per run.

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{DepthRuns, Measured, PeerRun, Settings, round_cost};
+use super::{DepthRuns, Measured, Settings, peer_round_cost, round_cost};
 use crate::bench::floor::{self, Description};
 use crate::bench::parts;
 use crate::bench::peers::{self, PeerProgramResult, RoundCost};
@@ -36,14 +36,6 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
     })
 }
 
-/// The floor's programs in one run: run time and I/Os.
-fn floor_round_cost(r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.ios as f64,
-    }
-}
-
 /// One depth's floor per I/O and stalltrace's work over it, both round by
 /// round (each round's floor run against the same round's accounting run).
 pub struct PerIo {
@@ -52,7 +44,7 @@ pub struct PerIo {
 }
 
 pub fn per_io(d: &DepthRuns) -> PerIo {
-    let floor: Vec<RoundCost> = d.floor.iter().map(floor_round_cost).collect();
+    let floor: Vec<RoundCost> = d.floor.iter().map(peer_round_cost).collect();
     let stalltrace: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
     PerIo {
         work: floor::over_floor(&stalltrace, &floor),

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::{net_programs, per_segment, round_cost};
+use super::{net_programs, peer_round_cost, per_segment, round_cost};
 use crate::bench::floor::{self, AttachPoint, Description};
 use crate::bench::net::segments::{self, Direction};
 use crate::bench::net::{Measured, PeerRun, WorkloadRuns, on_net_path};
@@ -122,14 +122,7 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
             .iter()
             .map(|t| (&t.run, segments::split(net_programs(t)))),
     );
-    let f_unit: Vec<RoundCost> = runs
-        .floor
-        .iter()
-        .map(|r| RoundCost {
-            ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-            units: r.run.figure(w.unit_figure),
-        })
-        .collect();
+    let f_unit: Vec<RoundCost> = runs.floor.iter().map(|r| peer_round_cost(w, r)).collect();
     let s_unit: Vec<RoundCost> = runs
         .traced_bpf_stats()
         .iter()
