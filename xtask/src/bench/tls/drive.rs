@@ -342,6 +342,7 @@ pub fn check(config: Config, stats: bool, run: &TracedRun) -> Result<(), String>
 mod tests {
     use super::*;
     use crate::bench::paired::ProcessUse;
+    use crate::bench::parts::fixtures::cost;
     use crate::bench::tls::Bio;
 
     fn traced(links: usize, responses: u64, runs: &[(&str, u64)]) -> TracedRun {
@@ -360,13 +361,7 @@ mod tests {
             },
             programs: runs
                 .iter()
-                .map(|(program, n)| ProgramCost {
-                    family: "sqlserver".into(),
-                    program: program.to_string(),
-                    run_count: *n,
-                    run_time_ns: n * 1000,
-                    recursion_misses: 0,
-                })
+                .map(|(program, n)| cost("sqlserver", program, *n, 1000))
                 .collect(),
             usage: ProcessUse::default(),
         }

@@ -367,6 +367,7 @@ pub fn aggregate(
 mod tests {
     use super::*;
     use crate::bench::paired::{Accounted, ProcessUse};
+    use crate::bench::parts::fixtures::cost;
 
     fn run(cpu_s: f64, transactions: u64, tps: f64) -> Run {
         Run {
@@ -389,11 +390,8 @@ mod tests {
             programs: programs
                 .iter()
                 .map(|(program, run_count, run_time_ns)| ProgramCost {
-                    family: "sqlserver".into(),
-                    program: program.to_string(),
-                    run_count: *run_count,
                     run_time_ns: *run_time_ns,
-                    recursion_misses: 0,
+                    ..cost("sqlserver", program, *run_count, 0)
                 })
                 .collect(),
             usage: ProcessUse::default(),
