@@ -27,40 +27,24 @@ use super::peers::{PeerProgram, StatsOn};
 use super::tracer::programs::{self, Counter, Snapshot};
 use super::tracer::{ProgramCost, StopRecord, Usage};
 
-/// One of a round's three blocks.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Block {
-    Untraced,
-    Traced,
-    Peer,
-}
-
-use Block::{Peer, Traced, Untraced};
-
-/// The three rotations of U, T, P, then the three of U, P, T: over every
-/// three rounds each block takes each place once, over six each block also
-/// follows each other block equally often.
-const PERMUTATIONS: [[Block; 3]; 6] = [
-    [Untraced, Traced, Peer],
-    [Traced, Peer, Untraced],
-    [Peer, Untraced, Traced],
-    [Untraced, Peer, Traced],
-    [Peer, Traced, Untraced],
-    [Traced, Untraced, Peer],
+/// A round's three blocks by the place of each in round 1 (0: untraced,
+/// 1: traced, 2: the peer, in the block and net suites): the three rotations
+/// of 0, 1, 2, then the three of 0, 2, 1. Over every three rounds each block
+/// takes each place once, over six each block also follows each other block
+/// equally often.
+const PERMUTATIONS: [[usize; 3]; 6] = [
+    [0, 1, 2],
+    [1, 2, 0],
+    [2, 0, 1],
+    [0, 2, 1],
+    [2, 1, 0],
+    [1, 0, 2],
 ];
 
-/// The blocks of round `round` (1-based), in order.
-pub fn blocks(round: usize) -> [Block; 3] {
-    PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()]
-}
-
-/// Any three configurations of a suite (`items`, in the order of
-/// [`Block`]'s: untraced, traced, peer) in round `round`'s order: the same
-/// six permutations as [`blocks`], for suites whose three configurations
-/// are not these (the tls suite: no stalltrace, `--sql-tls off`, `always`).
+/// A suite's three blocks (`items`, in round 1's order) in round `round`'s
+/// order (1-based).
 pub fn permuted<T: Copy>(round: usize, items: [T; 3]) -> [T; 3] {
-    blocks(round).map(|b| items[b as usize])
+    PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()].map(|i| items[i])
 }
 
 /// Whether, under a daemon, each part's run with the kernel's accounting on
@@ -358,24 +342,23 @@ mod tests {
     fn every_block_takes_every_place_equally_often() {
         let mut seen = [[0; 3]; 3];
         for round in 1..=6 {
-            for (place, b) in blocks(round).iter().enumerate() {
-                seen[*b as usize][place] += 1;
+            for (place, b) in permuted(round, [0, 1, 2]).iter().enumerate() {
+                seen[*b][place] += 1;
             }
         }
         assert_eq!(seen, [[2; 3]; 3]);
-        assert_eq!(blocks(1), [Untraced, Traced, Peer]);
         assert_eq!(
             permuted(1, ["none", "off", "always"]),
             ["none", "off", "always"]
         );
         assert_eq!(permuted(2, ['a', 'b', 'c']), ['b', 'c', 'a']);
         assert_eq!(permuted(5, ['a', 'b', 'c']), ['c', 'b', 'a']);
-        assert_eq!(blocks(7), blocks(1));
+        assert_eq!(permuted(7, ['a', 'b', 'c']), permuted(1, ['a', 'b', 'c']));
         // Every round holds each block once.
         for round in 1..=6 {
-            let mut b = blocks(round).to_vec();
-            b.sort_by_key(|b| *b as usize);
-            assert_eq!(b, [Untraced, Traced, Peer]);
+            let mut b = permuted(round, [0, 1, 2]);
+            b.sort();
+            assert_eq!(b, [0, 1, 2]);
         }
     }
 
