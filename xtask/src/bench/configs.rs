@@ -154,7 +154,7 @@ impl<R: Figures> Configurations<R> {
     pub fn of<K>(part: &PartRuns<K, R>, keys: &[&'static str]) -> Self {
         let ratio = |other: Vec<&R>| Ratios::of(keys, &part.untraced, other);
         let traced_bpf_stats: Vec<&R> = part.traced_bpf_stats().iter().map(|r| &r.run).collect();
-        let peer: Vec<&R> = part.peer_plain(0).iter().map(|r| &r.run).collect();
+        let peer: Vec<&R> = part.peer(0).iter().map(|r| &r.run).collect();
         Configurations {
             untraced: Side::of(&part.untraced),
             traced: Side::of(part.traced().iter().map(|r| &r.run)),
@@ -163,7 +163,7 @@ impl<R: Figures> Configurations<R> {
             bpf_stats_ratio: ratio(traced_bpf_stats),
             peer_ratio: ratio(peer),
             daemon: process(part.traced().iter().map(|r| &r.usage)),
-            peer_process: process(part.peer_plain(0).iter().map(|r| &r.usage)),
+            peer_process: process(part.peer(0).iter().map(|r| &r.usage)),
         }
     }
 }

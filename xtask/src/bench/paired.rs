@@ -190,7 +190,7 @@ impl<K, R> PartRuns<K, R> {
     }
 
     /// Peer `i`'s runs as deployed; none where it did not run.
-    pub fn peer_plain(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
+    pub fn peer(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
         self.peers.get(i).map_or(&[], |p| &p.plain)
     }
 

@@ -205,7 +205,7 @@ fn peer_round_cost(r: &PeerRun) -> RoundCost {
 
 fn depth_result(d: &DepthRuns) -> DepthResult {
     let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.run).collect::<Vec<_>>();
-    let peer_fio: Vec<FioRun> = d.peer_plain(0).iter().map(|r| r.run).collect();
+    let peer_fio: Vec<FioRun> = d.peer(0).iter().map(|r| r.run).collect();
     let ratios = |other: &[FioRun]| Ratios::of(&FIGURES, &d.untraced, other);
     let st_rounds: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
     let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats(0).iter().map(peer_round_cost).collect();

@@ -251,7 +251,7 @@ fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
 fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
     let w = runs.part;
     let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
-    let peer_runs: Vec<Run> = runs.peer_plain(0).iter().map(|p| p.run.clone()).collect();
+    let peer_runs: Vec<Run> = runs.peer(0).iter().map(|p| p.run.clone()).collect();
     let keys: Vec<&'static str> = w.figures.iter().map(|f| f.key).collect();
     let configs = Configurations::of(runs, &keys);
     let key = w.figures[0].key;

@@ -59,16 +59,16 @@ pub struct RezolusAtDepth {
 }
 
 pub fn at_depth(d: &DepthRuns) -> Option<RezolusAtDepth> {
-    if d.peer_plain(1).is_empty() && d.peer_bpf_stats(1).is_empty() {
+    if d.peer(1).is_empty() && d.peer_bpf_stats(1).is_empty() {
         return None;
     }
-    let runs: Vec<FioRun> = d.peer_plain(1).iter().map(|r| r.run).collect();
+    let runs: Vec<FioRun> = d.peer(1).iter().map(|r| r.run).collect();
     Some(RezolusAtDepth {
         ratio: Ratios::of(&FIGURES, &d.untraced, &runs),
         fio: Side::of(&runs),
         ns_per_io: Estimate::of(per_io(d)),
         cost: peers::sum_costs(d.peer_bpf_stats(1).iter().map(|r| &r.programs)),
-        process: process(d.peer_plain(1).iter().map(|r| &r.usage)),
+        process: process(d.peer(1).iter().map(|r| &r.usage)),
     })
 }
 
@@ -102,11 +102,11 @@ pub fn cheapest(d: &DepthRuns, st_rounds: &[RoundCost], same: Option<SameHooks>)
         let (cost, plain) = match rz_cost {
             Some(rz) if rz.per_unit() < bt_cost.per_unit() => {
                 r += 1;
-                (rz, d.peer_plain(1).get(i))
+                (rz, d.peer(1).get(i))
             }
             _ => {
                 b += 1;
-                (bt_cost, d.peer_plain(0).get(i))
+                (bt_cost, d.peer(0).get(i))
             }
         };
         costs.push(cost);
