@@ -194,6 +194,16 @@ impl Description {
         }
     }
 
+    /// Its C, as the sections show it, with how it was built.
+    pub fn source_text(&self) -> String {
+        format!(
+            "The programs, generated for the hooks the daemon reported (compiled with clang \
+             `-target bpf -O2 -g -mcpu=v3`, loaded and attached with aya by the bench):\n\n\
+             ```c\n{}```",
+            self.source
+        )
+    }
+
     /// The setup line: how the floor ran (`how`), what each program does,
     /// and where; `section` is the subsection that shows the C, at
     /// `anchor`; stalltrace's work is per `unit`.

@@ -79,9 +79,7 @@ pub fn section(s: &mut String, r: &BlockResults) {
     let _ = writeln!(
         s,
         "\nstalltrace's ns/event above includes this floor, so each hook's own work is its \
-         ns/event less the floor's on the same hook. The programs, generated for the hooks \
-         the daemon reported (compiled with clang `-target bpf -O2 -g -mcpu=v3`, loaded and \
-         attached with aya by the bench):\n\n```c\n{}```",
-        f.description.source
+         ns/event less the floor's on the same hook. {}",
+        f.description.source_text()
     );
 }
