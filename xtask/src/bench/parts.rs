@@ -137,26 +137,33 @@ pub struct PartTotals {
     pub units: f64,
 }
 
-/// One program over every accounting run, round by round and part by part.
-pub struct ProgramRows<X> {
+/// One program over every accounting run, round by round and part by part
+/// (`Rows`: its row in each part, under the suite's own key).
+#[derive(Serialize)]
+pub struct ProgramResult<Rows> {
+    #[serde(flatten)]
     pub total: ProgramTotal,
     /// ns/event in each round's accounting runs (every part): median and interval.
     pub by_round: Option<Estimate>,
-    pub by_part: Vec<X>,
+    #[serde(flatten)]
+    pub by_part: Rows,
 }
 
 /// Each program the suite keeps (`keep`: by family), summed over every
 /// accounting run of `parts`, with recursion misses from the daemons'
 /// `stops`. `seconds_and_units` reads one run (a part's unit: an I/O, a
 /// transaction); `row` words one program in one part (a depth's or a
-/// workload's own field names).
-pub fn program_rows<'a, K, R, X>(
+/// workload's own field names), and `rows` names the parts' rows.
+pub fn program_results<'a, K, R, X, Rows>(
     parts: &'a [PartRuns<K, R>],
     stops: impl IntoIterator<Item = &'a StopRecord>,
     keep: impl Fn(&str) -> bool + Copy,
-    seconds_and_units: impl Fn(&K, &R) -> (f64, f64),
-    row: impl Fn(&K, &PartTotals, InPart) -> X,
-) -> Vec<ProgramRows<X>> {
+    (seconds_and_units, row, rows): (
+        impl Fn(&K, &R) -> (f64, f64),
+        impl Fn(&K, &PartTotals, InPart) -> X,
+        impl Fn(Vec<X>) -> Rows,
+    ),
+) -> Vec<ProgramResult<Rows>> {
     let per_part: Vec<PartTotals> = parts
         .iter()
         .map(|p| {
@@ -181,17 +188,19 @@ pub fn program_rows<'a, K, R, X>(
     all.into_iter()
         .map(|(key, mut total)| {
             total.recursion_misses = recursion.get(&key).map_or(0, |p| p.recursion_misses);
-            ProgramRows {
+            ProgramResult {
                 by_round: Estimate::of(
                     per_round
                         .iter()
                         .filter_map(|r| programs::ns_per_event(r.get(&key)?)),
                 ),
-                by_part: parts
-                    .iter()
-                    .zip(&per_part)
-                    .map(|(p, t)| row(&p.part, t, InPart::of(&t.totals, &key, t.seconds)))
-                    .collect(),
+                by_part: rows(
+                    parts
+                        .iter()
+                        .zip(&per_part)
+                        .map(|(p, t)| row(&p.part, t, InPart::of(&t.totals, &key, t.seconds)))
+                        .collect(),
+                ),
                 total: total.into(),
             }
         })

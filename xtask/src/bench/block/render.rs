@@ -198,6 +198,7 @@ fn programs_table(s: &mut String, r: &BlockResults) {
         .map(|p| {
             let total = &p.total;
             let parts = p
+                .by_part
                 .by_depth
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));

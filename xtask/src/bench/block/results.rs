@@ -16,17 +16,17 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, PeerRun, Settings,
-    TracedRun,
+    Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, Part, PeerRun,
+    Settings, TracedRun,
 };
 use crate::bench::configs::{self, Configurations};
 use crate::bench::fio::{self, FioRun};
-use crate::bench::parts::{self, PairedSetup};
+use crate::bench::parts::{self, PairedSetup, PartTotals};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::stats::{Estimate, Summary};
 use crate::bench::tracer::ProgramCost;
-use crate::bench::tracer::programs::{self, ProgramTotal};
+use crate::bench::tracer::programs::{self, InPart};
 use crate::bench::unitcost::{self, PerUnit, UnitCost, rate_text};
 
 #[derive(Serialize)]
@@ -135,12 +135,10 @@ pub struct DepthResult {
     pub versus_cheapest_peer: rezolus::Cheapest,
 }
 
+pub type ProgramResult = parts::ProgramResult<ByDepth>;
+
 #[derive(Serialize)]
-pub struct ProgramResult {
-    #[serde(flatten)]
-    pub total: ProgramTotal,
-    /// ns/event in each round's accounting runs (both depths): median and interval.
-    pub by_round: Option<Estimate>,
+pub struct ByDepth {
     pub by_depth: Vec<ProgramAtDepth>,
 }
 
@@ -257,28 +255,25 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
 
 /// Each program over all accounting runs, round by round and depth by depth.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    parts::program_rows(
+    let row = |part: &Part, d: &PartTotals, p: InPart| ProgramAtDepth {
+        backing: part.backing,
+        iodepth: part.iodepth,
+        run_count: p.run_count,
+        ns_per_event: p.ns_per_event,
+        events_per_s: p.events_per_s,
+        // A part without any I/O divides by one, not zero.
+        events_per_io: p.run_count as f64 / d.units.max(1.0),
+    };
+    parts::program_results(
         &m.runs.parts,
         m.runs.daemons.iter().map(|l| &l.stop),
         is_block,
-        |_, fio| (fio.runtime_s, fio.ios as f64),
-        |part, d, p| ProgramAtDepth {
-            backing: part.backing,
-            iodepth: part.iodepth,
-            run_count: p.run_count,
-            ns_per_event: p.ns_per_event,
-            events_per_s: p.events_per_s,
-            // A part without any I/O divides by one, not zero.
-            events_per_io: p.run_count as f64 / d.units.max(1.0),
-        },
+        (
+            |_, fio: &FioRun| (fio.runtime_s, fio.ios as f64),
+            row,
+            |by_depth| ByDepth { by_depth },
+        ),
     )
-    .into_iter()
-    .map(|r| ProgramResult {
-        total: r.total,
-        by_round: r.by_round,
-        by_depth: r.by_part,
-    })
-    .collect()
 }
 
 /// Cost per I/O of stalltrace, of the floor under it and of the peers at each depth.

@@ -163,6 +163,7 @@ fn programs(s: &mut String, r: &NetResults) {
         .iter()
         .map(|p| {
             let parts = p
+                .by_part
                 .by_workload
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_unit));

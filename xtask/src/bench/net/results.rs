@@ -20,12 +20,12 @@ use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
 use crate::bench::configs::{self, Configurations};
 use crate::bench::netpair::Owner;
-use crate::bench::parts::{self, PairedSetup};
+use crate::bench::parts::{self, PairedSetup, PartTotals};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
 use crate::bench::stats::{Estimate, Summary};
-use crate::bench::tracer::programs::{self, ProgramTotal};
+use crate::bench::tracer::programs::{self, InPart};
 use crate::bench::tracer::{self, ProgramCost};
 use crate::bench::unitcost::{self, UnitCost};
 
@@ -142,12 +142,10 @@ pub struct BpfLoad {
     pub other_ns_per_segment: Option<Estimate>,
 }
 
+pub type ProgramResult = parts::ProgramResult<ByWorkload>;
+
 #[derive(Serialize)]
-pub struct ProgramResult {
-    #[serde(flatten)]
-    pub total: ProgramTotal,
-    /// ns/event in each round's accounting runs (every workload): median and interval.
-    pub by_round: Option<Estimate>,
+pub struct ByWorkload {
     pub by_workload: Vec<ProgramInWorkload>,
 }
 
@@ -303,26 +301,23 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
 /// Each network-path program over all accounting runs, round by round and
 /// workload by workload.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    parts::program_rows(
+    let row = |w: &&Workload, t: &PartTotals, p: InPart| ProgramInWorkload {
+        workload: w.key,
+        run_count: p.run_count,
+        ns_per_event: p.ns_per_event,
+        events_per_s: p.events_per_s,
+        events_per_unit: p.run_count as f64 / t.units.max(f64::MIN_POSITIVE),
+    };
+    parts::program_results(
         &m.runs.parts,
         m.runs.daemons.iter().map(|l| &l.stop),
         on_net_path,
-        |w, run| (run.seconds, run.figure(w.unit_figure)),
-        |w, t, p| ProgramInWorkload {
-            workload: w.key,
-            run_count: p.run_count,
-            ns_per_event: p.ns_per_event,
-            events_per_s: p.events_per_s,
-            events_per_unit: p.run_count as f64 / t.units.max(f64::MIN_POSITIVE),
-        },
+        (
+            |w: &&Workload, run: &Run| (run.seconds, run.figure(w.unit_figure)),
+            row,
+            |by_workload| ByWorkload { by_workload },
+        ),
     )
-    .into_iter()
-    .map(|r| ProgramResult {
-        total: r.total,
-        by_round: r.by_round,
-        by_workload: r.by_part,
-    })
-    .collect()
 }
 
 pub fn aggregate(

@@ -150,8 +150,8 @@ fn each_figure_comes_from_its_configuration() {
         "from the stop records: 0+1+...+5"
     );
     assert_eq!(p.by_round.unwrap().median, 100.0);
-    assert_near(p.by_depth[0].events_per_s, 80_000.0);
-    assert_near(p.by_depth[0].events_per_io, 1.0);
+    assert_near(p.by_part.by_depth[0].events_per_s, 80_000.0);
+    assert_near(p.by_part.by_depth[0].events_per_io, 1.0);
     // 100 ns per event, one event per I/O, every round: met over its interval.
     assert_outcome(&r.targets.ns_per_event_per_hook, Outcome::Met);
     let idle = r

@@ -164,7 +164,7 @@ fn each_figure_comes_from_its_configuration() {
     assert_eq!(p.total.ns_per_event, Some(200.0));
     assert_eq!(p.total.recursion_misses, 12, "from the stop records");
     assert_eq!(p.by_round.unwrap().median, 200.0);
-    let b = &p.by_workload[0];
+    let b = &p.by_part.by_workload[0];
     assert_near(b.events_per_s, 10_000.0);
     assert_near(b.events_per_unit, 80.0);
     // 80 000 runs x (200 + 100) ns + 800 x 900 ns per 8 s run; per transaction of 1000.
