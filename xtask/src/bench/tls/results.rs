@@ -196,24 +196,27 @@ fn program_rows(runs: &[TracedRun]) -> Vec<ProgramRow> {
 
 impl BioResult {
     fn of(b: &super::BioRuns) -> Self {
+        let (off, always) = (&b.daemons[OFF], &b.daemons[ALWAYS]);
         let rounds: Vec<Round> = (0..b.untraced.len())
             .map(|i| {
                 Round::of(
                     &b.untraced[i],
-                    &b.daemons[OFF].plain[i],
-                    &b.daemons[ALWAYS].plain[i],
-                    &b.daemons[OFF].bpf_stats[i],
-                    &b.daemons[ALWAYS].bpf_stats[i],
+                    &off.plain[i],
+                    &always.plain[i],
+                    &off.bpf_stats[i],
+                    &always.bpf_stats[i],
                 )
             })
             .collect();
         let by_config = |f: &dyn Fn(&Run) -> f64| Configs {
             none: summary(b.untraced.iter().map(f)),
-            off: summary(b.daemons[OFF].plain.iter().map(|r| f(&r.run))),
-            always: summary(b.daemons[ALWAYS].plain.iter().map(|r| f(&r.run))),
-            off_bpf_stats: summary(b.daemons[OFF].bpf_stats.iter().map(|r| f(&r.run))),
-            always_bpf_stats: summary(b.daemons[ALWAYS].bpf_stats.iter().map(|r| f(&r.run))),
+            off: summary(off.plain.iter().map(|r| f(&r.run))),
+            always: summary(always.plain.iter().map(|r| f(&r.run))),
+            off_bpf_stats: summary(off.bpf_stats.iter().map(|r| f(&r.run))),
+            always_bpf_stats: summary(always.bpf_stats.iter().map(|r| f(&r.run))),
         };
+        let daemon_cpu =
+            |runs: &[TracedRun]| summary(runs.iter().map(|r| r.usage.cpu_pct_of_one_cpu()));
         BioResult {
             bio: b.part,
             symbol: b.part.symbol(),
@@ -241,20 +244,10 @@ impl BioResult {
             bpf_ns_per_response_always: estimate(&rounds, |r| r.bpf_ns_per_response_always),
             sql_socket_ns_per_response_off: estimate(&rounds, |r| r.sql_socket_ns_per_response_off),
             uprobe_runs_per_response: summary(rounds.iter().map(|r| r.uprobe_runs_per_response)),
-            daemon_cpu_pct_off: summary(
-                b.daemons[OFF]
-                    .plain
-                    .iter()
-                    .map(|r| r.usage.cpu_pct_of_one_cpu()),
-            ),
-            daemon_cpu_pct_always: summary(
-                b.daemons[ALWAYS]
-                    .plain
-                    .iter()
-                    .map(|r| r.usage.cpu_pct_of_one_cpu()),
-            ),
-            programs_off: program_rows(&b.daemons[OFF].bpf_stats),
-            programs_always: program_rows(&b.daemons[ALWAYS].bpf_stats),
+            daemon_cpu_pct_off: daemon_cpu(&off.plain),
+            daemon_cpu_pct_always: daemon_cpu(&always.plain),
+            programs_off: program_rows(&off.bpf_stats),
+            programs_always: program_rows(&always.bpf_stats),
             rounds,
         }
     }
@@ -299,30 +292,19 @@ pub fn aggregate(
     [load_before, load_after]: [String; 2],
 ) -> TlsResults {
     let bios: Vec<BioResult> = m.runs.parts.iter().map(BioResult::of).collect();
-    let always_runs_checked = m
-        .runs
-        .parts
-        .iter()
-        .map(|b| b.daemons[ALWAYS].plain.len() + b.daemons[ALWAYS].bpf_stats.len())
-        .sum();
-    let off_runs_checked = m
-        .runs
-        .parts
-        .iter()
-        .map(|b| b.daemons[OFF].plain.len() + b.daemons[OFF].bpf_stats.len())
-        .sum();
+    let checked = |config: usize| -> usize {
+        let d = m.runs.parts.iter().map(|b| &b.daemons[config]);
+        d.map(|d| d.plain.len() + d.bpf_stats.len()).sum()
+    };
+    let (always_runs_checked, off_runs_checked) = (checked(ALWAYS), checked(OFF));
     // Every client run of the suite, whatever its configuration.
     let every_run = || {
         m.runs.parts.iter().flat_map(|b| {
-            let traced = [
-                &b.daemons[OFF].plain,
-                &b.daemons[ALWAYS].plain,
-                &b.daemons[OFF].bpf_stats,
-                &b.daemons[ALWAYS].bpf_stats,
-            ];
-            b.untraced
+            let traced = b
+                .daemons
                 .iter()
-                .chain(traced.into_iter().flatten().map(|r| &r.run))
+                .flat_map(|d| d.plain.iter().chain(&d.bpf_stats));
+            b.untraced.iter().chain(traced.map(|r| &r.run))
         })
     };
     let max_steal_pct = every_run().map(|r| r.steal_pct).fold(0.0, f64::max);
