@@ -7,7 +7,9 @@
 //! other's published figures.
 
 mod block;
+mod configs;
 mod daemon;
+mod engine;
 mod fio;
 mod floor;
 mod hostcpu;
@@ -21,6 +23,7 @@ mod peers;
 mod publish;
 mod quiet;
 mod settings;
+mod shell;
 mod soak;
 mod stats;
 mod table;

@@ -24,17 +24,17 @@ mod results;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::bail;
 use serde::Serialize;
 
+use super::engine;
 use super::fio::FioRun;
-use super::floor;
 use super::loopdisk::{self, LoopDisk};
 use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
 pub use super::settings::Settings;
-use super::tracer::{self, ProgramCost, StopRecord};
+use super::shell;
+use super::tracer::ProgramCost;
 
 /// What a loop device reads from.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,37 +107,25 @@ pub const WORK_OVER_FLOOR_TARGET: f64 = 120.0;
 const ROUNDS: u64 = 12;
 const RUNTIME_S: u64 = 1;
 
-/// A run under the bpftrace peer or the floor, and one under the daemon (see `paired`).
+/// A run under a peer or the floor, and one under the daemon (see `paired`).
 pub type PeerRun = paired::TracedRun<FioRun, PeerProgram>;
 pub type TracedRun = paired::TracedRun<FioRun, ProgramCost>;
-
-/// One daemon, from start to stop: a round's traced block.
-pub struct DaemonLife {
-    pub stop: StopRecord,
-    /// user + system over its whole life: load, verify and attach included.
-    pub lifetime_cpu_s: f64,
-}
 
 /// Every configuration's runs of one part (a device and a depth).
 pub type DepthRuns = paired::PartRuns<Part, FioRun>;
 
 /// Everything measured, before aggregation.
 pub struct Measured {
-    pub depths: Vec<DepthRuns>,
-    /// One per round.
-    pub daemons: Vec<DaemonLife>,
+    /// Each depth's runs, each round's daemon (it reads nothing from its
+    /// output), the floor's programs and the warnings.
+    pub runs: engine::Runs<Part, FioRun, ()>,
     /// Whether each loop device (tmpfs-backed, disk-backed) has direct I/O on.
     pub direct_io: bool,
     pub disk_direct_io: bool,
     /// Hooks as the daemon reported them attached: "block_rq_issue (tp_btf)".
     pub hooks: Vec<String>,
-    /// The floor's programs, compiled for the daemon's hooks (None before a
-    /// traced block ran).
-    pub floor: Option<floor::Object>,
     /// rezolus was installed, and ran in every round's peer block.
     pub rezolus: bool,
-    /// Anything that may have disturbed the figures.
-    pub warnings: Vec<String>,
     /// The usual peers that cannot run here, and why.
     pub unavailable: Vec<peers::Unavailable>,
 }
@@ -157,15 +145,11 @@ pub fn run() -> anyhow::Result<()> {
     // Tear down before judging the figures, and check that it happened.
     drop(tmpfs);
     drop(on_disk);
-    let leaks = leaks(&scratch);
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!(
-        "bench: cleaned up: loop devices detached, their files deleted, tmpfs unmounted, no \
-         stalltrace left"
-    );
+    let measured = shell::torn_down(
+        measured,
+        leaks(&scratch),
+        "loop devices detached, their files deleted, tmpfs unmounted, no stalltrace left",
+    )?;
 
     let results = results::aggregate(
         &settings,
@@ -174,12 +158,10 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("block", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("block", &render::markdown(&results), &results)
 }
 
-/// What the bench may have left behind in its `scratch` directories; empty when clean.
+/// What the bench may have left behind in its `scratch` directories.
 fn leaks(scratch: &[PathBuf]) -> Vec<String> {
     let mut out = Vec::new();
     for dir in scratch {
@@ -191,7 +173,5 @@ fn leaks(scratch: &[PathBuf]) -> Vec<String> {
             out.push(format!("{} still exists", dir.display()));
         }
     }
-    out.extend(tracer::our_daemons_left());
-    out.extend(peers::ours_left());
     out
 }

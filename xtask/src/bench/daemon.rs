@@ -25,15 +25,16 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Serialize;
 
 use super::fio::{self, FioRun};
 use super::loopdisk::{self, LoopDisk};
-use super::publish::{self, Host};
+use super::publish::Host;
 use super::settings::Settings;
+use super::shell;
 use super::stats::Summary;
-use super::tracer::{self, Tracer};
+use super::tracer::Tracer;
 use super::{interrupt, quiet, table};
 
 mod render;
@@ -135,12 +136,11 @@ pub fn run() -> anyhow::Result<()> {
     if scratch.exists() {
         leaks.push(format!("{} still exists", scratch.display()));
     }
-    leaks.extend(tracer::our_daemons_left());
-    let (deployed, burst, warnings) = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!("bench: cleaned up: loop device detached, tmpfs unmounted, no stalltrace left");
+    let (deployed, burst, warnings) = shell::torn_down(
+        measured,
+        leaks,
+        "loop device detached, tmpfs unmounted, no stalltrace left",
+    )?;
     let r = aggregate(
         &settings,
         host,
@@ -149,9 +149,7 @@ pub fn run() -> anyhow::Result<()> {
         burst,
         warnings,
     );
-    let body = render::markdown(&r);
-    println!("\n{body}");
-    publish::publish("daemon", &body, serde_json::to_value(&r)?)
+    shell::print_and_publish("daemon", &render::markdown(&r), &r)
 }
 
 type Measured = (Vec<DeployedRun>, Vec<BurstRun>, Vec<String>);

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
+use super::configs::Figures;
 use super::hostcpu::HostCpu;
 
 /// The workload's fixed part; `iodepth`, `runtime` and the device are added per run.
@@ -34,6 +35,35 @@ pub struct FioRun {
     pub others_user_cpu_pct: f64,
     /// CPU time the hypervisor gave to other guests, in % of one CPU.
     pub steal_pct: f64,
+}
+
+impl Figures for FioRun {
+    const AT_TOP: bool = true;
+
+    fn figures(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("iops", self.iops),
+            ("p50_us", self.p50_us),
+            ("p99_us", self.p99_us),
+        ]
+    }
+
+    fn figure(&self, key: &str) -> f64 {
+        match key {
+            "iops" => self.iops,
+            "p50_us" => self.p50_us,
+            "p99_us" => self.p99_us,
+            _ => 0.0,
+        }
+    }
+
+    fn others_user_cpu_pct(&self) -> f64 {
+        self.others_user_cpu_pct
+    }
+
+    fn steal_pct(&self) -> f64 {
+        self.steal_pct
+    }
 }
 
 pub fn randread(device: &str, iodepth: u32, runtime_s: u64) -> anyhow::Result<FioRun> {

@@ -175,6 +175,58 @@ static __always_inline int floor_body(__u32 slot)
     s
 }
 
+/// What a suite's floor is, as published: what each program does, where
+/// it sits (one program per hook the daemon attached, as it attached
+/// them), and the C as compiled.
+#[derive(Serialize)]
+pub struct Description {
+    pub body: &'static str,
+    pub attach_points: Vec<AttachPoint>,
+    pub source: String,
+}
+
+impl Description {
+    pub fn of(object: &Object) -> Self {
+        Description {
+            body: BODY,
+            attach_points: object.points.clone(),
+            source: object.source.clone(),
+        }
+    }
+
+    /// Its C, as the sections show it, with how it was built.
+    pub fn source_text(&self) -> String {
+        format!(
+            "The programs, generated for the hooks the daemon reported (compiled with clang \
+             `-target bpf -O2 -g -mcpu=v3`, loaded and attached with aya by the bench):\n\n\
+             ```c\n{}```",
+            self.source
+        )
+    }
+
+    /// The setup line: how the floor ran (`how`), what each program does,
+    /// and where; `section` is the subsection that shows the C, at
+    /// `anchor`; stalltrace's work is per `unit`.
+    pub fn setup_line(
+        floor: Option<&Self>,
+        how: &str,
+        (section, anchor): (&str, &str),
+        unit: &str,
+    ) -> String {
+        let Some(f) = floor else {
+            return "- Floor: not measured (no traced block ran)\n".into();
+        };
+        let points: Vec<String> = f.attach_points.iter().map(|p| p.section()).collect();
+        format!(
+            "- Floor (\"floor+bpf-stats\"): {how}. Each program does {} (the C is under \
+             [{section}]({anchor})); programs: {}. stalltrace's work over the floor is, round \
+             by round, its BPF ns per {unit} less the floor's\n",
+            f.body,
+            points.join(", "),
+        )
+    }
+}
+
 /// A tool's work over the floor, round by round: its BPF time per unit in
 /// each round's accounting run minus the floor's in the same round
 /// (`costs[i]` and `floor[i]` are round i + 1's; a round without both gives

@@ -25,18 +25,20 @@ mod segments;
 mod workload;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
+use super::engine;
 use super::netpair;
 use super::paired;
 use super::peers::{self, PeerProgram};
 use super::publish::{self, Host};
-use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
+use super::quiet::{self, Quiet};
 use super::settings::Settings;
-use super::tracer::{self, ProgramCost, StopRecord};
+use super::shell::{self, Scratch};
+use super::tracer::ProgramCost;
 use workload::{Run, Workload};
 
 /// The acceptance target: round-trip p50 and throughput within 2% of no tracer.
@@ -71,36 +73,27 @@ pub fn on_net_path(family: &str) -> bool {
     family != "block"
 }
 
-/// One daemon, from start to stop: a round's traced block (every workload,
-/// with and without the accounting).
-pub struct DaemonLife {
-    pub stop: StopRecord,
-    /// user + system over its whole life: load, verify and attach included.
-    pub lifetime_cpu_s: f64,
-    /// Packets the client's veth sent while the daemon ran, as its netdev
-    /// programs saw them (`qdisc_us.count + qdisc_untimed`) and as the kernel
-    /// counted them (`tx_packets`, from netlink), summed over its `netdev`
-    /// records for that interface: the hooks against the kernel's own counter.
-    pub tx_seen: u64,
-    pub tx_counted: u64,
+/// Packets the client's veth sent while a daemon ran, as its netdev
+/// programs saw them (`qdisc_us.count + qdisc_untimed`) and as the kernel
+/// counted them (`tx_packets`, from netlink), summed over its `netdev`
+/// records for that interface: the hooks against the kernel's own counter.
+pub struct Transmits {
+    pub seen: u64,
+    pub counted: u64,
 }
 
 /// Every configuration's runs of one workload (`part`).
 pub type WorkloadRuns = paired::PartRuns<&'static Workload, Run>;
 
 pub struct Measured {
-    pub workloads: Vec<WorkloadRuns>,
-    /// One per round.
-    pub daemons: Vec<DaemonLife>,
+    /// Each workload's runs, each round's daemon with the transmits it saw,
+    /// the floor's programs (compiled for the daemon's network-path hooks)
+    /// and the warnings.
+    pub runs: engine::Runs<&'static Workload, Run, Transmits>,
     /// Network-path hooks as the daemon reported them attached, one string per
     /// family: "tcp: tcp_probe (tp_btf), ...".
     pub hooks: Vec<String>,
-    /// The floor's programs, compiled for the daemon's network-path hooks
-    /// (None before a traced block ran).
-    pub floor: Option<super::floor::Object>,
     pub congestion_control: String,
-    /// Anything that may have disturbed the figures.
-    pub warnings: Vec<String>,
     /// The usual peers that cannot run here, and why.
     pub unavailable: Vec<peers::Unavailable>,
 }
@@ -112,14 +105,10 @@ pub fn run() -> anyhow::Result<()> {
     let bin = super::stalltrace_bin();
     let mut warnings = Vec::new();
     let mut quiet_host = Quiet::new(disturbance);
-    if let Some(why) = quiet_host.wait(QUIET_BEFORE_SUITE, &[])? {
-        let w = format!("the host never went quiet before the suite began: {why}");
-        eprintln!("bench: warning: {w}");
-        warnings.push(w);
-    }
+    shell::quiet_before_suite(&mut quiet_host, &mut warnings)?;
     let load_before = publish::load_average();
 
-    let scratch = Scratch::create()?;
+    let scratch = Scratch::on_tmpfs("net")?;
     let pair = netpair::create()?;
     let names = [pair.netns(netpair::CLIENT), pair.netns(netpair::SERVER)].map(String::from);
     let measured = drive::measure(
@@ -134,19 +123,12 @@ pub fn run() -> anyhow::Result<()> {
     drop(pair);
     let scratch_dir = scratch.path().to_path_buf();
     drop(scratch);
-    let leaks = leaks(&names, &scratch_dir);
-    if !leaks.is_empty() && measured.is_err() {
-        eprintln!("bench: cleanup incomplete: {}", leaks.join("; "));
-    }
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!(
-        "bench: cleaned up: namespaces {} and {} deleted (veth and nft table with them), \
-         no server or stalltrace left",
+    let cleaned = format!(
+        "namespaces {} and {} deleted (veth and nft table with them), no server or stalltrace \
+         left",
         names[0], names[1]
     );
+    let measured = shell::torn_down(measured, leaks(&names, &scratch_dir), &cleaned)?;
 
     let results = results::aggregate(
         &settings,
@@ -155,9 +137,7 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("net", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("net", &render::markdown(&results), &results)
 }
 
 /// Why the host is not quiet right now, if it is not.
@@ -167,12 +147,12 @@ fn disturbance(ours: &[u64]) -> Option<String> {
 
 /// Transmits on `iface` as the daemon's hooks saw them and as the kernel
 /// counted them, summed over the `netdev` records in `out`.
-pub fn transmits(out: &Path, iface: &str) -> anyhow::Result<(u64, u64)> {
+pub fn transmits(out: &Path, iface: &str) -> anyhow::Result<Transmits> {
     let text = fs::read_to_string(out).with_context(|| format!("cannot read {}", out.display()))?;
     Ok(netdev_transmits(&text, iface))
 }
 
-fn netdev_transmits(text: &str, iface: &str) -> (u64, u64) {
+fn netdev_transmits(text: &str, iface: &str) -> Transmits {
     let (mut seen, mut counted) = (0, 0);
     for line in text.lines() {
         let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -185,10 +165,10 @@ fn netdev_transmits(text: &str, iface: &str) -> (u64, u64) {
         seen += n(&r["qdisc_us"]["count"]) + n(&r["qdisc_untimed"]);
         counted += n(&r["tx_packets"]);
     }
-    (seen, counted)
+    Transmits { seen, counted }
 }
 
-/// What the bench may have left behind; empty when clean.
+/// What the bench may have left behind of its own.
 fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
     let mut out: Vec<String> = netns
         .iter()
@@ -199,45 +179,7 @@ fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
         out.push(format!("{} still exists", scratch.display()));
     }
     out.extend(quiet::our_processes(LOAD_GENERATORS));
-    out.extend(tracer::our_daemons_left());
-    out.extend(peers::ours_left());
     out
-}
-
-/// A private directory for the daemons' output and the servers' logs, on
-/// tmpfs when there is one (so the daemon's writes cause no disk I/O during
-/// a run); removed on drop.
-struct Scratch {
-    dir: PathBuf,
-}
-
-impl Scratch {
-    fn create() -> anyhow::Result<Self> {
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = PathBuf::from(format!(
-            "{base}/stalltrace-bench-net-{}",
-            std::process::id()
-        ));
-        // create_dir (not _all) fails if it exists: never adopt someone else's directory.
-        fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(Scratch { dir })
-    }
-
-    fn path(&self) -> &Path {
-        &self.dir
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir_all(&self.dir) {
-            eprintln!("bench: cannot remove {}: {e}", self.dir.display());
-        }
-    }
 }
 
 #[cfg(test)]
@@ -249,6 +191,7 @@ mod tests {
 {"type":"netdev","iface":"eth0","tx_packets":99,"qdisc_us":{"count":1},"qdisc_untimed":0}
 {"type":"netdev","iface":"stb1c","tx_packets":5,"qdisc_us":{"count":4},"qdisc_untimed":0}
 {"type":"stop"}"#;
-        assert_eq!(super::netdev_transmits(text, "stb1c"), (14, 15));
+        let tx = super::netdev_transmits(text, "stb1c");
+        assert_eq!((tx.seen, tx.counted), (14, 15));
     }
 }

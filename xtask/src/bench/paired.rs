@@ -1,4 +1,5 @@
-//! The paired-run driver's order of play, shared by the block and net suites.
+//! The paired rounds' order of play and what they measure, which `engine`
+//! drives for the block, net and tls suites.
 //!
 //! A round measures every part of a suite (fio's depths, the net workloads)
 //! in three blocks: untraced; traced (one stalltrace daemon started for the
@@ -26,40 +27,24 @@ use super::peers::{PeerProgram, StatsOn};
 use super::tracer::programs::{self, Counter, Snapshot};
 use super::tracer::{ProgramCost, StopRecord, Usage};
 
-/// One of a round's three blocks.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Block {
-    Untraced,
-    Traced,
-    Peer,
-}
-
-use Block::{Peer, Traced, Untraced};
-
-/// The three rotations of U, T, P, then the three of U, P, T: over every
-/// three rounds each block takes each place once, over six each block also
-/// follows each other block equally often.
-const PERMUTATIONS: [[Block; 3]; 6] = [
-    [Untraced, Traced, Peer],
-    [Traced, Peer, Untraced],
-    [Peer, Untraced, Traced],
-    [Untraced, Peer, Traced],
-    [Peer, Traced, Untraced],
-    [Traced, Untraced, Peer],
+/// A round's three blocks by the place of each in round 1 (0: untraced,
+/// 1: traced, 2: the peer, in the block and net suites): the three rotations
+/// of 0, 1, 2, then the three of 0, 2, 1. Over every three rounds each block
+/// takes each place once, over six each block also follows each other block
+/// equally often.
+const PERMUTATIONS: [[usize; 3]; 6] = [
+    [0, 1, 2],
+    [1, 2, 0],
+    [2, 0, 1],
+    [0, 2, 1],
+    [2, 1, 0],
+    [1, 0, 2],
 ];
 
-/// The blocks of round `round` (1-based), in order.
-pub fn blocks(round: usize) -> [Block; 3] {
-    PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()]
-}
-
-/// Any three configurations of a suite (`items`, in the order of
-/// [`Block`]'s: untraced, traced, peer) in round `round`'s order: the same
-/// six permutations as [`blocks`], for suites whose three configurations
-/// are not these (the tls suite: no stalltrace, `--sql-tls off`, `always`).
+/// A suite's three blocks (`items`, in round 1's order) in round `round`'s
+/// order (1-based).
 pub fn permuted<T: Copy>(round: usize, items: [T; 3]) -> [T; 3] {
-    blocks(round).map(|b| items[b as usize])
+    PERMUTATIONS[(round.max(1) - 1) % PERMUTATIONS.len()].map(|i| items[i])
 }
 
 /// Whether, under a daemon, each part's run with the kernel's accounting on
@@ -135,64 +120,83 @@ pub struct TracedRun<R, P> {
     pub usage: ProcessUse,
 }
 
+/// One configuration's runs of a part under a daemon or a peer, one per
+/// round each: as deployed (`plain`: its programs count no runs) and with
+/// the kernel's accounting on (`bpf_stats`: the per-program costs come from
+/// these).
+pub struct Accounted<T> {
+    pub plain: Vec<T>,
+    pub bpf_stats: Vec<T>,
+}
+
+impl<T> Accounted<T> {
+    /// Files a run under the configuration it ran in (`stats`: the accounting on).
+    pub fn file(&mut self, stats: bool, run: T) {
+        if stats {
+            self.bpf_stats.push(run);
+        } else {
+            self.plain.push(run);
+        }
+    }
+}
+
+impl<T> Default for Accounted<T> {
+    fn default() -> Self {
+        Accounted {
+            plain: Vec::new(),
+            bpf_stats: Vec::new(),
+        }
+    }
+}
+
 /// Every configuration's runs of one part of a suite (`part`: a depth, a
 /// workload), one per round, in round order (index i of each is round i +
 /// 1: the pairs).
 pub struct PartRuns<K, R> {
     pub part: K,
     pub untraced: Vec<R>,
-    /// stalltrace as deployed, without the accounting: its programs count no runs.
-    pub traced: Vec<TracedRun<R, ProgramCost>>,
-    /// The same daemon with the accounting on: the per-program costs come from these.
-    pub traced_bpf_stats: Vec<TracedRun<R, ProgramCost>>,
-    /// The bpftrace peer, without and with the accounting.
-    pub peer: Vec<TracedRun<R, PeerProgram>>,
-    pub peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
-    /// A second peer in the same block (the block suite's rezolus), likewise;
-    /// empty for suites without one, or where it is not installed.
-    pub second_peer: Vec<TracedRun<R, PeerProgram>>,
-    pub second_peer_bpf_stats: Vec<TracedRun<R, PeerProgram>>,
-    /// Empty programs on the daemon's hooks (see `floor`), in the traced
-    /// block after the daemon stopped, with the accounting on; their process
+    /// Each daemon configuration of the suite (block, net: stalltrace as
+    /// deployed; tls: `--sql-tls off`, `always`).
+    pub daemons: Vec<Accounted<TracedRun<R, ProgramCost>>>,
+    /// Each peer of the suite (block: bpftrace, rezolus when installed;
+    /// net: bpftrace).
+    pub peers: Vec<Accounted<TracedRun<R, PeerProgram>>>,
+    /// Empty programs on the daemon's hooks (see `floor`), in the daemon's
+    /// block after it stopped, with the accounting on; their process
     /// is the bench's own, so its use is zero. Empty for suites without a floor.
     pub floor: Vec<TracedRun<R, PeerProgram>>,
 }
 
 impl<K, R> PartRuns<K, R> {
-    /// No runs yet.
-    pub fn new(part: K) -> Self {
+    /// No runs yet, for `daemons` daemon configurations and `peers` peers.
+    pub fn new(part: K, daemons: usize, peers: usize) -> Self {
         PartRuns {
             part,
             untraced: Vec::new(),
-            traced: Vec::new(),
-            traced_bpf_stats: Vec::new(),
-            peer: Vec::new(),
-            peer_bpf_stats: Vec::new(),
-            second_peer: Vec::new(),
-            second_peer_bpf_stats: Vec::new(),
+            daemons: (0..daemons).map(|_| Accounted::default()).collect(),
+            peers: (0..peers).map(|_| Accounted::default()).collect(),
             floor: Vec::new(),
         }
     }
 
-    /// Files a daemon's run under the configuration it ran in (`stats`: the
-    /// accounting on).
-    pub fn file_traced(&mut self, stats: bool, run: TracedRun<R, ProgramCost>) {
-        file(stats, run, &mut self.traced, &mut self.traced_bpf_stats);
+    /// stalltrace as deployed (the first daemon configuration).
+    pub fn traced(&self) -> &[TracedRun<R, ProgramCost>] {
+        self.daemons.first().map_or(&[], |d| &d.plain)
     }
 
-    /// Files a bpftrace run likewise.
-    pub fn file_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
-        file(stats, run, &mut self.peer, &mut self.peer_bpf_stats);
+    /// The same daemons with the accounting on.
+    pub fn traced_bpf_stats(&self) -> &[TracedRun<R, ProgramCost>] {
+        self.daemons.first().map_or(&[], |d| &d.bpf_stats)
     }
 
-    /// Files a second peer's run likewise.
-    pub fn file_second_peer(&mut self, stats: bool, run: TracedRun<R, PeerProgram>) {
-        file(
-            stats,
-            run,
-            &mut self.second_peer,
-            &mut self.second_peer_bpf_stats,
-        );
+    /// Peer `i`'s runs as deployed; none where it did not run.
+    pub fn peer(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
+        self.peers.get(i).map_or(&[], |p| &p.plain)
+    }
+
+    /// Peer `i`'s runs with the accounting on.
+    pub fn peer_bpf_stats(&self, i: usize) -> &[TracedRun<R, PeerProgram>] {
+        self.peers.get(i).map_or(&[], |p| &p.bpf_stats)
     }
 }
 
@@ -303,16 +307,6 @@ pub fn config(tool: &str, stats: bool) -> String {
     }
 }
 
-/// Files one run of a part under the configuration it ran in: `with_stats`
-/// when the accounting was on, else `plain`.
-fn file<T>(stats: bool, run: T, plain: &mut Vec<T>, with_stats: &mut Vec<T>) {
-    if stats {
-        with_stats.push(run);
-    } else {
-        plain.push(run);
-    }
-}
-
 /// A daemon's windows (part index, accounting on, window), their programs
 /// named once the daemon has stopped: `attached` as its start record gave
 /// them, `stop` its stop record. Names are known only then (see
@@ -348,24 +342,23 @@ mod tests {
     fn every_block_takes_every_place_equally_often() {
         let mut seen = [[0; 3]; 3];
         for round in 1..=6 {
-            for (place, b) in blocks(round).iter().enumerate() {
-                seen[*b as usize][place] += 1;
+            for (place, b) in permuted(round, [0, 1, 2]).iter().enumerate() {
+                seen[*b][place] += 1;
             }
         }
         assert_eq!(seen, [[2; 3]; 3]);
-        assert_eq!(blocks(1), [Untraced, Traced, Peer]);
         assert_eq!(
             permuted(1, ["none", "off", "always"]),
             ["none", "off", "always"]
         );
         assert_eq!(permuted(2, ['a', 'b', 'c']), ['b', 'c', 'a']);
         assert_eq!(permuted(5, ['a', 'b', 'c']), ['c', 'b', 'a']);
-        assert_eq!(blocks(7), blocks(1));
+        assert_eq!(permuted(7, ['a', 'b', 'c']), permuted(1, ['a', 'b', 'c']));
         // Every round holds each block once.
         for round in 1..=6 {
-            let mut b = blocks(round).to_vec();
-            b.sort_by_key(|b| *b as usize);
-            assert_eq!(b, [Untraced, Traced, Peer]);
+            let mut b = permuted(round, [0, 1, 2]);
+            b.sort();
+            assert_eq!(b, [0, 1, 2]);
         }
     }
 

@@ -106,6 +106,18 @@ pub struct PeerProgram {
 /// a mount namespace of its own with tracefs mounted.
 pub use stalltrace_lab::bpftrace::with_own_tracefs;
 
+/// A peer process started for one block of runs (bpftrace, rezolus): the
+/// paired-rounds engine runs the block's parts under it, then stops it.
+pub trait Peer: std::ops::Deref<Target = PeerChild> {
+    fn finish(self: Box<Self>) -> anyhow::Result<()>;
+}
+
+impl Peer for Bpftrace {
+    fn finish(self: Box<Self>) -> anyhow::Result<()> {
+        self.stop().map(drop)
+    }
+}
+
 impl Bpftrace {
     /// Start `script` (written to `dir`), its output to `dir/tag.out`; return
     /// once its BEGIN probe has run, i.e. once every probe is attached.

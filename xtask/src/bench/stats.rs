@@ -265,6 +265,23 @@ pub struct Judgement {
     pub why: String,
 }
 
+impl Judgement {
+    /// The detail of a traced / untraced ratio's verdict: this judgement,
+    /// how far traced moved the figure at the median (`moved`: which way,
+    /// in words; `what`: after the percentage), what was allowed, and the
+    /// per-round ratios' min–max.
+    pub fn ratio_detail(&self, e: &Estimate, moved: &str, what: &str, allowed_pct: f64) -> String {
+        format!(
+            "{}: {}; at the median traced {moved} {:.1}%{what} ({allowed_pct:.0}% allowed); \
+             per-round ratios min–max {}",
+            self.outcome.word(),
+            self.why,
+            (e.median - 1.0).abs() * 100.0,
+            e.range_text(3)
+        )
+    }
+}
+
 /// The verdict on `estimate` against `goal`, figures printed with `digits`
 /// decimals: met if the whole 95% interval is on the good side, missed if it
 /// is all on the bad side, inconclusive if it straddles the bound or there

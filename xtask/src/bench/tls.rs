@@ -29,15 +29,17 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Serialize;
 use stalltrace_lab::Bins;
 
+use super::engine;
 use super::paired;
 use super::publish::{self, Host};
-use super::quiet::{self, QUIET_BEFORE_SUITE, Quiet};
+use super::quiet::{self, Quiet};
 use super::settings::Settings;
-use super::tracer::{self, ProgramCost, StopRecord};
+use super::shell::{self, Scratch};
+use super::tracer::{self, ProgramCost};
 use crate::util;
 use workload::{Run, Server};
 
@@ -115,27 +117,20 @@ impl Bio {
 /// The uprobe programs (both, whichever BIO).
 pub const UPROBE_PROGRAMS: [&str; 2] = ["on_ssl_write", "on_ssl_write_ex"];
 
-/// A round's three configurations.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+/// A round's two daemon configurations (the third is no stalltrace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Config {
-    None,
     Off,
     Always,
 }
 
 impl Config {
-    /// `--sql-tls` of the daemon; None for no daemon.
-    pub fn sql_tls(self) -> Option<&'static str> {
+    /// `--sql-tls` of the daemon, and the configuration's name.
+    pub fn sql_tls(self) -> &'static str {
         match self {
-            Config::None => None,
-            Config::Off => Some("off"),
-            Config::Always => Some("always"),
+            Config::Off => "off",
+            Config::Always => "always",
         }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.sql_tls().unwrap_or("none")
     }
 }
 
@@ -150,50 +145,17 @@ pub fn daemon_args(sql_tls: &str) -> Vec<&str> {
 
 pub type TracedRun = paired::TracedRun<Run, ProgramCost>;
 
-/// Every configuration's runs of one BIO style, one per round (index i is
-/// round i + 1: the pairs).
-pub struct BioRuns {
-    pub bio: Bio,
-    pub none: Vec<Run>,
-    pub off: Vec<TracedRun>,
-    pub off_stats: Vec<TracedRun>,
-    pub always: Vec<TracedRun>,
-    pub always_stats: Vec<TracedRun>,
-}
+/// The daemon configurations' places in [`BioRuns::daemons`].
+pub const OFF: usize = 0;
+pub const ALWAYS: usize = 1;
 
-impl BioRuns {
-    fn new(bio: Bio) -> Self {
-        BioRuns {
-            bio,
-            none: Vec::new(),
-            off: Vec::new(),
-            off_stats: Vec::new(),
-            always: Vec::new(),
-            always_stats: Vec::new(),
-        }
-    }
-
-    fn file(&mut self, config: Config, stats: bool, run: TracedRun) {
-        let to = match (config, stats) {
-            (Config::Always, true) => &mut self.always_stats,
-            (Config::Always, false) => &mut self.always,
-            (_, true) => &mut self.off_stats,
-            (_, false) => &mut self.off,
-        };
-        to.push(run);
-    }
-}
-
-/// One daemon, from start to stop.
-pub struct DaemonLife {
-    pub stop: StopRecord,
-    pub lifetime_cpu_s: f64,
-}
+/// Every configuration's runs of one BIO style: `untraced` is no
+/// stalltrace, `daemons` `--sql-tls off` and `always` (see `drive`).
+pub type BioRuns = paired::PartRuns<Bio, Run>;
 
 pub struct Measured {
-    pub bios: Vec<BioRuns>,
-    pub daemons: Vec<DaemonLife>,
-    pub warnings: Vec<String>,
+    /// Each BIO style's runs, each daemon's life, the warnings.
+    pub runs: engine::Runs<Bio, Run, ()>,
     /// Attempts run again because the host was not quiet, and why.
     pub disturbed: Vec<String>,
     /// Seconds the runs waited for a quiet host (beyond the CPU samples).
@@ -208,32 +170,31 @@ pub fn run() -> anyhow::Result<()> {
     let host = Host::this();
     let mut warnings = Vec::new();
     let mut quiet_host = Quiet::new(disturbance);
-    let before_suite = quiet_host.wait(QUIET_BEFORE_SUITE, &[])?;
-    if let Some(why) = &before_suite {
-        let w = format!("the host never went quiet before the suite began: {why}");
-        eprintln!("bench: warning: {w}");
-        warnings.push(w);
-    }
+    shell::quiet_before_suite(&mut quiet_host, &mut warnings)?;
     let load_before = publish::load_average();
 
-    let scratch = Scratch::create()?;
-    let bins = scratch.bins()?;
+    // The daemons' output on tmpfs (no disk I/O during a run); the
+    // simulators' files (O_DIRECT: not on tmpfs) and binaries on disk.
+    let out = Scratch::on_tmpfs("tls")?;
+    let files = Scratch::under("/var/tmp", "tls")?;
+    let bins = bins(files.path())?;
     let mut servers = Vec::new();
     for bio in BIOS {
-        servers.push(Server::start(&bins, scratch.files(), bio)?);
+        servers.push(Server::start(&bins, files.path(), bio)?);
     }
     let workers: Vec<u32> = servers.iter().map(Server::worker).collect();
     let measured = drive::measure(
         &settings,
         &bins,
         &servers,
-        scratch.out(),
+        out.path(),
         &mut quiet_host,
         warnings,
     );
     drop(servers);
-    let dirs = scratch.dirs();
-    drop(scratch);
+    let dirs = [out.path().to_path_buf(), files.path().to_path_buf()];
+    drop(out);
+    drop(files);
     let mut leaks: Vec<String> = dirs
         .iter()
         .filter(|d| d.exists())
@@ -246,15 +207,11 @@ pub fn run() -> anyhow::Result<()> {
             .map(|w| format!("sqlservr worker {w} still running")),
     );
     leaks.extend(quiet::our_processes(&["sqlservr", "sqlclient"]));
-    leaks.extend(tracer::our_daemons_left());
-    if !leaks.is_empty() && measured.is_err() {
-        eprintln!("bench: cleanup incomplete: {}", leaks.join("; "));
-    }
-    let measured = measured?;
-    if !leaks.is_empty() {
-        bail!("cleanup incomplete: {}", leaks.join("; "));
-    }
-    eprintln!("bench: cleaned up: simulators stopped, their files removed, no stalltrace left");
+    let measured = shell::torn_down(
+        measured,
+        leaks,
+        "simulators stopped, their files removed, no stalltrace left",
+    )?;
 
     let results = results::aggregate(
         &settings,
@@ -263,9 +220,7 @@ pub fn run() -> anyhow::Result<()> {
         began.elapsed().as_secs_f64(),
         [load_before, publish::load_average()],
     );
-    let body = render::markdown(&results);
-    println!("\n{body}");
-    publish::publish("tls", &body, serde_json::to_value(&results)?)
+    shell::print_and_publish("tls", &render::markdown(&results), &results)
 }
 
 /// Why the host is not quiet right now, if it is not: someone else's
@@ -288,70 +243,22 @@ fn disturbance(ours: &[u64]) -> Option<String> {
     quiet::foreign_processes(OTHERS)
 }
 
-/// The suite's directories, removed on drop: the daemons' output on tmpfs
-/// (no disk I/O during a run), the simulators' files (O_DIRECT: not on
-/// tmpfs) and private copies of sqlservr and sqlclient (someone rebuilding
-/// target/release mid-run cannot swap the workload) on disk.
-struct Scratch {
-    out: PathBuf,
-    files: PathBuf,
-}
-
-impl Scratch {
-    fn create() -> anyhow::Result<Self> {
-        let pid = std::process::id();
-        let shm = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let out = PathBuf::from(format!("{shm}/stalltrace-bench-tls-{pid}"));
-        let files = PathBuf::from(format!("/var/tmp/stalltrace-bench-tls-{pid}"));
-        // create_dir (not _all) fails if it exists: never adopt someone else's directory.
-        fs::create_dir(&out).with_context(|| format!("cannot create {}", out.display()))?;
-        let scratch = Scratch { out, files };
-        fs::create_dir(&scratch.files)
-            .with_context(|| format!("cannot create {}", scratch.files.display()))?;
-        Ok(scratch)
-    }
-
-    fn out(&self) -> &Path {
-        &self.out
-    }
-
-    fn files(&self) -> &Path {
-        &self.files
-    }
-
-    fn dirs(&self) -> [PathBuf; 2] {
-        [self.out.clone(), self.files.clone()]
-    }
-
-    /// The stalltrace under test, and copies of the simulator's binaries.
-    fn bins(&self) -> anyhow::Result<Bins> {
-        let release = util::workspace_root().join("target/release");
-        let copy = |name: &str| -> anyhow::Result<PathBuf> {
-            let to = self.files.join(name);
-            fs::copy(release.join(name), &to)
-                .with_context(|| format!("cannot copy target/release/{name}"))?;
-            Ok(to)
-        };
-        Ok(Bins {
-            stalltrace: super::stalltrace_bin(),
-            sqlservr: copy("sqlservr")?,
-            sqlclient: copy("sqlclient")?,
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for dir in self.dirs() {
-            if let Err(e) = fs::remove_dir_all(&dir) {
-                eprintln!("bench: cannot remove {}: {e}", dir.display());
-            }
-        }
-    }
+/// The stalltrace under test, and private copies of the simulator's
+/// binaries in `dir` (someone rebuilding target/release mid-run cannot swap
+/// the workload).
+fn bins(dir: &Path) -> anyhow::Result<Bins> {
+    let release = util::workspace_root().join("target/release");
+    let copy = |name: &str| -> anyhow::Result<PathBuf> {
+        let to = dir.join(name);
+        fs::copy(release.join(name), &to)
+            .with_context(|| format!("cannot copy target/release/{name}"))?;
+        Ok(to)
+    };
+    Ok(Bins {
+        stalltrace: super::stalltrace_bin(),
+        sqlservr: copy("sqlservr")?,
+        sqlclient: copy("sqlclient")?,
+    })
 }
 
 #[cfg(test)]
@@ -372,7 +279,6 @@ mod tests {
             daemon_args("always"),
             ["run", "--interval", "1s", "--sql-tls", "always"]
         );
-        assert_eq!(Config::None.name(), "none");
-        assert_eq!(Config::Always.sql_tls(), Some("always"));
+        assert_eq!(Config::Always.sql_tls(), "always");
     }
 }

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use super::parts::ProcessResult;
 use super::stats::Estimate;
 use super::table;
 
@@ -71,6 +72,43 @@ pub struct UnitCost {
     /// Peak RSS (VmHWM) of the process, the largest over the rounds; None
     /// for programs without a process of their own (the floor's).
     pub peak_rss_mib: Option<f64>,
+}
+
+/// The floor's row in the cost-per-unit tables.
+pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
+
+impl UnitCost {
+    /// A tool with a process of its own (stalltrace's daemon, a peer), its
+    /// `process` measured at `measured_at`.
+    pub fn of_process(
+        workload: &str,
+        tool: &str,
+        per_unit: Vec<PerUnit>,
+        process: &ProcessResult,
+        measured_at: String,
+    ) -> Self {
+        UnitCost {
+            workload: workload.into(),
+            tool: tool.into(),
+            per_unit,
+            process_cpu_pct: process.cpu_pct_of_one_cpu,
+            measured_at,
+            peak_rss_mib: Some(process.peak_rss_mib),
+        }
+    }
+
+    /// The floor's row: its programs run in the bench's own process, which
+    /// has nothing else to show.
+    pub fn floor(workload: &str, per_unit: Vec<PerUnit>) -> Self {
+        UnitCost {
+            workload: workload.into(),
+            tool: FLOOR_TOOL.into(),
+            per_unit,
+            process_cpu_pct: None,
+            measured_at: "–".into(),
+            peak_rss_mib: None,
+        }
+    }
 }
 
 /// "183k", "4.1k", "950": a rate in words.

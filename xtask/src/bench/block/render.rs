@@ -6,10 +6,11 @@ mod rezolus;
 use std::fmt::Write;
 
 use super::results::{BlockResults, Ratios, Side};
+use crate::bench::configs::{self, Column, ratio_row, side_row};
 use crate::bench::publish::{self, Verdict};
 use crate::bench::stats::{Estimate, range};
 use crate::bench::tracer::programs;
-use crate::bench::{table, unitcost};
+use crate::bench::{parts, table, unitcost};
 
 pub fn markdown(r: &BlockResults) -> String {
     let mut s = String::new();
@@ -53,15 +54,15 @@ pub fn markdown(r: &BlockResults) -> String {
             "off (loop `dio`=0: refused; reads may hit the page cache)"
         },
         st.fio,
-        st.tracer,
-        st.tracer_bpf_stats,
+        st.paired.tracer,
+        st.paired.tracer_bpf_stats,
         r.hooks.join(", "),
         floor::setup_line(r),
         rezolus::setup_words(r),
         st.peer_order,
-        st.rounds,
-        st.runtime_s,
-        st.order,
+        st.paired.rounds,
+        st.paired.runtime_s,
+        st.paired.order,
         r.load_average[0],
         r.load_average[1],
     );
@@ -101,30 +102,12 @@ pub fn markdown(r: &BlockResults) -> String {
     s += &r.peer.markdown();
     rezolus::section(&mut s, r);
 
-    s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .depths
-        .iter()
-        .map(|d| {
-            let m = &d.daemon;
-            vec![
-                d.label.clone(),
-                est(&m.cpu_pct_of_one_cpu, 2),
-                m.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.range_text(2)),
-                format!("{:.1}", m.peak_rss_mib),
-            ]
-        })
-        .collect();
-    s += &table::markdown(
-        &[
-            "depth",
-            "CPU % of one CPU while fio ran, median [95% CI]",
-            "min–max",
-            "peak RSS MiB (VmHWM)",
-        ],
-        &rows,
+    s += &parts::daemon_table(
+        "depth",
+        "fio",
+        r.depths
+            .iter()
+            .map(|d| (d.label.clone(), &d.configs.daemon)),
     );
     let l = &r.daemon_lifetime_cpu_s;
     let _ = writeln!(
@@ -146,75 +129,61 @@ fn est(e: &Option<Estimate>, digits: usize) -> String {
     e.as_ref().map_or("–".into(), |e| e.text(digits))
 }
 
+/// fio's columns: IOPS and p99 with their min–max, p50 alone.
+const FIO_COLUMNS: [Column; 3] = [
+    Column {
+        key: "iops",
+        header: "IOPS",
+        digits: 0,
+        range: Some("IOPS min–max"),
+    },
+    Column {
+        key: "p50_us",
+        header: "p50 µs",
+        digits: 1,
+        range: None,
+    },
+    Column {
+        key: "p99_us",
+        header: "p99 µs",
+        digits: 1,
+        range: Some("p99 min–max"),
+    },
+];
+
 fn fio_table(s: &mut String, r: &BlockResults) {
     *s += "\n### fio: untraced, traced, traced with the accounting, the floor, the peers\n\n";
     let mut rows = Vec::new();
     for d in &r.depths {
+        let c = &d.configs;
+        let floor = d.floor_bpf_stats.as_ref();
+        let rezolus = d.rezolus.as_ref();
         let sides: [(&str, Option<&Side>); 6] = [
-            ("untraced", Some(&d.untraced)),
-            ("traced", Some(&d.traced)),
-            ("traced+bpf-stats", Some(&d.traced_bpf_stats)),
-            ("floor+bpf-stats", d.floor_bpf_stats.as_ref()),
-            ("bpftrace", Some(&d.peer)),
-            ("rezolus", d.rezolus.as_ref().map(|z| &z.fio)),
+            ("untraced", Some(&c.untraced)),
+            ("traced", Some(&c.traced)),
+            ("traced+bpf-stats", Some(&c.traced_bpf_stats)),
+            ("floor+bpf-stats", floor),
+            ("bpftrace", Some(&c.peer)),
+            ("rezolus", rezolus.map(|z| &z.fio)),
         ];
         for (name, side) in sides {
             let Some(side) = side else { continue };
-            rows.push(vec![
-                format!("{} {name}", d.label),
-                format!("{:.0}", side.iops.median),
-                range(&side.iops, 0),
-                format!("{:.1}", side.p50_us.median),
-                format!("{:.1}", side.p99_us.median),
-                range(&side.p99_us, 1),
-                format!(
-                    "{:.1} ({:.1})",
-                    side.others_user_cpu_pct.median, side.others_user_cpu_pct.max
-                ),
-                format!("{:.1} ({:.1})", side.steal_pct.median, side.steal_pct.max),
-            ]);
+            rows.push(side_row(format!("{} {name}", d.label), &FIO_COLUMNS, side));
         }
         let ratio_rows: [(&str, Option<&Ratios>); 5] = [
             ("traced", Some(&d.traced_ratio)),
-            ("traced+bpf-stats", Some(&d.bpf_stats_ratio)),
-            (
-                "floor+bpf-stats",
-                d.floor_bpf_stats.is_some().then_some(&d.floor_ratio),
-            ),
-            ("bpftrace", Some(&d.peer_ratio)),
-            ("rezolus", d.rezolus.as_ref().map(|z| &z.ratio)),
+            ("traced+bpf-stats", Some(&c.bpf_stats_ratio)),
+            ("floor+bpf-stats", floor.map(|_| &d.floor_ratio)),
+            ("bpftrace", Some(&c.peer_ratio)),
+            ("rezolus", rezolus.map(|z| &z.ratio)),
         ];
         for (name, ratio) in ratio_rows {
             let Some(ratio) = ratio else { continue };
-            let span = |e: &Option<Estimate>| e.as_ref().map_or("–".into(), |e| e.range_text(3));
-            rows.push(vec![
-                format!("{} {name}/untraced, per round", d.label),
-                est(&ratio.iops, 3),
-                span(&ratio.iops),
-                ratio
-                    .p50_us
-                    .as_ref()
-                    .map_or("–".into(), |e| format!("{:.3}", e.median)),
-                est(&ratio.p99_us, 3),
-                span(&ratio.p99_us),
-                String::new(),
-                String::new(),
-            ]);
+            let label = format!("{} {name}/untraced, per round", d.label);
+            rows.push(ratio_row(label, &FIO_COLUMNS, ratio));
         }
     }
-    *s += &table::markdown(
-        &[
-            "config",
-            "IOPS",
-            "IOPS min–max",
-            "p50 µs",
-            "p99 µs",
-            "p99 min–max",
-            "others' CPU % (max)",
-            "steal % (max)",
-        ],
-        &rows,
-    );
+    *s += &table::markdown(&configs::headers(&FIO_COLUMNS), &rows);
     *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round, \
            device and depth; median [95% interval] of those ratios, and their min–max.\n";
 }
@@ -229,6 +198,7 @@ fn programs_table(s: &mut String, r: &BlockResults) {
         .map(|p| {
             let total = &p.total;
             let parts = p
+                .by_part
                 .by_depth
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_io));

@@ -16,17 +16,17 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, PeerRun, Settings,
-    TracedRun,
+    Backing, DISK_IOPS_RATIO_TARGET, DepthRuns, IOPS_RATIO_TARGET, Measured, Part, PeerRun,
+    Settings, TracedRun,
 };
+use crate::bench::configs::{self, Configurations};
 use crate::bench::fio::{self, FioRun};
-use crate::bench::paired;
-use crate::bench::parts::{self, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup, PartTotals};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
-use crate::bench::stats::{Estimate, Summary, summary};
+use crate::bench::stats::{Estimate, Summary};
 use crate::bench::tracer::ProgramCost;
-use crate::bench::tracer::programs::{self, ProgramTotal};
+use crate::bench::tracer::programs::{self, InPart};
 use crate::bench::unitcost::{self, PerUnit, UnitCost, rate_text};
 
 #[derive(Serialize)]
@@ -64,25 +64,15 @@ pub struct BlockResults {
 
 #[derive(Serialize)]
 pub struct Setup {
-    pub rounds: usize,
-    pub runtime_s: u64,
+    #[serde(flatten)]
+    pub paired: PairedSetup,
     pub file_mib: u64,
     pub loop_direct_io: bool,
     /// The disk-backed device's: the same file size, on /var/tmp.
     pub disk_loop_direct_io: bool,
     pub fio: String,
-    /// The daemon of the traced block: stalltrace as deployed.
-    pub tracer: String,
-    /// How the runs with the accounting differ.
-    pub tracer_bpf_stats: &'static str,
-    /// The order of play.
-    pub order: &'static str,
     /// The two peers' order within the peer block.
     pub peer_order: &'static str,
-    /// What each configuration is for, in words.
-    pub configs: &'static str,
-    /// How the floor is measured; what it is, under `floor`.
-    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and depth: untraced; traced (stalltrace without the \
@@ -107,24 +97,12 @@ pub const FLOOR_SETUP: &str = "right after each round's daemon stopped, in the s
      attached, with the same attach type (a tracepoint, or the kernel function the daemon \
      used in its place), and runs each depth once under them with the kernel's accounting on";
 
-#[derive(Serialize)]
-pub struct Side {
-    pub iops: Summary,
-    pub p50_us: Summary,
-    pub p99_us: Summary,
-    pub others_user_cpu_pct: Summary,
-    pub steal_pct: Summary,
-    pub runs: Vec<FioRun>,
-}
+/// fio's figures over the rounds, and over the untraced run of the same round.
+pub type Side = configs::Side<FioRun>;
+pub type Ratios = configs::Ratios<FioRun>;
 
-/// A configuration over the untraced run of the same round, per figure:
-/// median of the rounds' ratios and its 95% interval.
-#[derive(Serialize)]
-pub struct Ratios {
-    pub iops: Option<Estimate>,
-    pub p50_us: Option<Estimate>,
-    pub p99_us: Option<Estimate>,
-}
+/// The figures every ratio is taken of.
+pub const FIGURES: [&str; 3] = ["iops", "p50_us", "p99_us"];
 
 #[derive(Serialize)]
 pub struct DepthResult {
@@ -132,18 +110,12 @@ pub struct DepthResult {
     pub iodepth: u32,
     /// How the tables name the part: "QD16" (tmpfs), "disk QD16".
     pub label: String,
-    pub untraced: Side,
-    /// Without the accounting: what the ratios and the target are about.
-    pub traced: Side,
-    /// With the accounting: shown, judges nothing.
-    pub traced_bpf_stats: Side,
+    #[serde(flatten)]
+    pub configs: Configurations<FioRun>,
     /// The floor, with the accounting: shown, judges nothing. None without floor runs.
     pub floor_bpf_stats: Option<Side>,
-    pub peer: Side,
     pub traced_ratio: Ratios,
-    pub bpf_stats_ratio: Ratios,
     pub floor_ratio: Ratios,
-    pub peer_ratio: Ratios,
     /// All block programs' run time per I/O fio completed, over every
     /// accounting run of this depth (sum over sum).
     pub bpf_ns_per_io: f64,
@@ -157,20 +129,16 @@ pub struct DepthResult {
     pub peer_cost: PeerCost,
     /// stalltrace against the peer, per I/O, round by round.
     pub versus_peer: Comparison,
-    pub daemon: ProcessResult,
-    pub peer_process: ProcessResult,
     /// The second peer (rezolus) at this depth; None when it did not run.
     pub rezolus: Option<rezolus::RezolusAtDepth>,
     /// stalltrace against the cheaper peer of each round: what the target judges.
     pub versus_cheapest_peer: rezolus::Cheapest,
 }
 
+pub type ProgramResult = parts::ProgramResult<ByDepth>;
+
 #[derive(Serialize)]
-pub struct ProgramResult {
-    #[serde(flatten)]
-    pub total: ProgramTotal,
-    /// ns/event in each round's accounting runs (both depths): median and interval.
-    pub by_round: Option<Estimate>,
+pub struct ByDepth {
     pub by_depth: Vec<ProgramAtDepth>,
 }
 
@@ -202,27 +170,6 @@ pub struct Targets {
     pub work_over_floor_qd16: Verdict,
 }
 
-fn side(runs: &[FioRun]) -> Side {
-    Side {
-        iops: summary(runs.iter().map(|r| r.iops)),
-        p50_us: summary(runs.iter().map(|r| r.p50_us)),
-        p99_us: summary(runs.iter().map(|r| r.p99_us)),
-        others_user_cpu_pct: summary(runs.iter().map(|r| r.others_user_cpu_pct)),
-        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
-        runs: runs.to_vec(),
-    }
-}
-
-fn ratios<'a>(untraced: &[FioRun], other: impl IntoIterator<Item = &'a FioRun>) -> Ratios {
-    let pairs: Vec<(&FioRun, &FioRun)> = untraced.iter().zip(other).collect();
-    let of = |f: fn(&FioRun) -> f64| Estimate::of(pairs.iter().map(|(u, t)| f(t) / f(u)));
-    Ratios {
-        iops: of(|r| r.iops),
-        p50_us: of(|r| r.p50_us),
-        p99_us: of(|r| r.p99_us),
-    }
-}
-
 fn is_block(family: &str) -> bool {
     family == "block"
 }
@@ -249,20 +196,19 @@ pub(super) fn round_cost(r: &TracedRun) -> RoundCost {
     }
 }
 
+/// A peer's (or the floor's) programs in one accounting run: run time and I/Os.
 fn peer_round_cost(r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.ios as f64,
-    }
+    RoundCost::of_all(&r.programs, r.run.ios as f64)
 }
 
 fn depth_result(d: &DepthRuns) -> DepthResult {
     let fio_of = |t: &[TracedRun]| t.iter().map(|r| r.run).collect::<Vec<_>>();
-    let peer_fio: Vec<FioRun> = d.peer.iter().map(|r| r.run).collect();
-    let st_rounds: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
-    let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats.iter().map(peer_round_cost).collect();
-    let peer_cost = peers::sum_costs(d.peer_bpf_stats.iter().map(|r| &r.programs));
-    let st_programs: Vec<(String, u64, u64)> = program_totals(&d.traced_bpf_stats)
+    let peer_fio: Vec<FioRun> = d.peer(0).iter().map(|r| r.run).collect();
+    let ratios = |other: &[FioRun]| Ratios::of(&FIGURES, &d.untraced, other);
+    let st_rounds: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
+    let peer_rounds: Vec<RoundCost> = d.peer_bpf_stats(0).iter().map(peer_round_cost).collect();
+    let peer_cost = peers::sum_costs(d.peer_bpf_stats(0).iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(d.traced_bpf_stats())
         .into_values()
         .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
@@ -283,7 +229,7 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         "I/O",
         &st_rounds,
         &peer_rounds,
-        (overhead(&fio_of(&d.traced)), overhead(&peer_fio)),
+        (overhead(&fio_of(d.traced())), overhead(&peer_fio)),
         same,
     );
     let floor_fio: Vec<FioRun> = d.floor.iter().map(|r| r.run).collect();
@@ -292,23 +238,16 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
         backing: d.part.backing,
         iodepth: d.part.iodepth,
         label: d.part.label(),
-        traced_ratio: ratios(&d.untraced, d.traced.iter().map(|r| &r.run)),
-        bpf_stats_ratio: ratios(&d.untraced, d.traced_bpf_stats.iter().map(|r| &r.run)),
-        floor_ratio: ratios(&d.untraced, &floor_fio),
-        peer_ratio: ratios(&d.untraced, &peer_fio),
-        untraced: side(&d.untraced),
-        traced: side(&fio_of(&d.traced)),
-        traced_bpf_stats: side(&fio_of(&d.traced_bpf_stats)),
-        floor_bpf_stats: (!floor_fio.is_empty()).then(|| side(&floor_fio)),
-        peer: side(&peer_fio),
+        configs: Configurations::of(d, &FIGURES),
+        traced_ratio: ratios(&fio_of(d.traced())),
+        floor_ratio: ratios(&floor_fio),
+        floor_bpf_stats: (!floor_fio.is_empty()).then(|| Side::of(&floor_fio)),
         bpf_ns_per_io: versus_peer.stalltrace_ns_per_unit,
         peer_ns_per_io: versus_peer.peer_ns_per_unit,
         floor_ns_per_io,
         work_over_floor_ns_per_io,
         peer_cost,
         versus_peer,
-        daemon: process(d.traced.iter().map(|r| &r.usage)),
-        peer_process: process(d.peer.iter().map(|r| &r.usage)),
         rezolus: rezolus::at_depth(d),
         versus_cheapest_peer,
     }
@@ -316,86 +255,71 @@ fn depth_result(d: &DepthRuns) -> DepthResult {
 
 /// Each program over all accounting runs, round by round and depth by depth.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    parts::program_rows(
-        &m.depths,
-        m.daemons.iter().map(|l| &l.stop),
+    let row = |part: &Part, d: &PartTotals, p: InPart| ProgramAtDepth {
+        backing: part.backing,
+        iodepth: part.iodepth,
+        run_count: p.run_count,
+        ns_per_event: p.ns_per_event,
+        events_per_s: p.events_per_s,
+        // A part without any I/O divides by one, not zero.
+        events_per_io: p.run_count as f64 / d.units.max(1.0),
+    };
+    parts::program_results(
+        &m.runs.parts,
+        m.runs.daemons.iter().map(|l| &l.stop),
         is_block,
-        |_, fio| (fio.runtime_s, fio.ios as f64),
-        |part, d, p| ProgramAtDepth {
-            backing: part.backing,
-            iodepth: part.iodepth,
-            run_count: p.run_count,
-            ns_per_event: p.ns_per_event,
-            events_per_s: p.events_per_s,
-            // A part without any I/O divides by one, not zero.
-            events_per_io: p.run_count as f64 / d.units.max(1.0),
-        },
+        (
+            |_, fio: &FioRun| (fio.runtime_s, fio.ios as f64),
+            row,
+            |by_depth| ByDepth { by_depth },
+        ),
     )
-    .into_iter()
-    .map(|r| ProgramResult {
-        total: r.total,
-        by_round: r.by_round,
-        by_depth: r.by_part,
-    })
-    .collect()
 }
 
-/// The floor's row in the cost-per-unit table.
-pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
-
-/// Cost per I/O of stalltrace, of the floor under it and of the peer at each depth.
+/// Cost per I/O of stalltrace, of the floor under it and of the peers at each depth.
 fn unit_costs(m: &Measured, depths: &[DepthResult]) -> Vec<UnitCost> {
     let mut out = Vec::new();
-    for (d, r) in m.depths.iter().zip(depths) {
+    for (d, r) in m.runs.parts.iter().zip(depths) {
         let workload = format!("fio {}", d.part.label());
+        let iops = |side: &Side| format!("{} IOPS", rate_text(side.figures["iops"].median));
         let per_io = floor::per_io(d);
-        out.push(UnitCost {
-            workload: workload.clone(),
-            tool: "stalltrace".into(),
-            per_unit: vec![
-                PerUnit::new(
-                    "I/O",
-                    d.traced_bpf_stats.iter().map(|r| round_cost(r).per_unit()),
-                )
-                .with_work_over_floor(per_io.work),
-            ],
-            process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
-            measured_at: format!("{} IOPS", rate_text(r.traced.iops.median)),
-            peak_rss_mib: Some(r.daemon.peak_rss_mib),
-        });
+        let st_ns = d
+            .traced_bpf_stats()
+            .iter()
+            .map(|r| round_cost(r).per_unit());
+        let st = PerUnit::new("I/O", st_ns).with_work_over_floor(per_io.work);
+        out.push(UnitCost::of_process(
+            &workload,
+            "stalltrace",
+            vec![st],
+            &r.configs.daemon,
+            iops(&r.configs.traced),
+        ));
         if !d.floor.is_empty() {
-            out.push(UnitCost {
-                workload: workload.clone(),
-                tool: FLOOR_TOOL.into(),
-                per_unit: vec![PerUnit::new("I/O", per_io.floor)],
-                // Its programs run in the bench's own process, which has nothing else to show.
-                process_cpu_pct: None,
-                measured_at: "–".into(),
-                peak_rss_mib: None,
-            });
+            out.push(UnitCost::floor(
+                &workload,
+                vec![PerUnit::new("I/O", per_io.floor)],
+            ));
         }
-        out.push(UnitCost {
-            workload: workload.clone(),
-            tool: "bpftrace (peer)".into(),
-            per_unit: vec![PerUnit::new(
-                "I/O",
-                d.peer_bpf_stats
-                    .iter()
-                    .map(|r| peer_round_cost(r).per_unit()),
-            )],
-            process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
-            measured_at: format!("{} IOPS", rate_text(r.peer.iops.median)),
-            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
-        });
+        let bt_ns = d
+            .peer_bpf_stats(0)
+            .iter()
+            .map(|r| peer_round_cost(r).per_unit());
+        out.push(UnitCost::of_process(
+            &workload,
+            "bpftrace (peer)",
+            vec![PerUnit::new("I/O", bt_ns)],
+            &r.configs.peer_process,
+            iops(&r.configs.peer),
+        ));
         if let Some(rz) = &r.rezolus {
-            out.push(UnitCost {
-                workload,
-                tool: "rezolus (peer)".into(),
-                per_unit: vec![PerUnit::new("I/O", rezolus::per_io(d))],
-                process_cpu_pct: rz.process.cpu_pct_of_one_cpu,
-                measured_at: format!("{} IOPS", rate_text(rz.fio.iops.median)),
-                peak_rss_mib: Some(rz.process.peak_rss_mib),
-            });
+            out.push(UnitCost::of_process(
+                &workload,
+                "rezolus (peer)",
+                vec![PerUnit::new("I/O", rezolus::per_io(d))],
+                &rz.process,
+                iops(&rz.fio),
+            ));
         }
     }
     out
@@ -408,9 +332,9 @@ pub fn aggregate(
     wall_time_s: f64,
     load_average: [String; 2],
 ) -> BlockResults {
-    let depths: Vec<DepthResult> = m.depths.iter().map(depth_result).collect();
+    let depths: Vec<DepthResult> = m.runs.parts.iter().map(depth_result).collect();
     let programs = program_results(m);
-    let lost = programs::lost(m.daemons.iter().map(|l| &l.stop));
+    let lost = programs::lost(m.runs.daemons.iter().map(|l| &l.stop));
     let find = |backing, iodepth| {
         depths
             .iter()
@@ -418,9 +342,9 @@ pub fn aggregate(
     };
     let headline = find(Backing::Tmpfs, 16).unwrap_or(&depths[0]);
     let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
-        &m.depths,
+        &m.runs.parts,
         settings.rounds,
-        |d| &d.peer_bpf_stats,
+        |d| d.peer_bpf_stats(0),
         |r| &r.programs,
     );
     let unit_costs = unit_costs(m, &depths);
@@ -452,7 +376,8 @@ pub fn aggregate(
         unit_cost_formula: unitcost::FORMULA,
         unit_costs,
         daemon_lifetime_cpu_s: Summary::of(
-            &m.daemons
+            &m.runs
+                .daemons
                 .iter()
                 .map(|l| l.lifetime_cpu_s)
                 .collect::<Vec<_>>(),
@@ -466,8 +391,12 @@ pub fn aggregate(
         command: "cargo xtask bench block",
         wall_time_s,
         setup: Setup {
-            rounds: settings.rounds,
-            runtime_s: settings.runtime_s,
+            paired: PairedSetup::new(
+                settings,
+                crate::bench::tracer::command_line(false),
+                CONFIGS,
+                FLOOR_SETUP,
+            ),
             file_mib: super::FILE_MIB,
             loop_direct_io: m.direct_io,
             disk_loop_direct_io: m.disk_direct_io,
@@ -476,19 +405,14 @@ pub fn aggregate(
                 settings.runtime_s,
                 fio::WORKLOAD.join(" ")
             ),
-            tracer: crate::bench::tracer::command_line(false),
-            tracer_bpf_stats: paired::TRACER_BPF_STATS,
-            order: paired::ORDER,
             peer_order: PEER_ORDER,
-            configs: CONFIGS,
-            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         depths,
         programs,
         lost,
         load_average,
-        warnings: m.warnings.clone(),
+        warnings: m.runs.warnings.clone(),
     }
 }
 

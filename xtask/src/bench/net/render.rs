@@ -4,15 +4,14 @@ mod floor;
 
 use std::fmt::Write;
 
-use std::collections::BTreeMap;
-
-use super::results::{NetResults, Side, WorkloadResult};
+use super::results::{NetResults, WorkloadResult};
 use super::workload::{Bound, WORKLOADS, Workload};
+use crate::bench::configs::{self, Column, ratio_row, side_row};
 use crate::bench::publish::{self, Verdict};
 use crate::bench::quiet::{BUSY_USER_CPU_PCT, QUIET_BUDGET, QUIET_PER_RUN};
-use crate::bench::stats::{Estimate, Summary, range};
+use crate::bench::stats::{Summary, range};
 use crate::bench::tracer::programs;
-use crate::bench::{table, unitcost};
+use crate::bench::{parts, table, unitcost};
 
 fn workload(key: &str) -> &'static Workload {
     WORKLOADS
@@ -56,13 +55,13 @@ pub fn markdown(r: &NetResults) -> String {
         st.iperf3,
         st.iperf3_loss,
         st.loss_rule,
-        st.tracer,
-        st.tracer_bpf_stats,
+        st.paired.tracer,
+        st.paired.tracer_bpf_stats,
         r.hooks.join("; "),
         floor::setup_line(r),
-        st.rounds,
-        st.runtime_s,
-        st.order,
+        st.paired.rounds,
+        st.paired.runtime_s,
+        st.paired.order,
         r.load_average[0],
         r.load_average[1],
     );
@@ -115,57 +114,39 @@ pub fn markdown(r: &NetResults) -> String {
 }
 
 fn workload_table(s: &mut String, wr: &WorkloadResult) {
-    let w = workload(wr.key);
     let _ = writeln!(s, "\n### {}: {}\n", wr.key, wr.title);
-    let mut headers: Vec<String> = vec!["config".into()];
-    for f in w.figures {
-        headers.push(f.header.into());
-        headers.push("min–max".into());
-    }
-    headers.extend(["others' CPU % (max)".into(), "steal % (max)".into()]);
-    let mut rows = Vec::new();
-    let sides: [(&str, &Side); 4] = [
-        ("untraced", &wr.untraced),
-        ("traced", &wr.traced),
-        ("traced+bpf-stats", &wr.traced_bpf_stats),
-        ("bpftrace", &wr.peer),
+    let columns: Vec<Column> = workload(wr.key)
+        .figures
+        .iter()
+        .map(|f| Column {
+            key: f.key,
+            header: f.header,
+            digits: f.digits,
+            range: Some("min–max"),
+        })
+        .collect();
+    let c = &wr.configs;
+    let sides = [
+        ("untraced", &c.untraced),
+        ("traced", &c.traced),
+        ("traced+bpf-stats", &c.traced_bpf_stats),
+        ("bpftrace", &c.peer),
     ];
-    for (name, side) in sides {
-        let mut row = vec![name.to_string()];
-        for f in w.figures {
-            match side.figures.get(f.key) {
-                Some(v) => row.extend([format!("{:.*}", f.digits, v.median), range(v, f.digits)]),
-                None => row.extend(["–".into(), "–".into()]),
-            }
-        }
-        row.push(format!(
-            "{:.1} ({:.1})",
-            side.others_user_cpu_pct.median, side.others_user_cpu_pct.max
-        ));
-        row.push(format!(
-            "{:.1} ({:.1})",
-            side.steal_pct.median, side.steal_pct.max
-        ));
-        rows.push(row);
-    }
-    let ratio_rows: [(&str, &BTreeMap<&str, Estimate>); 3] = [
-        ("traced/untraced, per round", &wr.ratio),
-        ("traced+bpf-stats/untraced, per round", &wr.bpf_stats_ratio),
-        ("bpftrace/untraced, per round", &wr.peer_ratio),
+    let ratios = [
+        ("traced", &wr.ratio),
+        ("traced+bpf-stats", &c.bpf_stats_ratio),
+        ("bpftrace", &c.peer_ratio),
     ];
-    for (name, ratios) in ratio_rows {
-        let mut row = vec![name.to_string()];
-        for f in w.figures {
-            match ratios.get(f.key) {
-                Some(e) => row.extend([e.text(3), e.range_text(3)]),
-                None => row.extend(["–".into(), String::new()]),
-            }
-        }
-        row.extend([String::new(), String::new()]);
-        rows.push(row);
-    }
-    let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
-    *s += &table::markdown(&refs, &rows);
+    let mut rows: Vec<Vec<String>> = sides
+        .into_iter()
+        .map(|(name, side)| side_row(name.into(), &columns, side))
+        .collect();
+    rows.extend(
+        ratios
+            .into_iter()
+            .map(|(name, ratio)| ratio_row(format!("{name}/untraced, per round"), &columns, ratio)),
+    );
+    *s += &table::markdown(&configs::headers(&columns), &rows);
     *s += "\nRows \"X/untraced, per round\": each run over the untraced run of the same round; \
            median [95% interval] of those ratios, and their min–max.\n";
 }
@@ -182,6 +163,7 @@ fn programs(s: &mut String, r: &NetResults) {
         .iter()
         .map(|p| {
             let parts = p
+                .by_part
                 .by_workload
                 .iter()
                 .map(|b| (b.ns_per_event, b.events_per_s, b.events_per_unit));
@@ -295,32 +277,12 @@ fn cross_check(r: &NetResults) -> String {
 }
 
 fn daemon(s: &mut String, r: &NetResults) {
-    *s += "\n### The daemon itself (traced runs, without the accounting)\n\n";
-    let rows: Vec<Vec<String>> = r
-        .workloads
-        .iter()
-        .map(|wr| {
-            let d = &wr.daemon;
-            vec![
-                wr.key.to_string(),
-                d.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.text(2)),
-                d.cpu_pct_of_one_cpu
-                    .as_ref()
-                    .map_or("–".into(), |e| e.range_text(2)),
-                format!("{:.1}", d.peak_rss_mib),
-            ]
-        })
-        .collect();
-    *s += &table::markdown(
-        &[
-            "workload",
-            "CPU % of one CPU while the client ran, median [95% CI]",
-            "min–max",
-            "peak RSS MiB (VmHWM)",
-        ],
-        &rows,
+    *s += &parts::daemon_table(
+        "workload",
+        "the client",
+        r.workloads
+            .iter()
+            .map(|wr| (wr.key.to_string(), &wr.configs.daemon)),
     );
     let l = &r.daemon_lives;
     let _ = writeln!(

@@ -18,14 +18,14 @@ use serde::Serialize;
 use super::segments;
 use super::workload::{self, Bound, Run, Workload};
 use super::{Measured, PeerRun, TracedRun, WorkloadRuns, on_net_path};
+use crate::bench::configs::{self, Configurations};
 use crate::bench::netpair::Owner;
-use crate::bench::paired;
-use crate::bench::parts::{self, ProcessResult, process};
+use crate::bench::parts::{self, PairedSetup, PartTotals};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerInfo, RoundCost};
 use crate::bench::publish::{Host, Verdict};
 use crate::bench::settings::Settings;
-use crate::bench::stats::{Estimate, Summary, summary};
-use crate::bench::tracer::programs::{self, ProgramTotal};
+use crate::bench::stats::{Estimate, Summary};
+use crate::bench::tracer::programs::{self, InPart};
 use crate::bench::tracer::{self, ProgramCost};
 use crate::bench::unitcost::{self, UnitCost};
 
@@ -62,22 +62,14 @@ pub struct NetResults {
 
 #[derive(Serialize)]
 pub struct Setup {
-    pub rounds: usize,
-    pub runtime_s: u64,
+    #[serde(flatten)]
+    pub paired: PairedSetup,
     pub network: String,
     pub congestion_control: String,
     pub sockperf: String,
     pub iperf3: String,
     pub iperf3_loss: String,
     pub loss_rule: String,
-    /// The daemon of the traced block: stalltrace as deployed.
-    pub tracer: String,
-    /// How the runs with the accounting differ.
-    pub tracer_bpf_stats: &'static str,
-    pub order: &'static str,
-    pub configs: &'static str,
-    /// How the floor is measured; what it is, under `floor`.
-    pub floor: &'static str,
 }
 
 pub const CONFIGS: &str = "per round and workload: untraced; traced (stalltrace without the \
@@ -107,33 +99,20 @@ pub struct Lives {
     pub tx_seen_per_counted: Option<Summary>,
 }
 
-#[derive(Serialize)]
-pub struct Side {
-    /// Every figure the workload's tool gave, over the rounds.
-    pub figures: BTreeMap<&'static str, Summary>,
-    pub others_user_cpu_pct: Summary,
-    pub steal_pct: Summary,
-    pub runs: Vec<Run>,
-}
+/// A workload's figures over the rounds, and over the untraced run of the same round.
+pub type Side = configs::Side<Run>;
+pub type Ratios = configs::Ratios<Run>;
 
 #[derive(Serialize)]
 pub struct WorkloadResult {
     pub key: &'static str,
     pub title: &'static str,
-    pub untraced: Side,
-    /// Without the accounting: what the ratios and the targets are about.
-    pub traced: Side,
-    /// With the accounting: shown, judges nothing.
-    pub traced_bpf_stats: Side,
-    pub peer: Side,
-    /// Per figure of the workload: each run over the untraced run of the
-    /// same round, median and 95% interval (figures whose untraced value is
-    /// 0 in every round have none).
-    pub ratio: BTreeMap<&'static str, Estimate>,
-    pub bpf_stats_ratio: BTreeMap<&'static str, Estimate>,
-    pub peer_ratio: BTreeMap<&'static str, Estimate>,
-    pub daemon: ProcessResult,
-    pub peer_process: ProcessResult,
+    #[serde(flatten)]
+    pub configs: Configurations<Run>,
+    /// Stalltrace as deployed over untraced, per figure of the workload:
+    /// each run over the untraced run of the same round, median and 95%
+    /// interval (figures whose untraced value is 0 in every round have none).
+    pub ratio: Ratios,
     /// All network-path programs together, in the accounting runs.
     pub bpf: BpfLoad,
     /// A cross-check of the hooks against the kernel's own counters: runs of
@@ -163,12 +142,10 @@ pub struct BpfLoad {
     pub other_ns_per_segment: Option<Estimate>,
 }
 
+pub type ProgramResult = parts::ProgramResult<ByWorkload>;
+
 #[derive(Serialize)]
-pub struct ProgramResult {
-    #[serde(flatten)]
-    pub total: ProgramTotal,
-    /// ns/event in each round's accounting runs (every workload): median and interval.
-    pub by_round: Option<Estimate>,
+pub struct ByWorkload {
     pub by_workload: Vec<ProgramInWorkload>,
 }
 
@@ -181,38 +158,6 @@ pub struct ProgramInWorkload {
     pub events_per_s: f64,
     /// Per transaction (a round trip; a MB received).
     pub events_per_unit: f64,
-}
-
-fn side(runs: &[Run]) -> Side {
-    let keys: Vec<&'static str> = runs
-        .iter()
-        .flat_map(|r| r.figures.keys().copied())
-        .collect();
-    Side {
-        figures: keys
-            .into_iter()
-            .map(|k| (k, summary(runs.iter().map(|r| r.figure(k)))))
-            .collect(),
-        others_user_cpu_pct: summary(runs.iter().map(|r| r.others_user_cpu_pct)),
-        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
-        runs: runs.to_vec(),
-    }
-}
-
-/// Each of `w`'s figures, `other`'s run over `untraced`'s of the same round.
-fn ratios<'a>(
-    w: &Workload,
-    untraced: &[Run],
-    other: impl IntoIterator<Item = &'a Run>,
-) -> BTreeMap<&'static str, Estimate> {
-    let pairs: Vec<(&Run, &Run)> = untraced.iter().zip(other).collect();
-    w.figures
-        .iter()
-        .filter_map(|f| {
-            let e = Estimate::of(pairs.iter().map(|(u, t)| t.figure(f.key) / u.figure(f.key)))?;
-            Some((f.key, e))
-        })
-        .collect()
 }
 
 /// Counters of the network-path programs, summed over `runs`, keyed by (family, program).
@@ -239,11 +184,9 @@ fn round_cost(w: &Workload, r: &TracedRun) -> RoundCost {
     }
 }
 
+/// A peer's (or the floor's) programs in one accounting run: run time and transactions.
 fn peer_round_cost(w: &Workload, r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.figure(w.unit_figure),
-    }
+    RoundCost::of_all(&r.programs, r.run.figure(w.unit_figure))
 }
 
 /// Run time per received segment and per sent segment, one value per run.
@@ -262,7 +205,7 @@ fn per_segment<'a>(
 
 fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
     let ratios: Vec<f64> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .filter_map(|r| {
             let xmit = r
@@ -278,7 +221,7 @@ fn xmit_coverage(runs: &WorkloadRuns) -> Option<Summary> {
 
 fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
     let w = runs.part;
-    let s = &runs.traced_bpf_stats;
+    let s = runs.traced_bpf_stats();
     let seconds: f64 = s.iter().map(|r| r.run.seconds).sum();
     let units: f64 = s.iter().map(|r| r.run.figure(w.unit_figure)).sum();
     let ns: u64 = program_totals(s).values().map(|p| p.run_time_ns).sum();
@@ -306,8 +249,9 @@ fn bpf_load(runs: &WorkloadRuns, untraced: &Side) -> BpfLoad {
 fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
     let w = runs.part;
     let traced_runs = |t: &[TracedRun]| t.iter().map(|t| t.run.clone()).collect::<Vec<_>>();
-    let peer_runs: Vec<Run> = runs.peer.iter().map(|p| p.run.clone()).collect();
-    let untraced = side(&runs.untraced);
+    let peer_runs: Vec<Run> = runs.peer(0).iter().map(|p| p.run.clone()).collect();
+    let keys: Vec<&'static str> = w.figures.iter().map(|f| f.key).collect();
+    let configs = Configurations::of(runs, &keys);
     let key = w.figures[0].key;
     // Overhead as a fraction, positive when the tool made things worse.
     let overhead = |other: &[Run]| -> Vec<f64> {
@@ -320,19 +264,19 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
             })
             .collect()
     };
-    let peer_cost = peers::sum_costs(runs.peer_bpf_stats.iter().map(|r| &r.programs));
-    let st_programs: Vec<(String, u64, u64)> = program_totals(&runs.traced_bpf_stats)
+    let peer_cost = peers::sum_costs(runs.peer_bpf_stats(0).iter().map(|r| &r.programs));
+    let st_programs: Vec<(String, u64, u64)> = program_totals(runs.traced_bpf_stats())
         .into_values()
         .filter(|p| p.family == "tcp")
         .map(|p| (p.program, p.run_count, p.run_time_ns))
         .collect();
     let st_rounds: Vec<RoundCost> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .map(|r| round_cost(w, r))
         .collect();
     let peer_rounds: Vec<RoundCost> = runs
-        .peer_bpf_stats
+        .peer_bpf_stats(0)
         .iter()
         .map(|r| peer_round_cost(w, r))
         .collect();
@@ -340,54 +284,40 @@ fn workload_result(runs: &WorkloadRuns) -> WorkloadResult {
         w.unit,
         &st_rounds,
         &peer_rounds,
-        (overhead(&traced_runs(&runs.traced)), overhead(&peer_runs)),
+        (overhead(&traced_runs(runs.traced())), overhead(&peer_runs)),
         peers::same_hooks(&["tcp_retransmit_skb"], &st_programs, &peer_cost),
     );
     WorkloadResult {
         key: w.key,
         title: w.title,
-        ratio: ratios(w, &runs.untraced, runs.traced.iter().map(|r| &r.run)),
-        bpf_stats_ratio: ratios(
-            w,
-            &runs.untraced,
-            runs.traced_bpf_stats.iter().map(|r| &r.run),
-        ),
-        peer_ratio: ratios(w, &runs.untraced, &peer_runs),
-        daemon: process(runs.traced.iter().map(|r| &r.usage)),
-        peer_process: process(runs.peer.iter().map(|r| &r.usage)),
-        bpf: bpf_load(runs, &untraced),
+        ratio: Ratios::of(&keys, &runs.untraced, runs.traced().iter().map(|r| &r.run)),
+        bpf: bpf_load(runs, &configs.untraced),
         xmit_runs_per_veth_packet: xmit_coverage(runs),
         versus_peer,
-        untraced,
-        traced: side(&traced_runs(&runs.traced)),
-        traced_bpf_stats: side(&traced_runs(&runs.traced_bpf_stats)),
-        peer: side(&peer_runs),
+        configs,
     }
 }
 
 /// Each network-path program over all accounting runs, round by round and
 /// workload by workload.
 fn program_results(m: &Measured) -> Vec<ProgramResult> {
-    parts::program_rows(
-        &m.workloads,
-        m.daemons.iter().map(|l| &l.stop),
+    let row = |w: &&Workload, t: &PartTotals, p: InPart| ProgramInWorkload {
+        workload: w.key,
+        run_count: p.run_count,
+        ns_per_event: p.ns_per_event,
+        events_per_s: p.events_per_s,
+        events_per_unit: p.run_count as f64 / t.units.max(f64::MIN_POSITIVE),
+    };
+    parts::program_results(
+        &m.runs.parts,
+        m.runs.daemons.iter().map(|l| &l.stop),
         on_net_path,
-        |w, run| (run.seconds, run.figure(w.unit_figure)),
-        |w, t, p| ProgramInWorkload {
-            workload: w.key,
-            run_count: p.run_count,
-            ns_per_event: p.ns_per_event,
-            events_per_s: p.events_per_s,
-            events_per_unit: p.run_count as f64 / t.units.max(f64::MIN_POSITIVE),
-        },
+        (
+            |w: &&Workload, run: &Run| (run.seconds, run.figure(w.unit_figure)),
+            row,
+            |by_workload| ByWorkload { by_workload },
+        ),
     )
-    .into_iter()
-    .map(|r| ProgramResult {
-        total: r.total,
-        by_round: r.by_round,
-        by_workload: r.by_part,
-    })
-    .collect()
 }
 
 pub fn aggregate(
@@ -397,9 +327,10 @@ pub fn aggregate(
     wall_time_s: f64,
     load_average: [String; 2],
 ) -> NetResults {
-    let workloads: Vec<WorkloadResult> = m.workloads.iter().map(workload_result).collect();
+    let workloads: Vec<WorkloadResult> = m.runs.parts.iter().map(workload_result).collect();
     let mut targets: Vec<Verdict> = m
-        .workloads
+        .runs
+        .parts
         .iter()
         .zip(&workloads)
         .map(|(runs, r)| verdicts::ratio(runs.part, r))
@@ -416,9 +347,9 @@ pub fn aggregate(
     let unit_costs = costs::unit_costs(m, &workloads);
     targets.push(verdicts::ns_per_sent_segment(&unit_costs, "sockperf"));
     let peer_rounds: Vec<PeerCost> = parts::peer_rounds(
-        &m.workloads,
+        &m.runs.parts,
         settings.rounds,
-        |w| &w.peer_bpf_stats,
+        |w| w.peer_bpf_stats(0),
         |r| &r.programs,
     );
     let filters = ["--netns", "CLIENT_NS"];
@@ -435,8 +366,12 @@ pub fn aggregate(
         command: "cargo xtask bench net",
         wall_time_s,
         setup: Setup {
-            rounds: settings.rounds,
-            runtime_s: settings.runtime_s,
+            paired: PairedSetup::new(
+                settings,
+                tracer::command_line_with(false, &filters),
+                CONFIGS,
+                FLOOR_SETUP,
+            ),
             network: format!(
                 "two network namespaces of the bench's own (client, server) joined by a veth \
                  pair, an IPv4 /30 in 10.201.0.0/16, no route outside; veth defaults (TSO/GSO \
@@ -466,11 +401,6 @@ pub fn aggregate(
                 port = workload::IPERF3_LOSS_PORT,
                 percent = workload::LOSS_PERCENT
             ),
-            tracer: tracer::command_line_with(false, &filters),
-            tracer_bpf_stats: paired::TRACER_BPF_STATS,
-            order: paired::ORDER,
-            configs: CONFIGS,
-            floor: FLOOR_SETUP,
         },
         hooks: m.hooks.clone(),
         targets,
@@ -481,9 +411,9 @@ pub fn aggregate(
         workloads,
         peer: PeerInfo::new(&peers::TCP_RETRANSMIT, &peer_rounds, m.unavailable.clone()),
         daemon_lives: costs::lives(m),
-        lost: programs::lost(m.daemons.iter().map(|l| &l.stop)),
+        lost: programs::lost(m.runs.daemons.iter().map(|l| &l.stop)),
         load_average,
-        warnings: m.warnings.clone(),
+        warnings: m.runs.warnings.clone(),
     }
 }
 

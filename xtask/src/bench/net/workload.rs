@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 
+use crate::bench::configs::Figures;
 use crate::bench::hostcpu::{self, HostCpu};
 use crate::bench::interrupt;
 use crate::bench::netpair::{CLIENT, NetPair, SERVER, Server, tcp_segments, tx_packets};
@@ -234,6 +235,26 @@ pub struct Run {
 impl Run {
     pub fn figure(&self, key: &str) -> f64 {
         self.figures.get(key).copied().unwrap_or(0.0)
+    }
+}
+
+impl Figures for Run {
+    const AT_TOP: bool = false;
+
+    fn figures(&self) -> Vec<(&'static str, f64)> {
+        self.figures.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    fn figure(&self, key: &str) -> f64 {
+        Run::figure(self, key)
+    }
+
+    fn others_user_cpu_pct(&self) -> f64 {
+        self.others_user_cpu_pct
+    }
+
+    fn steal_pct(&self) -> f64 {
+        self.steal_pct
     }
 }
 

@@ -74,6 +74,15 @@ pub struct RoundCost {
 }
 
 impl RoundCost {
+    /// Every one of a peer's (or the floor's) programs in one run, over the
+    /// run's `units`.
+    pub fn of_all(programs: &[PeerProgram], units: f64) -> Self {
+        RoundCost {
+            ns: programs.iter().map(|p| p.run_time_ns as f64).sum(),
+            units,
+        }
+    }
+
     pub fn per_unit(&self) -> f64 {
         self.ns / self.units
     }

@@ -85,6 +85,12 @@ impl std::ops::Deref for Rezolus {
     }
 }
 
+impl super::Peer for Rezolus {
+    fn finish(self: Box<Self>) -> anyhow::Result<()> {
+        self.stop()
+    }
+}
+
 impl Rezolus {
     /// Start `bin` with its config written to `dir/tag.toml`, its output to
     /// `dir/tag.{out,err}`; return once it serves HTTP (it starts its

@@ -1,83 +1,188 @@
-//! The tls suite's rounds: no stalltrace, `--sql-tls off` and `--sql-tls
-//! always` in the order `paired::permuted` gives, each BIO style once per
-//! configuration (twice under a daemon: as deployed and with the kernel's
-//! accounting on); one daemon per configuration and round. Every run under
-//! a daemon is checked: the uprobes attached on the worker under `always`
-//! (its links before and after, and in the accounting runs one program run
-//! per response), none under `off`; a failed check ends the bench.
+//! The tls suite on the paired-rounds engine (see `engine`): its parts are
+//! the two BIO styles' simulators, its three blocks no stalltrace, a daemon
+//! with `--sql-tls off` and one with `--sql-tls always`, in the order
+//! `paired::permuted` gives; no floor and no peer. Every run under a daemon
+//! is checked: the uprobes attached on the worker under `always` (its links
+//! before and after, and in the accounting runs one program run per
+//! response), none under `off`; a failed check ends the bench.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use stalltrace_lab::Bins;
 
 use super::workload::{self, Run, Server};
 use super::{
-    BIOS, BioRuns, Config, DaemonLife, Measured, RUN_COUNT_TOLERANCE, Settings, TracedRun,
+    ALWAYS, BIOS, Bio, Config, Measured, OFF, RUN_COUNT_TOLERANCE, Settings, TracedRun,
     UPROBE_PROGRAMS, daemon_args, disturbance,
 };
-use crate::bench::paired::{self, Window};
-use crate::bench::quiet::{self, Quiet};
-use crate::bench::tracer::programs::total_runs;
+use crate::bench::engine::{self, Block, Daemon, Suite};
+use crate::bench::quiet::Quiet;
+use crate::bench::tracer::programs::Counter;
 use crate::bench::tracer::{ProgramCost, Tracer};
 
 /// How long a daemon may take to find both workers (and attach their uprobes).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
-struct Ctx<'a> {
-    settings: &'a Settings,
+/// The daemon configurations, at their places in `BioRuns::daemons` (`OFF`, `ALWAYS`).
+const DAEMONS: [Config; 2] = [Config::Off, Config::Always];
+
+struct TlsSuite<'a> {
+    rounds: usize,
+    runtime_s: u64,
     bins: &'a Bins,
     servers: &'a [Server],
     scratch: &'a Path,
-    /// sysctl kernel.bpf_stats_enabled was 1: every run counts program runs.
-    stats_sysctl: bool,
-}
-
-impl Ctx<'_> {
-    fn label(&self, round: usize, server: &Server, config: &str) -> String {
-        format!(
-            "round {round}/{} {} {config}",
-            self.settings.rounds,
-            server.bio.arg()
-        )
-    }
-
-    fn run(&self, server: &Server, daemon: Option<u32>) -> anyhow::Result<Run> {
-        workload::run_client(
-            &self.bins.sqlclient,
-            server,
-            self.settings.runtime_s,
-            daemon,
-        )
-    }
-}
-
-/// The quiet-host budget, and every attempt that was disturbed.
-struct State<'a> {
+    /// The quiet-host budget.
     quiet: &'a mut Quiet,
+    /// Every attempt that was disturbed, and why.
     disturbed: Vec<String>,
+    /// The uprobe programs of the daemon of the block under way.
+    uprobe_ids: Vec<u64>,
 }
 
-impl State<'_> {
-    /// Before each attempt: the scratch directory there, a quiet host
-    /// waited for within the budget.
-    fn prepare(&mut self, scratch: &Path, label: &str, ours: &[u64]) -> anyhow::Result<()> {
-        fs::create_dir_all(scratch)
-            .with_context(|| format!("cannot create {}", scratch.display()))?;
-        if let Some(why) = self.quiet.before_run(ours)? {
-            eprintln!("bench: {label}: measuring anyway: {why}");
-        }
-        Ok(())
+impl TlsSuite<'_> {
+    fn server(&self, bio: Bio) -> &Server {
+        self.servers
+            .iter()
+            .find(|s| s.bio == bio)
+            .expect("a simulator for every BIO style")
+    }
+}
+
+impl Suite for TlsSuite<'_> {
+    type Part = Bio;
+    type Run = Run;
+    type Output = ();
+    const UNTRACED: &'static str = "none";
+    const RETRY_FAILURES: bool = true;
+
+    fn blocks(&self) -> [Block; 3] {
+        [Block::Untraced, Block::Daemon(OFF), Block::Daemon(ALWAYS)]
+    }
+
+    fn daemon_name(&self, config: usize) -> &'static str {
+        DAEMONS[config].sql_tls()
+    }
+
+    fn parts(&self) -> Vec<Bio> {
+        self.servers.iter().map(|s| s.bio).collect()
+    }
+
+    fn part_name(&self, bio: Bio) -> String {
+        bio.arg().to_string()
+    }
+
+    fn scratch(&self) -> &Path {
+        self.scratch
+    }
+
+    fn quiet(&mut self) -> Option<&mut Quiet> {
+        Some(self.quiet)
+    }
+
+    fn disturbance(&self, ours: &[u64]) -> Option<String> {
+        disturbance(ours)
     }
 
     /// Keeps `why` (an attempt's disturbance) for the published count.
     fn note(&mut self, label: &str, why: Option<String>) -> Option<String> {
-        if let Some(why) = &why {
-            self.disturbed.push(format!("{label}: {why}"));
+        if let Some(w) = &why {
+            self.disturbed.push(format!("{label}: {w}"));
         }
         why
+    }
+
+    fn run(&mut self, bio: Bio, daemon: Option<&Tracer>) -> anyhow::Result<Run> {
+        workload::run_client(
+            &self.bins.sqlclient,
+            self.server(bio),
+            self.runtime_s,
+            daemon.map(Tracer::pid),
+        )
+    }
+
+    /// One line per run; in a daemon's accounting run, its uprobe programs' runs too.
+    fn progress(&self, label: &str, _: Bio, run: &Run, accounted: Option<&BTreeMap<u64, Counter>>) {
+        let head = format!("{label}:");
+        let programs = accounted.map_or(String::new(), |counters| {
+            let (n, ns) = counters
+                .iter()
+                .filter(|(id, _)| self.uprobe_ids.contains(id))
+                .fold((0, 0), |(n, ns), (_, c)| {
+                    (n + c.run_count, ns + c.run_time_ns)
+                });
+            format!(
+                ", uprobe programs ran {n} times ({:.3} per response, {:.0} ns each)",
+                n as f64 / run.responses.max(1) as f64,
+                ns as f64 / n.max(1) as f64
+            )
+        });
+        eprintln!(
+            "bench: {head:<38} {:.2} µs worker CPU per response, {:.0} tps, {} responses, \
+             steal {:.1}%{programs}",
+            run.cpu_us_per_response(),
+            run.tps,
+            run.responses,
+            run.steal_pct
+        );
+    }
+
+    /// A daemon with the configuration's `--sql-tls`, once it has found
+    /// both workers (and, under `always`, attached their uprobes, whose
+    /// programs join the ones whose counters are read).
+    fn start_daemon(&mut self, config: usize, round: usize, tag: &str) -> anyhow::Result<Daemon> {
+        let config = DAEMONS[config];
+        let sql_tls = config.sql_tls();
+        let tracer = Tracer::start_with(
+            &crate::bench::stalltrace_bin(),
+            self.scratch,
+            tag,
+            &daemon_args(sql_tls),
+        )?;
+        let policy = &tracer.start["sql_tls"]["policy"];
+        if policy != sql_tls {
+            bail!("the daemon's start record says sql_tls policy {policy}, not {sql_tls}");
+        }
+        let workers: Vec<u32> = self.servers.iter().map(Server::worker).collect();
+        let began = Instant::now();
+        self.uprobe_ids = await_workers(&tracer, &workers, config)?;
+        eprintln!(
+            "bench: {:<38} the daemon found both workers {:.1} s after its start record{}",
+            format!("round {round}/{} {sql_tls}:", self.rounds),
+            began.elapsed().as_secs_f64(),
+            if self.uprobe_ids.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " and attached their uprobes (programs {:?})",
+                    self.uprobe_ids
+                )
+            }
+        );
+        let mut attached = tracer.attached_programs();
+        attached.extend(
+            self.uprobe_ids
+                .iter()
+                .map(|id| (*id, "sqlserver".to_string(), "uprobe".to_string())),
+        );
+        let ours = attached.iter().map(|(id, _, _)| *id).collect();
+        Ok(Daemon {
+            tracer,
+            attached,
+            ours,
+        })
+    }
+
+    fn stopped(&mut self, _: &Path, _: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn check(&self, config: usize, stats: bool, run: &TracedRun) -> Result<(), String> {
+        check(DAEMONS[config], stats, run)
     }
 }
 
@@ -87,16 +192,8 @@ pub fn measure(
     servers: &[Server],
     scratch: &Path,
     quiet_host: &mut Quiet,
-    mut warnings: Vec<String>,
+    warnings: Vec<String>,
 ) -> anyhow::Result<Measured> {
-    let stats_sysctl = paired::stats_sysctl_on(&mut warnings);
-    let ctx = Ctx {
-        settings,
-        bins,
-        servers,
-        scratch,
-        stats_sysctl,
-    };
     eprintln!(
         "bench: sqlservr workers {} (tls-bio memory, socket) on 127.0.0.1, {} rounds x {} s \
          per client run",
@@ -108,174 +205,27 @@ pub fn measure(
         settings.rounds,
         settings.runtime_s
     );
-    // Fault in the binaries, the TLS code and the workers' first threads
-    // once, so round 1's first runs do not pay for them alone.
-    for s in servers {
-        ctx.run(s, None)?;
-    }
-    let mut st = State {
+    let mut suite = TlsSuite {
+        rounds: settings.rounds,
+        runtime_s: settings.runtime_s,
+        bins,
+        servers,
+        scratch,
         quiet: quiet_host,
         disturbed: Vec::new(),
+        uprobe_ids: Vec::new(),
     };
-    let mut m = Measured {
-        bios: BIOS.iter().map(|b| BioRuns::new(*b)).collect(),
-        daemons: Vec::new(),
-        warnings,
-        disturbed: Vec::new(),
-        quiet_wait_s: 0.0,
-    };
-    for round in 1..=settings.rounds {
-        let parts = paired::parts(round, servers.len());
-        for config in paired::permuted(round, [Config::None, Config::Off, Config::Always]) {
-            match config {
-                Config::None => untraced(&ctx, &mut st, &mut m, round, &parts)?,
-                _ => daemon_block(&ctx, &mut st, &mut m, round, &parts, config)?,
-            }
-        }
+    // Fault in the binaries, the TLS code and the workers' first threads
+    // once, so round 1's first runs do not pay for them alone.
+    for bio in BIOS {
+        suite.run(bio, None)?;
     }
-    m.disturbed = st.disturbed;
-    m.quiet_wait_s = st.quiet.spent().as_secs_f64();
-    Ok(m)
-}
-
-fn untraced(
-    ctx: &Ctx,
-    st: &mut State,
-    m: &mut Measured,
-    round: usize,
-    parts: &[usize],
-) -> anyhow::Result<()> {
-    for &i in parts {
-        let server = &ctx.servers[i];
-        let label = ctx.label(round, server, "none");
-        let run = quiet::retry_failures(&label, &mut m.warnings, || {
-            st.prepare(ctx.scratch, &label, &[])?;
-            let before = disturbance(&[]);
-            let run = ctx.run(server, None)?;
-            Ok((run, st.note(&label, before.or_else(|| disturbance(&[])))))
-        })?;
-        progress(&label, &run, None);
-        m.bios[i].none.push(run);
-    }
-    Ok(())
-}
-
-/// One daemon for the configuration: each BIO style as deployed and with
-/// the accounting on. A failure (the daemon gone, a client error) runs the
-/// whole block again with a new daemon; a failed check ends the bench.
-fn daemon_block(
-    ctx: &Ctx,
-    st: &mut State,
-    m: &mut Measured,
-    round: usize,
-    parts: &[usize],
-    config: Config,
-) -> anyhow::Result<()> {
-    let block = format!(
-        "round {round}/{} {} block",
-        ctx.settings.rounds,
-        config.name()
-    );
-    let mut inner = Vec::new();
-    let (runs, life) = quiet::retry_failures(&block, &mut m.warnings, || {
-        inner.clear();
-        st.prepare(ctx.scratch, &block, &[])?;
-        Ok((one_daemon(ctx, st, &mut inner, round, parts, config)?, None))
-    })?;
-    m.warnings.append(&mut inner);
-    for (i, stats, run) in runs {
-        let label = ctx.label(
-            round,
-            &ctx.servers[i],
-            &paired::config(config.name(), stats),
-        );
-        if let Err(why) = check(config, stats, &run) {
-            bail!("{label}: {why}: the figures would not be what they claim; nothing published");
-        }
-        m.bios[i].file(config, stats, run);
-    }
-    m.daemons.push(life);
-    Ok(())
-}
-
-type BlockRuns = (Vec<(usize, bool, TracedRun)>, DaemonLife);
-
-fn one_daemon(
-    ctx: &Ctx,
-    st: &mut State,
-    warnings: &mut Vec<String>,
-    round: usize,
-    parts: &[usize],
-    config: Config,
-) -> anyhow::Result<BlockRuns> {
-    let sql_tls = config.sql_tls().expect("a daemon's configuration");
-    let tag = format!("r{round}-{sql_tls}");
-    let tracer = Tracer::start_with(
-        &crate::bench::stalltrace_bin(),
-        ctx.scratch,
-        &tag,
-        &daemon_args(sql_tls),
-    )?;
-    let policy = &tracer.start["sql_tls"]["policy"];
-    if policy != sql_tls {
-        bail!("the daemon's start record says sql_tls policy {policy}, not {sql_tls}");
-    }
-    let workers: Vec<u32> = ctx.servers.iter().map(Server::worker).collect();
-    let began = Instant::now();
-    let uprobe_ids = await_workers(&tracer, &workers, config)?;
-    eprintln!(
-        "bench: {:<38} the daemon found both workers {:.1} s after its start record{}",
-        format!("round {round}/{} {sql_tls}:", ctx.settings.rounds),
-        began.elapsed().as_secs_f64(),
-        if uprobe_ids.is_empty() {
-            String::new()
-        } else {
-            format!(" and attached their uprobes (programs {uprobe_ids:?})")
-        }
-    );
-    let mut attached = tracer.attached_programs();
-    attached.extend(
-        uprobe_ids
-            .iter()
-            .map(|id| (*id, "sqlserver".to_string(), "uprobe".to_string())),
-    );
-    let ids: Vec<u64> = attached.iter().map(|(id, _, _)| *id).collect();
-    let windows = paired::each_run(round, parts, |i, stats| {
-        let server = &ctx.servers[i];
-        let label = ctx.label(round, server, &paired::config(sql_tls, stats));
-        let win: Window<Run> = quiet::retry(&label, warnings, || {
-            st.prepare(ctx.scratch, &label, &ids)?;
-            let before = disturbance(&ids);
-            let win = paired::window(
-                &ids,
-                stats,
-                || tracer.usage(),
-                || ctx.run(server, Some(tracer.pid())),
-            )?;
-            let disturbed = before.or_else(|| disturbance(&ids)).or_else(|| {
-                paired::stats_disturbance(stats, ctx.stats_sysctl, total_runs(&win.counters))
-            });
-            Ok((win, st.note(&label, disturbed)))
-        })?;
-        let uprobe_runs: (u64, u64) = win
-            .counters
-            .iter()
-            .filter(|(id, _)| uprobe_ids.contains(id))
-            .fold((0, 0), |(n, ns), (_, c)| {
-                (n + c.run_count, ns + c.run_time_ns)
-            });
-        progress(&label, &win.run, stats.then_some(uprobe_runs));
-        Ok(win)
-    })?;
-    let finished = tracer.stop()?;
-    let runs = paired::named(windows, &attached, &finished.stop);
-    Ok((
+    let runs = engine::measure(&mut suite, settings, warnings)?;
+    Ok(Measured {
         runs,
-        DaemonLife {
-            stop: finished.stop,
-            lifetime_cpu_s: finished.lifetime_cpu_s,
-        },
-    ))
+        disturbed: suite.disturbed,
+        quiet_wait_s: suite.quiet.spent().as_secs_f64(),
+    })
 }
 
 /// Wait until the daemon has found every worker (its `sql_instance`
@@ -375,12 +325,12 @@ pub fn check(config: Config, stats: bool, run: &TracedRun) -> Result<(), String>
                 ));
             }
         }
-        Config::Off | Config::None => {
+        Config::Off => {
             if links > 0 || runs > 0 {
                 return Err(format!(
                     "under --sql-tls {} the daemon held {links} uprobe(s) on the worker's \
                      libssl and its uprobe programs ran {runs} times",
-                    config.name()
+                    config.sql_tls()
                 ));
             }
         }
@@ -388,30 +338,11 @@ pub fn check(config: Config, stats: bool, run: &TracedRun) -> Result<(), String>
     Ok(())
 }
 
-/// One line per run.
-fn progress(label: &str, run: &Run, uprobes: Option<(u64, u64)>) {
-    let head = format!("{label}:");
-    let programs = uprobes.map_or(String::new(), |(n, ns)| {
-        format!(
-            ", uprobe programs ran {n} times ({:.3} per response, {:.0} ns each)",
-            n as f64 / run.responses.max(1) as f64,
-            ns as f64 / n.max(1) as f64
-        )
-    });
-    eprintln!(
-        "bench: {head:<38} {:.2} µs worker CPU per response, {:.0} tps, {} responses, \
-         steal {:.1}%{programs}",
-        run.cpu_us_per_response(),
-        run.tps,
-        run.responses,
-        run.steal_pct
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bench::paired::ProcessUse;
+    use crate::bench::parts::fixtures::cost;
     use crate::bench::tls::Bio;
 
     fn traced(links: usize, responses: u64, runs: &[(&str, u64)]) -> TracedRun {
@@ -430,13 +361,7 @@ mod tests {
             },
             programs: runs
                 .iter()
-                .map(|(program, n)| ProgramCost {
-                    family: "sqlserver".into(),
-                    program: program.to_string(),
-                    run_count: *n,
-                    run_time_ns: n * 1000,
-                    recursion_misses: 0,
-                })
+                .map(|(program, n)| cost("sqlserver", program, *n, 1000))
                 .collect(),
             usage: ProcessUse::default(),
         }

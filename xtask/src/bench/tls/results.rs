@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::drive::uprobe_runs;
 use super::workload::{Run, tick_s};
-use super::{BATCH_SQL, Bio, Measured, SESSIONS, Settings, TracedRun, daemon_args};
+use super::{ALWAYS, BATCH_SQL, Bio, Measured, OFF, SESSIONS, Settings, TracedRun, daemon_args};
 use crate::bench::publish::Host;
 use crate::bench::stats::{Estimate, Summary, summary};
 use crate::bench::tracer::ProgramCost;
@@ -196,28 +196,31 @@ fn program_rows(runs: &[TracedRun]) -> Vec<ProgramRow> {
 
 impl BioResult {
     fn of(b: &super::BioRuns) -> Self {
-        let rounds: Vec<Round> = (0..b.none.len())
+        let (off, always) = (&b.daemons[OFF], &b.daemons[ALWAYS]);
+        let rounds: Vec<Round> = (0..b.untraced.len())
             .map(|i| {
                 Round::of(
-                    &b.none[i],
-                    &b.off[i],
-                    &b.always[i],
-                    &b.off_stats[i],
-                    &b.always_stats[i],
+                    &b.untraced[i],
+                    &off.plain[i],
+                    &always.plain[i],
+                    &off.bpf_stats[i],
+                    &always.bpf_stats[i],
                 )
             })
             .collect();
         let by_config = |f: &dyn Fn(&Run) -> f64| Configs {
-            none: summary(b.none.iter().map(f)),
-            off: summary(b.off.iter().map(|r| f(&r.run))),
-            always: summary(b.always.iter().map(|r| f(&r.run))),
-            off_bpf_stats: summary(b.off_stats.iter().map(|r| f(&r.run))),
-            always_bpf_stats: summary(b.always_stats.iter().map(|r| f(&r.run))),
+            none: summary(b.untraced.iter().map(f)),
+            off: summary(off.plain.iter().map(|r| f(&r.run))),
+            always: summary(always.plain.iter().map(|r| f(&r.run))),
+            off_bpf_stats: summary(off.bpf_stats.iter().map(|r| f(&r.run))),
+            always_bpf_stats: summary(always.bpf_stats.iter().map(|r| f(&r.run))),
         };
+        let daemon_cpu =
+            |runs: &[TracedRun]| summary(runs.iter().map(|r| r.usage.cpu_pct_of_one_cpu()));
         BioResult {
-            bio: b.bio,
-            symbol: b.bio.symbol(),
-            program: b.bio.program(),
+            bio: b.part,
+            symbol: b.part.symbol(),
+            program: b.part.program(),
             cpu_us: by_config(&Run::cpu_us_per_response),
             tps: by_config(&|r| r.tps),
             p50_us: by_config(&|r| r.p50_us as f64),
@@ -241,10 +244,10 @@ impl BioResult {
             bpf_ns_per_response_always: estimate(&rounds, |r| r.bpf_ns_per_response_always),
             sql_socket_ns_per_response_off: estimate(&rounds, |r| r.sql_socket_ns_per_response_off),
             uprobe_runs_per_response: summary(rounds.iter().map(|r| r.uprobe_runs_per_response)),
-            daemon_cpu_pct_off: summary(b.off.iter().map(|r| r.usage.cpu_pct_of_one_cpu())),
-            daemon_cpu_pct_always: summary(b.always.iter().map(|r| r.usage.cpu_pct_of_one_cpu())),
-            programs_off: program_rows(&b.off_stats),
-            programs_always: program_rows(&b.always_stats),
+            daemon_cpu_pct_off: daemon_cpu(&off.plain),
+            daemon_cpu_pct_always: daemon_cpu(&always.plain),
+            programs_off: program_rows(&off.bpf_stats),
+            programs_always: program_rows(&always.bpf_stats),
             rounds,
         }
     }
@@ -288,20 +291,20 @@ pub fn aggregate(
     wall_time_s: f64,
     [load_before, load_after]: [String; 2],
 ) -> TlsResults {
-    let bios: Vec<BioResult> = m.bios.iter().map(BioResult::of).collect();
-    let always_runs_checked = m
-        .bios
-        .iter()
-        .map(|b| b.always.len() + b.always_stats.len())
-        .sum();
-    let off_runs_checked = m.bios.iter().map(|b| b.off.len() + b.off_stats.len()).sum();
+    let bios: Vec<BioResult> = m.runs.parts.iter().map(BioResult::of).collect();
+    let checked = |config: usize| -> usize {
+        let d = m.runs.parts.iter().map(|b| &b.daemons[config]);
+        d.map(|d| d.plain.len() + d.bpf_stats.len()).sum()
+    };
+    let (always_runs_checked, off_runs_checked) = (checked(ALWAYS), checked(OFF));
     // Every client run of the suite, whatever its configuration.
     let every_run = || {
-        m.bios.iter().flat_map(|b| {
-            let traced = [&b.off, &b.always, &b.off_stats, &b.always_stats];
-            b.none
+        m.runs.parts.iter().flat_map(|b| {
+            let traced = b
+                .daemons
                 .iter()
-                .chain(traced.into_iter().flatten().map(|r| &r.run))
+                .flat_map(|d| d.plain.iter().chain(&d.bpf_stats));
+            b.untraced.iter().chain(traced.map(|r| &r.run))
         })
     };
     let max_steal_pct = every_run().map(|r| r.steal_pct).fold(0.0, f64::max);
@@ -336,16 +339,17 @@ pub fn aggregate(
         quiet_wait_s: m.quiet_wait_s,
         max_steal_pct,
         tick_pct_of_worker_cpu: 100.0 * tick_s() / least_worker_cpu_s,
-        daemon_lifetime_cpu_s: summary(m.daemons.iter().map(|d| d.lifetime_cpu_s)),
-        lost: programs::lost(m.daemons.iter().map(|d| &d.stop)),
-        warnings: m.warnings,
+        daemon_lifetime_cpu_s: summary(m.runs.daemons.iter().map(|d| d.lifetime_cpu_s)),
+        lost: programs::lost(m.runs.daemons.iter().map(|d| &d.stop)),
+        warnings: m.runs.warnings,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::paired::ProcessUse;
+    use crate::bench::paired::{Accounted, ProcessUse};
+    use crate::bench::parts::fixtures::cost;
 
     fn run(cpu_s: f64, transactions: u64, tps: f64) -> Run {
         Run {
@@ -368,11 +372,8 @@ mod tests {
             programs: programs
                 .iter()
                 .map(|(program, run_count, run_time_ns)| ProgramCost {
-                    family: "sqlserver".into(),
-                    program: program.to_string(),
-                    run_count: *run_count,
                     run_time_ns: *run_time_ns,
-                    recursion_misses: 0,
+                    ..cost("sqlserver", program, *run_count, 0)
                 })
                 .collect(),
             usage: ProcessUse::default(),
@@ -425,13 +426,22 @@ mod tests {
         assert!(near(r.uprobe_runs_per_response, 1.0));
 
         // Over rounds: medians with intervals, and the programs that ran.
+        let six = |r: &TracedRun| (0..6).map(|_| r.clone()).collect();
         let b = super::super::BioRuns {
-            bio: Bio::Socket,
-            none: vec![none; 6],
-            off: (0..6).map(|_| off.clone()).collect(),
-            off_stats: (0..6).map(|_| off_stats.clone()).collect(),
-            always: (0..6).map(|_| always.clone()).collect(),
-            always_stats: (0..6).map(|_| always_stats.clone()).collect(),
+            part: Bio::Socket,
+            untraced: vec![none; 6],
+            daemons: vec![
+                Accounted {
+                    plain: six(&off),
+                    bpf_stats: six(&off_stats),
+                },
+                Accounted {
+                    plain: six(&always),
+                    bpf_stats: six(&always_stats),
+                },
+            ],
+            peers: Vec::new(),
+            floor: Vec::new(),
         };
         let res = BioResult::of(&b);
         assert_eq!(res.rounds.len(), 6);

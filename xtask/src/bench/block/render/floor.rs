@@ -5,21 +5,16 @@ use std::fmt::Write;
 use super::super::NS_PER_EVENT_TARGET;
 use super::super::results::BlockResults;
 use super::est;
+use crate::bench::floor::Description;
 use crate::bench::table;
 
 /// The setup line: how the floor ran, what each program does, and where.
 pub fn setup_line(r: &BlockResults) -> String {
-    let Some(f) = &r.floor else {
-        return "- Floor: not measured (no traced block ran)\n".into();
-    };
-    let points: Vec<String> = f.attach_points.iter().map(|p| p.section()).collect();
-    format!(
-        "- Floor (\"floor+bpf-stats\"): {}. Each program does {} (the C is under \
-         [Floor on this VM](#floor-on-this-vm)); programs: {}. stalltrace's work over the \
-         floor is, round by round, its BPF ns per I/O less the floor's\n",
-        r.setup.floor,
-        f.body,
-        points.join(", "),
+    Description::setup_line(
+        r.floor.as_ref().map(|f| &f.description),
+        r.setup.paired.floor,
+        ("Floor on this VM", "#floor-on-this-vm"),
+        "I/O",
     )
 }
 
@@ -55,7 +50,7 @@ pub fn section(s: &mut String, r: &BlockResults) {
          those hooks that does only what any timing hook does at least; what stalltrace's \
          programs are charged beyond it (\"work\") is their own. Per I/O fio completed, round \
          by round (median [95% interval]): {}.\n",
-        f.body,
+        f.description.body,
         per_io_text(r),
     );
     let rows: Vec<Vec<String>> = f
@@ -84,9 +79,7 @@ pub fn section(s: &mut String, r: &BlockResults) {
     let _ = writeln!(
         s,
         "\nstalltrace's ns/event above includes this floor, so each hook's own work is its \
-         ns/event less the floor's on the same hook. The programs, generated for the hooks \
-         the daemon reported (compiled with clang `-target bpf -O2 -g -mcpu=v3`, loaded and \
-         attached with aya by the bench):\n\n```c\n{}```",
-        f.source
+         ns/event less the floor's on the same hook. {}",
+        f.description.source_text()
     );
 }

@@ -4,8 +4,8 @@
 
 use serde::Serialize;
 
-use super::{DepthRuns, Measured, PeerRun, Settings, round_cost};
-use crate::bench::floor::{self, AttachPoint};
+use super::{DepthRuns, Measured, Settings, peer_round_cost, round_cost};
+use crate::bench::floor::{self, Description};
 use crate::bench::parts;
 use crate::bench::peers::{self, PeerProgramResult, RoundCost};
 use crate::bench::stats::Estimate;
@@ -13,12 +13,8 @@ use crate::bench::stats::Estimate;
 /// What the floor is, and what its programs cost on each hook.
 #[derive(Serialize)]
 pub struct FloorResult {
-    /// What each program does.
-    pub body: &'static str,
-    /// One program per hook the daemon attached, as it attached them.
-    pub attach_points: Vec<AttachPoint>,
-    /// The generated C, as compiled.
-    pub source: String,
+    #[serde(flatten)]
+    pub description: Description,
     /// Each program (by section, "tp_btf/block_rq_issue") over every floor
     /// run of both depths, and round by round.
     pub programs: Vec<PeerProgramResult>,
@@ -26,23 +22,18 @@ pub struct FloorResult {
 
 /// None when no traced block ran (no daemon, no hooks, no floor).
 pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
-    let object = m.floor.as_ref()?;
-    let rounds = parts::peer_rounds(&m.depths, settings.rounds, |d| &d.floor, |r| &r.programs);
+    let object = m.runs.floor.as_ref()?;
+    let rounds = parts::peer_rounds(
+        &m.runs.parts,
+        settings.rounds,
+        |d| &d.floor,
+        |r| &r.programs,
+    );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
     Some(FloorResult {
-        body: floor::BODY,
-        attach_points: object.points.clone(),
-        source: object.source.clone(),
+        description: Description::of(object),
         programs: peers::program_results(&cost, &rounds),
     })
-}
-
-/// The floor's programs in one run: run time and I/Os.
-fn floor_round_cost(r: &PeerRun) -> RoundCost {
-    RoundCost {
-        ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-        units: r.run.ios as f64,
-    }
 }
 
 /// One depth's floor per I/O and stalltrace's work over it, both round by
@@ -53,8 +44,8 @@ pub struct PerIo {
 }
 
 pub fn per_io(d: &DepthRuns) -> PerIo {
-    let floor: Vec<RoundCost> = d.floor.iter().map(floor_round_cost).collect();
-    let stalltrace: Vec<RoundCost> = d.traced_bpf_stats.iter().map(round_cost).collect();
+    let floor: Vec<RoundCost> = d.floor.iter().map(peer_round_cost).collect();
+    let stalltrace: Vec<RoundCost> = d.traced_bpf_stats().iter().map(round_cost).collect();
     PerIo {
         work: floor::over_floor(&stalltrace, &floor),
         floor: floor.iter().map(RoundCost::per_unit).collect(),

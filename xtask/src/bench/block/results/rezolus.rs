@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::{DepthRuns, Ratios, RoundCost, Side, peer_round_cost, ratios, side};
+use super::{DepthRuns, FIGURES, Ratios, RoundCost, Side, peer_round_cost};
 use crate::bench::fio::FioRun;
 use crate::bench::parts::{self, ProcessResult, process};
 use crate::bench::peers::{self, Comparison, PeerCost, PeerProgramResult, SameHooks, rezolus};
@@ -32,9 +32,9 @@ pub fn info(settings: &Settings, m: &Measured) -> Option<RezolusInfo> {
         return None;
     }
     let rounds = parts::peer_rounds(
-        &m.depths,
+        &m.runs.parts,
         settings.rounds,
-        |d| &d.second_peer_bpf_stats,
+        |d| d.peer_bpf_stats(1),
         |r| &r.programs,
     );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
@@ -59,22 +59,22 @@ pub struct RezolusAtDepth {
 }
 
 pub fn at_depth(d: &DepthRuns) -> Option<RezolusAtDepth> {
-    if d.second_peer.is_empty() && d.second_peer_bpf_stats.is_empty() {
+    if d.peer(1).is_empty() && d.peer_bpf_stats(1).is_empty() {
         return None;
     }
-    let runs: Vec<FioRun> = d.second_peer.iter().map(|r| r.run).collect();
+    let runs: Vec<FioRun> = d.peer(1).iter().map(|r| r.run).collect();
     Some(RezolusAtDepth {
-        ratio: ratios(&d.untraced, &runs),
-        fio: side(&runs),
+        ratio: Ratios::of(&FIGURES, &d.untraced, &runs),
+        fio: Side::of(&runs),
         ns_per_io: Estimate::of(per_io(d)),
-        cost: peers::sum_costs(d.second_peer_bpf_stats.iter().map(|r| &r.programs)),
-        process: process(d.second_peer.iter().map(|r| &r.usage)),
+        cost: peers::sum_costs(d.peer_bpf_stats(1).iter().map(|r| &r.programs)),
+        process: process(d.peer(1).iter().map(|r| &r.usage)),
     })
 }
 
 /// rezolus's BPF ns per I/O in each round's accounting run.
 pub fn per_io(d: &DepthRuns) -> Vec<f64> {
-    d.second_peer_bpf_stats
+    d.peer_bpf_stats(1)
         .iter()
         .map(|r| peer_round_cost(r).per_unit())
         .collect()
@@ -96,17 +96,17 @@ pub fn cheapest(d: &DepthRuns, st_rounds: &[RoundCost], same: Option<SameHooks>)
     let mut costs = Vec::new();
     let mut overhead = Vec::new();
     let (mut b, mut r) = (0, 0);
-    for (i, bt) in d.peer_bpf_stats.iter().enumerate() {
+    for (i, bt) in d.peer_bpf_stats(0).iter().enumerate() {
         let bt_cost = peer_round_cost(bt);
-        let rz_cost = d.second_peer_bpf_stats.get(i).map(peer_round_cost);
+        let rz_cost = d.peer_bpf_stats(1).get(i).map(peer_round_cost);
         let (cost, plain) = match rz_cost {
             Some(rz) if rz.per_unit() < bt_cost.per_unit() => {
                 r += 1;
-                (rz, d.second_peer.get(i))
+                (rz, d.peer(1).get(i))
             }
             _ => {
                 b += 1;
-                (bt_cost, d.peer.get(i))
+                (bt_cost, d.peer(0).get(i))
             }
         };
         costs.push(cost);
@@ -117,7 +117,7 @@ pub fn cheapest(d: &DepthRuns, st_rounds: &[RoundCost], same: Option<SameHooks>)
     let st_overhead = d
         .untraced
         .iter()
-        .zip(&d.traced)
+        .zip(d.traced())
         .map(|(u, t)| 1.0 - t.run.iops / u.iops)
         .collect();
     Cheapest {

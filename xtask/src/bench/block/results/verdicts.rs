@@ -15,19 +15,14 @@ use crate::bench::stats::{Goal, Judgement, Outcome, judge};
 /// traced / untraced IOPS of the same round, on `d`'s device at its depth,
 /// at least `target`.
 pub fn iops(d: &DepthResult, target: f64) -> Verdict {
-    let e = d.traced_ratio.iops.as_ref();
+    let e = d.traced_ratio.get("iops");
     let j = judge(e, Goal::AtLeast(target), 3);
     let allowed_pct = (1.0 - target) * 100.0;
     let detail = match e {
-        Some(e) => format!(
-            "{}: {}; at the median traced {} {:.1}% of IOPS ({allowed_pct:.0}% allowed); \
-             per-round ratios min–max {}",
-            j.outcome.word(),
-            j.why,
-            if e.median <= 1.0 { "lost" } else { "gained" },
-            (1.0 - e.median).abs() * 100.0,
-            e.range_text(3)
-        ),
+        Some(e) => {
+            let moved = if e.median <= 1.0 { "lost" } else { "gained" };
+            j.ratio_detail(e, moved, " of IOPS", allowed_pct)
+        }
         None => format!("{}: {}", j.outcome.word(), j.why),
     };
     Verdict {

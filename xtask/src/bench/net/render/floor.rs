@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::super::results::NetResults;
+use crate::bench::floor::Description;
 use crate::bench::net::segments::Direction;
 use crate::bench::stats::Estimate;
 use crate::bench::table;
@@ -12,17 +13,11 @@ const ANCHOR: &str = "#network-floor-on-this-vm";
 
 /// The setup line: how the floor ran, what each program does, and where.
 pub fn setup_line(r: &NetResults) -> String {
-    let Some(f) = &r.floor else {
-        return "- Floor: not measured (no traced block ran)\n".into();
-    };
-    let points: Vec<String> = f.attach_points.iter().map(|p| p.section()).collect();
-    format!(
-        "- Floor (\"floor+bpf-stats\"): {}. Each program does {} (the C is under \
-         [Network floor on this VM]({ANCHOR})); programs: {}. stalltrace's work over the floor \
-         is, round by round, its BPF ns per unit less the floor's\n",
-        r.setup.floor,
-        f.body,
-        points.join(", "),
+    Description::setup_line(
+        r.floor.as_ref().map(|f| &f.description),
+        r.setup.paired.floor,
+        ("Network floor on this VM", ANCHOR),
+        "unit",
     )
 }
 
@@ -91,7 +86,7 @@ pub fn section(s: &mut String, r: &NetResults) {
          Target (issue 30): the network path at the floor plus half of today's work. Today's \
          work is what these rows measure for the first time, so the target has no number yet \
          and nothing here is judged against it.\n",
-        f.body,
+        f.description.body,
         per_unit_text(r),
     );
     let negative = f.workloads.iter().any(|w| {
@@ -141,9 +136,7 @@ pub fn section(s: &mut String, r: &NetResults) {
     let _ = writeln!(
         s,
         "\nstalltrace's ns/event (the programs' table above) includes this floor, so each \
-         hook's own work is its ns/event less the floor's on the same hook. The programs, \
-         generated for the hooks the daemon reported (compiled with clang `-target bpf -O2 -g \
-         -mcpu=v3`, loaded and attached with aya by the bench):\n\n```c\n{}```",
-        f.source
+         hook's own work is its ns/event less the floor's on the same hook. {}",
+        f.description.source_text()
     );
 }

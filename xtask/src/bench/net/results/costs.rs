@@ -8,15 +8,12 @@ use crate::bench::net::{Measured, segments};
 use crate::bench::stats::Summary;
 use crate::bench::unitcost::{PerUnit, UnitCost, rate_text};
 
-/// The floor's row in the cost-per-unit table.
-pub const FLOOR_TOOL: &str = "floor (empty programs, same hooks)";
-
 /// Cost per received and per sent segment, stalltrace's, the floor's and
 /// the peer's, on each workload.
 pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
     let paths = floor::paths(m);
     let mut out = Vec::new();
-    for (runs, r) in m.workloads.iter().zip(results) {
+    for (runs, r) in m.runs.parts.iter().zip(results) {
         let rx_rate = |side: &Side| {
             let runs = &side.runs;
             let rates: Vec<f64> = runs
@@ -29,7 +26,7 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
             )
         };
         let (rx, tx, _) = super::per_segment(
-            runs.traced_bpf_stats
+            runs.traced_bpf_stats()
                 .iter()
                 .map(|t| (&t.run, segments::split(super::net_programs(t)))),
         );
@@ -45,49 +42,41 @@ pub fn unit_costs(m: &Measured, results: &[WorkloadResult]) -> Vec<UnitCost> {
                 u.with_work_over_floor(w)
             }
         };
-        out.push(UnitCost {
-            workload: runs.part.key.to_string(),
-            tool: "stalltrace".into(),
-            per_unit: vec![
+        let workload = runs.part.key;
+        out.push(UnitCost::of_process(
+            workload,
+            "stalltrace",
+            vec![
                 work(PerUnit::new("received segment", rx), work_rx),
                 work(PerUnit::new("sent segment", tx), work_tx),
             ],
-            process_cpu_pct: r.daemon.cpu_pct_of_one_cpu,
-            measured_at: rx_rate(&r.traced),
-            peak_rss_mib: Some(r.daemon.peak_rss_mib),
-        });
+            &r.configs.daemon,
+            rx_rate(&r.configs.traced),
+        ));
         if !runs.floor.is_empty() {
-            out.push(UnitCost {
-                workload: runs.part.key.to_string(),
-                tool: FLOOR_TOOL.into(),
-                per_unit: vec![
-                    PerUnit::new("received segment", floor_rx),
-                    PerUnit::new("sent segment", floor_tx),
-                ],
-                // Its programs run in the bench's own process, which has nothing else to show.
-                process_cpu_pct: None,
-                measured_at: "–".into(),
-                peak_rss_mib: None,
-            });
+            let floor = vec![
+                PerUnit::new("received segment", floor_rx),
+                PerUnit::new("sent segment", floor_tx),
+            ];
+            out.push(UnitCost::floor(workload, floor));
         }
-        let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats.iter().map(|p| {
+        let (rx, tx, _) = super::per_segment(runs.peer_bpf_stats(0).iter().map(|p| {
             let programs = p
                 .programs
                 .iter()
                 .map(|q| (q.tracepoint.as_str(), q.run_time_ns));
             (&p.run, segments::split(programs))
         }));
-        out.push(UnitCost {
-            workload: runs.part.key.to_string(),
-            tool: "bpftrace (peer)".into(),
-            per_unit: vec![
+        out.push(UnitCost::of_process(
+            workload,
+            "bpftrace (peer)",
+            vec![
                 PerUnit::new("received segment", rx),
                 PerUnit::new("sent segment", tx),
             ],
-            process_cpu_pct: r.peer_process.cpu_pct_of_one_cpu,
-            measured_at: rx_rate(&r.peer),
-            peak_rss_mib: Some(r.peer_process.peak_rss_mib),
-        });
+            &r.configs.peer_process,
+            rx_rate(&r.configs.peer),
+        ));
     }
     out
 }
@@ -101,19 +90,22 @@ pub fn lives(m: &Measured) -> Lives {
         })
     };
     let coverage: Vec<f64> = m
+        .runs
         .daemons
         .iter()
-        .filter(|l| l.tx_counted > 0)
-        .map(|l| l.tx_seen as f64 / l.tx_counted as f64)
+        .filter(|l| l.output.counted > 0)
+        .map(|l| l.output.seen as f64 / l.output.counted as f64)
         .collect();
     Lives {
-        lifetime_cpu_s: of(m.daemons.iter().map(|l| l.lifetime_cpu_s).collect()),
+        lifetime_cpu_s: of(m.runs.daemons.iter().map(|l| l.lifetime_cpu_s).collect()),
         records: of(m
+            .runs
             .daemons
             .iter()
             .map(|l| l.stop.records.values().sum::<u64>() as f64)
             .collect()),
         tcp_retransmit_records: of(m
+            .runs
             .daemons
             .iter()
             .map(|l| l.stop.records.get("tcp_retransmit").copied().unwrap_or(0) as f64)

@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use super::{net_programs, per_segment, round_cost};
-use crate::bench::floor::{self, AttachPoint};
+use super::{net_programs, peer_round_cost, per_segment, round_cost};
+use crate::bench::floor::{self, AttachPoint, Description};
 use crate::bench::net::segments::{self, Direction};
 use crate::bench::net::{Measured, PeerRun, WorkloadRuns, on_net_path};
 use crate::bench::parts;
@@ -17,12 +17,9 @@ use crate::bench::stats::Estimate;
 /// What the floor is, what its programs cost, and its figures per workload.
 #[derive(Serialize)]
 pub struct FloorResult {
-    /// What each program does.
-    pub body: &'static str,
-    /// One program per network-path attach point the daemon used, as it attached them.
-    pub attach_points: Vec<AttachPoint>,
-    /// The generated C, as compiled.
-    pub source: String,
+    /// One program per network-path attach point the daemon used.
+    #[serde(flatten)]
+    pub description: Description,
     /// Each program over every floor run of every workload, and round by round.
     pub programs: Vec<FloorProgram>,
     pub workloads: Vec<WorkloadFloor>,
@@ -70,7 +67,8 @@ impl Paths {
 /// rule that names programs (`on_<hook>`, `maybe_<hook>`; see
 /// `programs::resolve`), from the daemons' stop records.
 fn stalltrace_program(m: &Measured, point: &AttachPoint) -> Option<String> {
-    m.daemons
+    m.runs
+        .daemons
         .iter()
         .flat_map(|l| &l.stop.programs)
         .filter(|p| on_net_path(&p.family))
@@ -82,7 +80,7 @@ fn stalltrace_program(m: &Measured, point: &AttachPoint) -> Option<String> {
 /// so that the floor per segment covers exactly the hooks stalltrace's
 /// figure per segment does; a hook without one goes by its own name.
 pub fn paths(m: &Measured) -> Paths {
-    let points = m.floor.as_ref().map_or(&[][..], |o| &o.points[..]);
+    let points = m.runs.floor.as_ref().map_or(&[][..], |o| &o.points[..]);
     Paths(
         points
             .iter()
@@ -120,20 +118,13 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
     let w = runs.part;
     let (f_rx, f_tx, _) = per_segment(runs.floor.iter().map(|r| (&r.run, split(paths, r))));
     let (s_rx, s_tx, _) = per_segment(
-        runs.traced_bpf_stats
+        runs.traced_bpf_stats()
             .iter()
             .map(|t| (&t.run, segments::split(net_programs(t)))),
     );
-    let f_unit: Vec<RoundCost> = runs
-        .floor
-        .iter()
-        .map(|r| RoundCost {
-            ns: r.programs.iter().map(|p| p.run_time_ns as f64).sum(),
-            units: r.run.figure(w.unit_figure),
-        })
-        .collect();
+    let f_unit: Vec<RoundCost> = runs.floor.iter().map(|r| peer_round_cost(w, r)).collect();
     let s_unit: Vec<RoundCost> = runs
-        .traced_bpf_stats
+        .traced_bpf_stats()
         .iter()
         .map(|r| round_cost(w, r))
         .collect();
@@ -151,9 +142,14 @@ pub fn per_round(paths: &Paths, runs: &WorkloadRuns) -> PerRound {
 
 /// None when no traced block ran (no daemon, no hooks, no floor).
 pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
-    let object = m.floor.as_ref()?;
+    let object = m.runs.floor.as_ref()?;
     let paths = paths(m);
-    let rounds = parts::peer_rounds(&m.workloads, settings.rounds, |w| &w.floor, |r| &r.programs);
+    let rounds = parts::peer_rounds(
+        &m.runs.parts,
+        settings.rounds,
+        |w| &w.floor,
+        |r| &r.programs,
+    );
     let cost = peers::sum_costs(rounds.iter().map(|r| &r.programs));
     let programs = peers::program_results(&cost, &rounds)
         .into_iter()
@@ -168,7 +164,8 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
         })
         .collect();
     let workloads = m
-        .workloads
+        .runs
+        .parts
         .iter()
         .map(|runs| {
             let PerRound {
@@ -188,9 +185,7 @@ pub fn result(settings: &Settings, m: &Measured) -> Option<FloorResult> {
         })
         .collect();
     Some(FloorResult {
-        body: floor::BODY,
-        attach_points: object.points.clone(),
-        source: object.source.clone(),
+        description: Description::of(object),
         programs,
         workloads,
     })

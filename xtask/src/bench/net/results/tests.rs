@@ -1,10 +1,13 @@
 mod floor;
 
 use super::*;
+use crate::bench::engine::{DaemonLife, Runs};
 use crate::bench::net::workload::WORKLOADS;
-use crate::bench::net::{DaemonLife, render};
-use crate::bench::parts::fixtures::{self, cost, host};
-use crate::bench::peers::PeerProgram;
+use crate::bench::net::{Transmits, render};
+use crate::bench::paired::Accounted;
+use crate::bench::parts::fixtures::{
+    self, assert_near, assert_outcome, assert_shows, cost, host, peer_program, settings, tp_btf,
+};
 use crate::bench::stats::Outcome;
 use crate::bench::tracer::StopRecord;
 
@@ -45,11 +48,7 @@ fn traced(w: &Workload, first: f64, run_count: u64, cpu_s: f64) -> TracedRun {
 fn peer(w: &Workload, first: f64, run_count: u64) -> PeerRun {
     PeerRun {
         run: run(w, first),
-        programs: vec![PeerProgram {
-            tracepoint: "tcp_retransmit_skb".into(),
-            run_count,
-            run_time_ns: run_count * 40_000,
-        }],
+        programs: vec![peer_program("tcp_retransmit_skb", run_count, 40_000)],
         usage: usage(0.004),
     }
 }
@@ -69,22 +68,24 @@ fn measured(rounds: usize) -> Measured {
             WorkloadRuns {
                 part: w,
                 untraced: vec![run(w, base); rounds],
-                traced: (0..rounds)
-                    .map(|_| traced(w, traced_fig, 0, 0.08))
-                    .collect(),
-                traced_bpf_stats: (0..rounds)
-                    .map(|_| traced(w, stats_fig, 80_000, 0.16))
-                    .collect(),
-                peer: (0..rounds).map(|_| peer(w, base, 0)).collect(),
-                peer_bpf_stats: (0..rounds).map(|_| peer(w, base, 60_000)).collect(),
-                second_peer: Vec::new(),
-                second_peer_bpf_stats: Vec::new(),
+                daemons: vec![Accounted {
+                    plain: (0..rounds)
+                        .map(|_| traced(w, traced_fig, 0, 0.08))
+                        .collect(),
+                    bpf_stats: (0..rounds)
+                        .map(|_| traced(w, stats_fig, 80_000, 0.16))
+                        .collect(),
+                }],
+                peers: vec![Accounted {
+                    plain: (0..rounds).map(|_| peer(w, base, 0)).collect(),
+                    bpf_stats: (0..rounds).map(|_| peer(w, base, 60_000)).collect(),
+                }],
                 floor: Vec::new(),
             }
         })
         .collect();
-    Measured {
-        workloads,
+    let runs = Runs {
+        parts: workloads,
         daemons: (0..rounds)
             .map(|_| DaemonLife {
                 stop: StopRecord {
@@ -100,16 +101,27 @@ fn measured(rounds: usize) -> Measured {
                     }],
                 },
                 lifetime_cpu_s: 0.7,
-                tx_seen: 99,
-                tx_counted: 100,
+                output: Transmits {
+                    seen: 99,
+                    counted: 100,
+                },
             })
             .collect(),
-        hooks: vec!["tcp_probe (tp_btf)".into()],
         floor: None,
-        congestion_control: "bbr".into(),
         warnings: Vec::new(),
+    };
+    Measured {
+        runs,
+        hooks: vec!["tcp_probe (tp_btf)".into()],
+        congestion_control: "bbr".into(),
         unavailable: Vec::new(),
     }
+}
+
+/// The results of `m`, aggregated with as many rounds as it has.
+fn aggregated(m: &Measured) -> NetResults {
+    let rounds = m.runs.parts[0].untraced.len();
+    aggregate(&settings(rounds, 8), m, host(), 1.0, Default::default())
 }
 
 /// Ratios and targets from the runs without the accounting, each over the
@@ -117,21 +129,12 @@ fn measured(rounds: usize) -> Measured {
 /// (network-path families only); the daemon from the former.
 #[test]
 fn each_figure_comes_from_its_configuration() {
-    let settings = Settings {
-        rounds: 6,
-        runtime_s: 8,
-    };
-    let r = aggregate(&settings, &measured(6), host(), 1.0, Default::default());
+    let r = aggregated(&measured(6));
     let s = &r.workloads[0];
-    assert!((s.ratio["p50_us"].median - 1.03).abs() < 1e-9);
-    assert!((s.bpf_stats_ratio["p50_us"].median - 1.1).abs() < 1e-9);
-    assert!(!s.ratio.contains_key("retransmits"), "0 untraced: no ratio");
-    assert_eq!(
-        r.targets[0].outcome,
-        Outcome::Missed,
-        "{}",
-        r.targets[0].detail
-    );
+    assert_near(s.ratio["p50_us"].median, 1.03);
+    assert_near(s.configs.bpf_stats_ratio["p50_us"].median, 1.1);
+    assert!(s.ratio.get("retransmits").is_none(), "0 untraced: no ratio");
+    assert_outcome(&r.targets[0], Outcome::Missed);
     assert!(
         r.targets[0]
             .detail
@@ -139,19 +142,14 @@ fn each_figure_comes_from_its_configuration() {
         "{}",
         r.targets[0].detail
     );
-    assert_eq!(
-        r.targets[1].outcome,
-        Outcome::Met,
-        "{}",
-        r.targets[1].detail
-    );
+    assert_outcome(&r.targets[1], Outcome::Met);
     assert!(
         r.targets[1].detail.contains("traced lost 1.0%"),
         "{}",
         r.targets[1].detail
     );
-    let cpu = s.daemon.cpu_pct_of_one_cpu.unwrap();
-    assert!((cpu.median - 1.0).abs() < 1e-9);
+    let cpu = s.configs.daemon.cpu_pct_of_one_cpu.unwrap();
+    assert_near(cpu.median, 1.0);
     assert_eq!(r.daemon_lives.tcp_retransmit_records.median, 3.0);
     assert_eq!(r.daemon_lives.records.median, 10.0);
     assert_eq!(r.daemon_lives.tx_seen_per_counted.unwrap().median, 0.99);
@@ -166,18 +164,18 @@ fn each_figure_comes_from_its_configuration() {
     assert_eq!(p.total.ns_per_event, Some(200.0));
     assert_eq!(p.total.recursion_misses, 12, "from the stop records");
     assert_eq!(p.by_round.unwrap().median, 200.0);
-    let b = &p.by_workload[0];
-    assert!((b.events_per_s - 10_000.0).abs() < 1e-9);
-    assert!((b.events_per_unit - 80.0).abs() < 1e-9);
+    let b = &p.by_part.by_workload[0];
+    assert_near(b.events_per_s, 10_000.0);
+    assert_near(b.events_per_unit, 80.0);
     // 80 000 runs x (200 + 100) ns + 800 x 900 ns per 8 s run; per transaction of 1000.
-    assert!((s.bpf.ns_per_unit - 24_720.0).abs() < 1e-9);
-    assert!((s.bpf.cpu_pct_of_one_cpu - 0.309).abs() < 1e-9);
+    assert_near(s.bpf.ns_per_unit, 24_720.0);
+    assert_near(s.bpf.cpu_pct_of_one_cpu, 0.309);
     // 24.72 µs per round trip of an untraced p50 of 100 µs.
-    assert!((s.bpf.share_of_bound.unwrap() - 0.2472).abs() < 1e-9);
-    assert!((r.workloads[1].bpf.share_of_bound.unwrap() - 0.00309).abs() < 1e-9);
+    assert_near(s.bpf.share_of_bound.unwrap(), 0.2472);
+    assert_near(r.workloads[1].bpf.share_of_bound.unwrap(), 0.00309);
     assert_eq!(r.workloads[2].bpf.share_of_bound, None);
     // The state changes, per segment either way: 720 000 ns over 90 000 segments.
-    assert!((s.bpf.other_ns_per_segment.unwrap().median - 8.0).abs() < 1e-9);
+    assert_near(s.bpf.other_ns_per_segment.unwrap().median, 8.0);
     assert_eq!(s.xmit_runs_per_veth_packet.unwrap().median, 2.0);
 
     // Per segment: tcp_probe 16 ms over 50 000 received, the transmit hook
@@ -185,9 +183,9 @@ fn each_figure_comes_from_its_configuration() {
     let st = &r.unit_costs[0];
     assert_eq!(st.tool, "stalltrace");
     let rx = st.per_unit[0].bpf_ns.unwrap();
-    assert!((rx.median - 320.0).abs() < 1e-9);
+    assert_near(rx.median, 320.0);
     let tx = st.per_unit[1].pct_of_core_at_100k.unwrap();
-    assert!((tx.median - 2.0).abs() < 1e-9);
+    assert_near(tx.median, 2.0);
     assert!(st.measured_at.starts_with("6.") && st.measured_at.ends_with("k received segments/s"));
     let pe = &r.unit_costs[1];
     assert_eq!(
@@ -195,62 +193,50 @@ fn each_figure_comes_from_its_configuration() {
         0.0,
         "retransmits are sent"
     );
-    assert!((pe.per_unit[1].bpf_ns.unwrap().median - 60_000.0).abs() < 1e-9);
+    assert_near(pe.per_unit[1].bpf_ns.unwrap().median, 60_000.0);
 
     let loss = r.workloads.iter().find(|w| w.key == "iperf3_loss").unwrap();
     assert!(loss.versus_peer.factor.unwrap().median > 3.0);
-    assert_eq!(
-        r.targets[3].outcome,
-        Outcome::Met,
-        "{}",
-        r.targets[3].detail
-    );
+    assert_outcome(&r.targets[3], Outcome::Met);
 
-    assert!(r.setup.tracer.contains("--netns CLIENT_NS"));
+    assert!(r.setup.paired.tracer.contains("--netns CLIENT_NS"));
     assert!(r.setup.iperf3_loss.contains("-b 500M"));
     let md = render::markdown(&r);
-    for needle in [
-        "### Targets",
-        "sockperf",
-        "iperf3_loss",
-        "tcp/on_tcp_probe",
-        "**missed**",
-        "traced/untraced, per round",
-        "BPF ns per received segment",
-        "% of one core at 100k sent segments/s",
-    ] {
-        assert!(md.contains(needle), "{needle}");
-    }
+    assert_shows(
+        &md,
+        &[
+            "### Targets",
+            "sockperf",
+            "iperf3_loss",
+            "tcp/on_tcp_probe",
+            "**missed**",
+            "traced/untraced, per round",
+            "BPF ns per received segment",
+            "% of one core at 100k sent segments/s",
+        ],
+    );
 }
 
 /// Rounds on both sides of the target make no verdict; too few rounds neither.
 #[test]
 fn straddling_and_too_few_rounds_are_inconclusive() {
-    let settings = Settings {
-        rounds: 6,
-        runtime_s: 8,
-    };
     let mut m = measured(6);
     // sockperf: traced 1% faster in half the rounds, 4% slower in the other half.
-    for (i, t) in m.workloads[0].traced.iter_mut().enumerate() {
+    for (i, t) in m.runs.parts[0].daemons[0].plain.iter_mut().enumerate() {
         let p50 = if i % 2 == 0 { 99.0 } else { 104.0 };
         t.run.figures.insert("p50_us", p50);
     }
-    let r = aggregate(&settings, &m, host(), 1.0, Default::default());
-    assert_eq!(r.targets[0].outcome, Outcome::Inconclusive);
+    let r = aggregated(&m);
+    assert_outcome(&r.targets[0], Outcome::Inconclusive);
     assert!(
         r.targets[0].detail.contains("straddles 1.020"),
         "{}",
         r.targets[0].detail
     );
 
-    let settings = Settings {
-        rounds: 2,
-        runtime_s: 8,
-    };
-    let r = aggregate(&settings, &measured(2), host(), 1.0, Default::default());
+    let r = aggregated(&measured(2));
     for v in &r.targets {
-        assert_eq!(v.outcome, Outcome::Inconclusive, "{}", v.target);
+        assert_outcome(v, Outcome::Inconclusive);
         assert!(v.detail.contains("needs at least 6"), "{}", v.detail);
     }
 }

@@ -28,21 +28,13 @@ pub fn ratio(w: &Workload, r: &WorkloadResult) -> Verdict {
     let allowed = RATIO_TARGET * 100.0;
     let detail = match e {
         Some(e) => {
-            let change = (e.median - 1.0) * 100.0;
-            let what = match (w.higher_is_better, change >= 0.0) {
+            let moved = match (w.higher_is_better, e.median >= 1.0) {
                 (true, true) => "gained",
                 (true, false) => "lost",
                 (false, true) => "added",
                 (false, false) => "took off",
             };
-            format!(
-                "{}: {}; at the median traced {what} {:.1}% ({allowed:.0}% allowed); \
-                 per-round ratios min–max {}",
-                j.outcome.word(),
-                j.why,
-                change.abs(),
-                e.range_text(3)
-            )
+            j.ratio_detail(e, moved, "", allowed)
         }
         None => format!(
             "{}: {} (the untraced figure was 0 in every round)",

@@ -2,24 +2,12 @@
 //! of stalltrace's program on the same hook, and the work over it.
 
 use super::*;
-use crate::bench::floor::{AttachPoint, Kind, Object};
-use crate::bench::net::results::costs::FLOOR_TOOL;
+use crate::bench::floor::Object;
 use crate::bench::net::segments::Direction;
-
-fn point(hook: &str) -> AttachPoint {
-    AttachPoint {
-        hook: hook.into(),
-        kind: Kind::TpBtf,
-        target: hook.into(),
-    }
-}
+use crate::bench::unitcost::FLOOR_TOOL;
 
 fn floor_run(w: &Workload) -> PeerRun {
-    let p = |hook: &str, run_count: u64, ns: u64| PeerProgram {
-        tracepoint: format!("tp_btf/{hook}"),
-        run_count,
-        run_time_ns: run_count * ns,
-    };
+    let p = |hook: &str, run_count, ns| peer_program(&format!("tp_btf/{hook}"), run_count, ns);
     PeerRun {
         run: run(w, 100.0),
         programs: vec![
@@ -33,21 +21,17 @@ fn floor_run(w: &Workload) -> PeerRun {
 
 #[test]
 fn the_floor_counts_on_stalltraces_paths_and_work_is_taken_over_it() {
-    let settings = Settings {
-        rounds: 6,
-        runtime_s: 8,
-    };
     let mut m = measured(6);
     let points = [
-        point("tcp_probe"),
-        point("net_dev_start_xmit"),
-        point("inet_sock_set_state"),
+        tp_btf("tcp_probe"),
+        tp_btf("net_dev_start_xmit"),
+        tp_btf("inet_sock_set_state"),
     ];
-    m.floor = Some(Object::uncompiled(&points));
-    for w in &mut m.workloads {
+    m.runs.floor = Some(Object::uncompiled(&points));
+    for w in &mut m.runs.parts {
         w.floor = (0..6).map(|_| floor_run(w.part)).collect();
     }
-    let r = aggregate(&settings, &m, host(), 1.0, Default::default());
+    let r = aggregated(&m);
     let f = r.floor.as_ref().unwrap();
     let path = |section: &str| {
         let p = f.programs.iter().find(|p| p.cost.tracepoint == section);
@@ -68,32 +52,33 @@ fn the_floor_counts_on_stalltraces_paths_and_work_is_taken_over_it() {
     let s = &f.workloads[0];
     assert_eq!(s.workload, "sockperf");
     let median = |e: &Option<crate::bench::stats::Estimate>| e.unwrap().median;
-    assert!((median(&s.floor_ns_per_received_segment) - 80.0).abs() < 1e-9);
-    assert!((median(&s.floor_ns_per_sent_segment) - 80.0).abs() < 1e-9);
-    assert!((median(&s.floor_ns_per_unit) - 7248.0).abs() < 1e-9);
-    assert!((median(&s.work_over_floor_ns_per_received_segment) - 240.0).abs() < 1e-9);
-    assert!((median(&s.work_over_floor_ns_per_sent_segment) - 120.0).abs() < 1e-9);
-    assert!((median(&s.work_over_floor_ns_per_unit) - 17_472.0).abs() < 1e-9);
+    assert_near(median(&s.floor_ns_per_received_segment), 80.0);
+    assert_near(median(&s.floor_ns_per_sent_segment), 80.0);
+    assert_near(median(&s.floor_ns_per_unit), 7248.0);
+    assert_near(median(&s.work_over_floor_ns_per_received_segment), 240.0);
+    assert_near(median(&s.work_over_floor_ns_per_sent_segment), 120.0);
+    assert_near(median(&s.work_over_floor_ns_per_unit), 17_472.0);
 
     let st = &r.unit_costs[0];
     assert_eq!(st.tool, "stalltrace");
-    assert!((median(&st.per_unit[0].work_over_floor_ns) - 240.0).abs() < 1e-9);
+    assert_near(median(&st.per_unit[0].work_over_floor_ns), 240.0);
     let fl = &r.unit_costs[1];
     assert_eq!(fl.tool, FLOOR_TOOL);
-    assert!((median(&fl.per_unit[1].bpf_ns) - 80.0).abs() < 1e-9);
+    assert_near(median(&fl.per_unit[1].bpf_ns), 80.0);
     assert!(fl.peak_rss_mib.is_none());
 
     let md = render::markdown(&r);
-    for needle in [
-        "work over the floor, BPF ns per received segment",
-        "### Network floor on this VM",
-        "per received segment floor 80 [80–80] ns + work 240 [240–240] ns",
-        "per round trip floor 7248 [7248–7248] ns + work 17472 [17472–17472] ns",
-        "no number yet",
-        "SEC(\"tp_btf/net_dev_start_xmit\")",
-    ] {
-        assert!(md.contains(needle), "{needle}\n---\n{md}");
-    }
+    assert_shows(
+        &md,
+        &[
+            "work over the floor, BPF ns per received segment",
+            "### Network floor on this VM",
+            "per received segment floor 80 [80–80] ns + work 240 [240–240] ns",
+            "per round trip floor 7248 [7248–7248] ns + work 17472 [17472–17472] ns",
+            "no number yet",
+            "SEC(\"tp_btf/net_dev_start_xmit\")",
+        ],
+    );
     // Table cells are padded: find the rows, then their cells.
     let row = |a: &str, b: &str| md.lines().find(|l| l.contains(a) && l.contains(b)).unwrap();
     assert!(
@@ -106,7 +91,7 @@ fn the_floor_counts_on_stalltraces_paths_and_work_is_taken_over_it() {
         "{probe}"
     );
     // Without floor runs: no floor rows, no work column.
-    let r = aggregate(&settings, &measured(6), host(), 1.0, Default::default());
+    let r = aggregated(&measured(6));
     assert!(r.floor.is_none());
     let md = render::markdown(&r);
     assert!(!md.contains("over the floor, BPF ns"), "{md}");
