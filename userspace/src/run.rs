@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -31,9 +31,11 @@ use crate::stall::Detector;
 
 mod bpf_stats;
 mod plan;
+mod signals;
 mod sink;
 
 pub use plan::Plan;
+use signals::Signals;
 use sink::{STOP_WITHIN, file_budget, finish_output, open_output, output_failed};
 
 /// Per-event records (retransmits, slow I/Os) the stall detector reads per
@@ -175,33 +177,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     )
     .context("installing signal handlers")?;
     run_into(args, open_output(args)?, &mut |_| {})
-}
-
-/// What the run's signals asked for.
-struct Signals {
-    /// SIGINT, SIGTERM: end the run.
-    stop: Arc<AtomicBool>,
-    /// SIGHUP: reopen `--out`. Registered whatever the output: a HUP
-    /// (logrotate, a closed terminal) must never end the run.
-    reopen: Arc<AtomicBool>,
-}
-
-impl Signals {
-    fn install() -> anyhow::Result<Self> {
-        let signals = Self {
-            stop: Arc::new(AtomicBool::new(false)),
-            reopen: Arc::new(AtomicBool::new(false)),
-        };
-        for (sig, flag) in [
-            (signal_hook::consts::SIGINT, &signals.stop),
-            (signal_hook::consts::SIGTERM, &signals.stop),
-            (signal_hook::consts::SIGHUP, &signals.reopen),
-        ] {
-            signal_hook::flag::register(sig, Arc::clone(flag))
-                .context("installing signal handlers")?;
-        }
-        Ok(signals)
-    }
 }
 
 /// Where a run is, after each interval (`investigate` shows it).
@@ -403,12 +378,12 @@ fn stream(
             .flatten()
             .min()
             .unwrap();
-        std::thread::sleep(wake.saturating_duration_since(now).min(POLL));
+        signals.sleep(wake.saturating_duration_since(now).min(POLL));
 
-        if signals.reopen.swap(false, Ordering::Relaxed) {
+        if signals.take_reopen() {
             out.reopen(&Clock::now_rfc3339())?;
         }
-        let finished = if signals.stop.load(Ordering::Relaxed) {
+        let finished = if signals.stopping() {
             Some(Stop::Signal(Instant::now()))
         } else if deadline.is_some_and(|d| Instant::now() >= d) {
             Some(Stop::Duration)
