@@ -86,7 +86,7 @@ pub struct Ci {
 
 /// The median of per-round values, their range, and a 95% interval for the
 /// median when there are rounds enough.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+#[derive(Serialize, Clone, Debug, PartialEq)]
 pub struct Estimate {
     /// Rounds that gave a value (a round whose value is not a finite number,
     /// e.g. a ratio over 0, gives none).
@@ -96,6 +96,10 @@ pub struct Estimate {
     pub max: f64,
     /// None below [`MIN_ROUNDS_FOR_CI`] rounds.
     pub ci: Option<Ci>,
+    /// The rounds' values, ascending: an inconclusive verdict reads from
+    /// them how many rounds would decide it ([`rounds_to_decide`]).
+    #[serde(skip)]
+    sorted: Vec<f64>,
 }
 
 impl Estimate {
@@ -112,6 +116,7 @@ impl Estimate {
             min: v[0],
             max: v[v.len() - 1],
             ci: median_ci(&v),
+            sorted: v,
         })
     }
 
@@ -128,6 +133,7 @@ impl Estimate {
                 high: f(c.high),
                 ..c
             }),
+            sorted: self.sorted.iter().map(|&x| f(x)).collect(),
         }
     }
 
@@ -170,10 +176,25 @@ fn binomial_half_cdf(n: usize, j: usize) -> f64 {
 /// None when even min–max falls short (fewer than [`MIN_ROUNDS_FOR_CI`]).
 pub fn median_ci(sorted: &[f64]) -> Option<Ci> {
     let n = sorted.len();
-    let alpha = 1.0 - CONFIDENCE;
-    let miss = |k: usize| 2.0 * binomial_half_cdf(n, k - 1);
-    // Small float slack: 2·P(Bin ≤ k−1) equal to 5% still qualifies.
-    let ok = |k: usize| miss(k) <= alpha + 1e-12;
+    let k = ci_rank(n)?;
+    Some(Ci {
+        low: sorted[k - 1],
+        high: sorted[n - k],
+        coverage: 1.0 - ci_miss(n, k),
+        rank: k,
+    })
+}
+
+/// The chance that the interval between the k-th smallest and the k-th
+/// largest of n values misses their median: 2·P(Bin(n, ½) ≤ k − 1).
+fn ci_miss(n: usize, k: usize) -> f64 {
+    2.0 * binomial_half_cdf(n, k - 1)
+}
+
+/// The rank [`median_ci`] takes for n values, None below [`MIN_ROUNDS_FOR_CI`].
+fn ci_rank(n: usize) -> Option<usize> {
+    // Small float slack: a miss chance equal to 5% still qualifies.
+    let ok = |k: usize| ci_miss(n, k) <= 1.0 - CONFIDENCE + 1e-12;
     if n == 0 || !ok(1) {
         return None;
     }
@@ -181,11 +202,44 @@ pub fn median_ci(sorted: &[f64]) -> Option<Ci> {
     while k < n.div_ceil(2) && ok(k + 1) {
         k += 1;
     }
-    Some(Ci {
-        low: sorted[k - 1],
-        high: sorted[n - k],
-        coverage: 1.0 - miss(k),
-        rank: k,
+    Some(k)
+}
+
+/// The most rounds [`rounds_to_decide`] looks at: past this, a suite run
+/// would take hours (block: ~45 s a round) and the host's drift would weigh
+/// more than the rounds' spread.
+pub const MAX_ROUNDS_TO_DECIDE: usize = 200;
+
+/// The fewest rounds (more than `sorted.len()`, at most
+/// [`MAX_ROUNDS_TO_DECIDE`]) whose 95% interval would leave `goal`'s bound
+/// outside, if the rounds to come vary as these did: N rounds' interval runs
+/// from the k(N)-th smallest to the k(N)-th largest value ([`median_ci`]),
+/// which for this spread are the rounds' quantiles at (k − 1)/(N − 1) and
+/// (N − k)/(N − 1) (interpolated; at N = n they are this interval's own
+/// ends). None when no such N exists: the bound is too near the rounds'
+/// median for their spread, or there are too few rounds to read a spread
+/// from. An extrapolation, not a promise: a shifted host shifts it.
+pub fn rounds_to_decide(sorted: &[f64], goal: Goal) -> Option<usize> {
+    let n = sorted.len();
+    if n < MIN_ROUNDS_FOR_CI {
+        return None;
+    }
+    let quantile = |p: f64| {
+        let h = (n - 1) as f64 * p;
+        let below = h.floor() as usize;
+        let above = (below + 1).min(n - 1);
+        sorted[below] + (h - below as f64) * (sorted[above] - sorted[below])
+    };
+    (n + 1..=MAX_ROUNDS_TO_DECIDE).find(|&rounds| {
+        let Some(k) = ci_rank(rounds) else {
+            return false;
+        };
+        let span = (rounds - 1) as f64;
+        let (low, high) = (
+            quantile((k - 1) as f64 / span),
+            quantile((rounds - k) as f64 / span),
+        );
+        goal.holds(low) == goal.holds(high)
     })
 }
 
@@ -329,7 +383,20 @@ pub fn judge(estimate: Option<&Estimate>, goal: Goal, digits: usize) -> Judgemen
     } else {
         Judgement {
             outcome: Outcome::Inconclusive,
-            why: format!("the {interval} straddles {bound:.digits$}"),
+            why: format!(
+                "the {interval} straddles {bound:.digits$}; {}",
+                match rounds_to_decide(&e.sorted, goal) {
+                    Some(rounds) => format!(
+                        "about {rounds} rounds would decide it if the rounds to come vary \
+                         as these did (STALLTRACE_BENCH_<SUITE>_ROUNDS)"
+                    ),
+                    None => format!(
+                        "no number of rounds up to {MAX_ROUNDS_TO_DECIDE} would decide it at \
+                         this spread: the median {:.digits$} is too near the bound",
+                        e.median
+                    ),
+                }
+            ),
         }
     }
 }
@@ -447,6 +514,52 @@ mod tests {
         assert!(j.why.contains("straddles 0.970"), "{}", j.why);
         let j = judge(Some(&e), Goal::AtMost(0.97), 3);
         assert_eq!(j.outcome, Outcome::Inconclusive);
+    }
+
+    /// n values evenly over [0, 1]: the rounds of a uniform host, with no noise of their own.
+    fn uniform(n: usize) -> Vec<f64> {
+        (0..n).map(|i| i as f64 / (n - 1) as f64).collect()
+    }
+
+    #[test]
+    fn the_rounds_that_would_decide_are_the_rounds_whose_own_interval_decides() {
+        // 12 rounds spread evenly over [0, 1], target <= 0.6: the interval
+        // (about 0.2-0.8) straddles it. The oracle is median_ci itself, run on
+        // N rounds of the same spread: N rounds decide, a tenth fewer do not.
+        let twelve = uniform(12);
+        let goal = Goal::AtMost(0.6);
+        let j = judge(Estimate::of(twelve.clone()).as_ref(), goal, 2);
+        assert_eq!(j.outcome, Outcome::Inconclusive, "{}", j.why);
+        let n = rounds_to_decide(&twelve, goal).expect("a spread this wide decides");
+        let decided = |rounds: usize| {
+            let ci = median_ci(&uniform(rounds)).unwrap();
+            goal.holds(ci.low) == goal.holds(ci.high)
+        };
+        assert!(decided(n), "{n} rounds");
+        assert!(
+            !decided(n * 9 / 10),
+            "{n} rounds, yet {} decide",
+            n * 9 / 10
+        );
+        // the normal approximation: 0.5 + 0.98/sqrt(N) <= 0.6 from N ~ 96
+        assert!((85..=110).contains(&n), "{n}");
+        assert!(
+            j.why.contains(&format!("about {n} rounds would decide it")),
+            "{}",
+            j.why
+        );
+    }
+
+    #[test]
+    fn a_median_on_the_bound_is_decided_by_no_number_of_rounds() {
+        let twelve = uniform(12);
+        for goal in [Goal::AtMost(0.5), Goal::AtLeast(0.5)] {
+            assert_eq!(rounds_to_decide(&twelve, goal), None);
+            let j = judge(Estimate::of(twelve.clone()).as_ref(), goal, 2);
+            assert!(j.why.contains("no number of rounds up to 200"), "{}", j.why);
+        }
+        // and too few rounds to read a spread from
+        assert_eq!(rounds_to_decide(&uniform(5), Goal::AtMost(0.9)), None);
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl PerUnit {
         let bpf_ns = Estimate::of(ns_by_round);
         PerUnit {
             unit,
-            pct_of_core_at_100k: bpf_ns.map(|e| e.scaled(pct_of_core_at_rate)),
+            pct_of_core_at_100k: bpf_ns.as_ref().map(|e| e.scaled(pct_of_core_at_rate)),
             bpf_ns,
             work_over_floor_ns: None,
         }
@@ -91,7 +91,7 @@ impl UnitCost {
             workload: workload.into(),
             tool: tool.into(),
             per_unit,
-            process_cpu_pct: process.cpu_pct_of_one_cpu,
+            process_cpu_pct: process.cpu_pct_of_one_cpu.clone(),
             measured_at,
             peak_rss_mib: Some(process.peak_rss_mib),
         }

@@ -369,7 +369,7 @@ mod tests {
             8
         ];
         let c = Comparison::new("I/O", &st, &cheap_peer, (vec![0.01; 8], vec![0.1; 8]), None);
-        assert!((c.factor.unwrap().median - 4.0).abs() < 1e-12);
+        assert!((c.factor.as_ref().unwrap().median - 4.0).abs() < 1e-12);
         let v = factor_verdict(&c, "QD16", PEER_FACTOR_TARGET);
         assert_eq!(v.outcome, Outcome::Met, "{}", v.detail);
         assert_eq!(v.measured, "peer/stalltrace 4.00x [4.00–4.00]");
@@ -410,7 +410,7 @@ mod tests {
         assert_eq!(info.bpf_stats_rounds, 6);
         let p = &info.programs[0];
         assert_eq!(p.run_count, 600);
-        let e = p.by_round.unwrap();
+        let e = p.by_round.clone().unwrap();
         assert_eq!((e.min, e.max), (401.0, 406.0));
         assert!(e.ci.is_some());
         assert!(info.markdown().contains("| issue"));

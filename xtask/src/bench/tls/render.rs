@@ -131,6 +131,7 @@ pub fn markdown(r: &TlsResults) -> String {
         |b| {
             vec![
                 b.uprobe_us
+                    .as_ref()
                     .map_or("–".into(), |e| e.scaled(|x| x * 1e3).text(0)),
                 est(&b.uprobe_program_ns_per_call, 0),
                 est(&b.uprobe_programs_ns_per_response, 0),

@@ -127,14 +127,14 @@ fn aggregated(m: &Measured) -> BlockResults {
 fn each_figure_comes_from_its_configuration() {
     let r = aggregated(&measured(6));
     let d = &r.depths[0];
-    let iops = d.traced_ratio["iops"];
+    let iops = d.traced_ratio["iops"].clone();
     assert!((iops.median - 0.9855).abs() < 1e-9, "{}", iops.median);
     assert_eq!(iops.rounds, 6);
     assert_near(iops.ci.unwrap().low, 0.98);
     assert_near(d.traced_ratio["p99_us"].median, 1.1);
     assert_near(d.configs.bpf_stats_ratio["iops"].median, 0.8);
     assert_outcome(&r.targets.iops_ratio_qd16, Outcome::Met);
-    let cpu = d.configs.daemon.cpu_pct_of_one_cpu.unwrap();
+    let cpu = d.configs.daemon.cpu_pct_of_one_cpu.clone().unwrap();
     assert_near(cpu.median, 0.1);
 
     let p = r
@@ -149,7 +149,7 @@ fn each_figure_comes_from_its_configuration() {
         p.total.recursion_misses, 15,
         "from the stop records: 0+1+...+5"
     );
-    assert_eq!(p.by_round.unwrap().median, 100.0);
+    assert_eq!(p.by_round.clone().unwrap().median, 100.0);
     assert_near(p.by_part.by_depth[0].events_per_s, 80_000.0);
     assert_near(p.by_part.by_depth[0].events_per_io, 1.0);
     // 100 ns per event, one event per I/O, every round: met over its interval.
@@ -169,7 +169,7 @@ fn each_figure_comes_from_its_configuration() {
 
     assert_near(d.bpf_ns_per_io, 100.0);
     assert_near(d.peer_ns_per_io, 600.0);
-    assert_near(d.versus_peer.factor.unwrap().median, 6.0);
+    assert_near(d.versus_peer.factor.clone().unwrap().median, 6.0);
     assert_outcome(&r.targets.versus_peer_qd16, Outcome::Met);
     assert_near(d.configs.peer_ratio["iops"].median, 0.9);
     assert_eq!(r.peer.bpf_stats_rounds, 6);
@@ -181,25 +181,25 @@ fn each_figure_comes_from_its_configuration() {
         (st.tool.as_str(), st.workload.as_str()),
         ("stalltrace", "fio QD16")
     );
-    let pct = st.per_unit[0].pct_of_core_at_100k.unwrap();
+    let pct = st.per_unit[0].pct_of_core_at_100k.clone().unwrap();
     assert_near(pct.median, 1.0);
     assert!(st.measured_at.starts_with("98.") && st.measured_at.ends_with("k IOPS"));
     let pe = &r.unit_costs[2];
-    assert_near(pe.per_unit[0].bpf_ns.unwrap().median, 600.0);
-    assert_near(pe.process_cpu_pct.unwrap().median, 0.05);
+    assert_near(pe.per_unit[0].bpf_ns.clone().unwrap().median, 600.0);
+    assert_near(pe.process_cpu_pct.clone().unwrap().median, 0.05);
 
     // The floor: 38–42 ns per I/O round by round, stalltrace's 100 over it
     // taken round by round (100 − 40.5 at the median of 6).
-    let f = d.floor_ns_per_io.unwrap();
+    let f = d.floor_ns_per_io.clone().unwrap();
     assert_eq!((f.min, f.max, f.median), (38.0, 42.0, 40.0));
-    let w = d.work_over_floor_ns_per_io.unwrap();
+    let w = d.work_over_floor_ns_per_io.clone().unwrap();
     assert_eq!((w.min, w.max, w.median), (58.0, 62.0, 60.0));
     assert_outcome(&r.targets.work_over_floor_qd16, Outcome::Met);
     assert_eq!(r.targets.work_over_floor_qd16.measured, "60 [58–62] ns");
     let fl = &r.unit_costs[1];
     assert_eq!(fl.tool, crate::bench::unitcost::FLOOR_TOOL);
     assert_eq!(fl.per_unit[0].bpf_ns, d.floor_ns_per_io);
-    assert_eq!((fl.process_cpu_pct, fl.peak_rss_mib), (None, None));
+    assert_eq!((fl.process_cpu_pct.clone(), fl.peak_rss_mib), (None, None));
     assert_eq!(
         st.per_unit[0].work_over_floor_ns,
         d.work_over_floor_ns_per_io
@@ -207,7 +207,7 @@ fn each_figure_comes_from_its_configuration() {
     assert_eq!(pe.per_unit[0].work_over_floor_ns, None);
     let floor = r.floor.as_ref().unwrap();
     assert_eq!(floor.programs[0].tracepoint, "tp_btf/block_rq_issue");
-    assert_eq!(floor.programs[0].by_round.unwrap().median, 40.0);
+    assert_eq!(floor.programs[0].by_round.clone().unwrap().median, 40.0);
     assert_near(d.floor_ratio["iops"].median, 0.8);
 
     let md = render::markdown(&r);
@@ -299,9 +299,9 @@ fn the_target_takes_the_cheaper_peer_of_each_round() {
     let c = &d.versus_cheapest_peer;
     assert_eq!((c.bpftrace_rounds, c.rezolus_rounds), (3, 3));
     // Factors 3 and 6 by turns: the median between, the whole interval >= 1.
-    assert_eq!(c.comparison.factor.unwrap().median, 4.5);
+    assert_eq!(c.comparison.factor.clone().unwrap().median, 4.5);
     // The cheaper peer's own run of the same round: rezolus 5%, bpftrace 10%.
-    let o = c.comparison.peer_overhead.unwrap();
+    let o = c.comparison.peer_overhead.clone().unwrap();
     assert_near(o.min, 0.05);
     assert_near(o.max, 0.1);
     let v = &r.targets.versus_peer_qd16;
@@ -309,7 +309,7 @@ fn the_target_takes_the_cheaper_peer_of_each_round() {
     assert!(v.target.contains("<= the cheapest peer's"), "{}", v.target);
     assert!(v.detail.contains("rezolus in 3"), "{}", v.detail);
     let z = d.rezolus.as_ref().unwrap();
-    assert_eq!(z.ns_per_io.unwrap().median, 600.0);
+    assert_eq!(z.ns_per_io.clone().unwrap().median, 600.0);
     assert_near(z.ratio["iops"].median, 0.95);
     let row = r.unit_costs.iter().find(|u| u.tool == "rezolus (peer)");
     assert_eq!(row.unwrap().per_unit[0].bpf_ns, z.ns_per_io);

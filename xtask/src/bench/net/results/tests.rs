@@ -148,7 +148,7 @@ fn each_figure_comes_from_its_configuration() {
         "{}",
         r.targets[1].detail
     );
-    let cpu = s.configs.daemon.cpu_pct_of_one_cpu.unwrap();
+    let cpu = s.configs.daemon.cpu_pct_of_one_cpu.clone().unwrap();
     assert_near(cpu.median, 1.0);
     assert_eq!(r.daemon_lives.tcp_retransmit_records.median, 3.0);
     assert_eq!(r.daemon_lives.records.median, 10.0);
@@ -163,7 +163,7 @@ fn each_figure_comes_from_its_configuration() {
     assert_eq!(p.total.run_count, 6 * 80_000 * 3);
     assert_eq!(p.total.ns_per_event, Some(200.0));
     assert_eq!(p.total.recursion_misses, 12, "from the stop records");
-    assert_eq!(p.by_round.unwrap().median, 200.0);
+    assert_eq!(p.by_round.clone().unwrap().median, 200.0);
     let b = &p.by_part.by_workload[0];
     assert_near(b.events_per_s, 10_000.0);
     assert_near(b.events_per_unit, 80.0);
@@ -175,28 +175,28 @@ fn each_figure_comes_from_its_configuration() {
     assert_near(r.workloads[1].bpf.share_of_bound.unwrap(), 0.00309);
     assert_eq!(r.workloads[2].bpf.share_of_bound, None);
     // The state changes, per segment either way: 720 000 ns over 90 000 segments.
-    assert_near(s.bpf.other_ns_per_segment.unwrap().median, 8.0);
+    assert_near(s.bpf.other_ns_per_segment.clone().unwrap().median, 8.0);
     assert_eq!(s.xmit_runs_per_veth_packet.unwrap().median, 2.0);
 
     // Per segment: tcp_probe 16 ms over 50 000 received, the transmit hook
     // 8 ms over 40 000 sent: 320 and 200 ns, 3.2% and 2% of a core at 100k/s.
     let st = &r.unit_costs[0];
     assert_eq!(st.tool, "stalltrace");
-    let rx = st.per_unit[0].bpf_ns.unwrap();
+    let rx = st.per_unit[0].bpf_ns.clone().unwrap();
     assert_near(rx.median, 320.0);
-    let tx = st.per_unit[1].pct_of_core_at_100k.unwrap();
+    let tx = st.per_unit[1].pct_of_core_at_100k.clone().unwrap();
     assert_near(tx.median, 2.0);
     assert!(st.measured_at.starts_with("6.") && st.measured_at.ends_with("k received segments/s"));
     let pe = &r.unit_costs[1];
     assert_eq!(
-        pe.per_unit[0].bpf_ns.unwrap().median,
+        pe.per_unit[0].bpf_ns.clone().unwrap().median,
         0.0,
         "retransmits are sent"
     );
-    assert_near(pe.per_unit[1].bpf_ns.unwrap().median, 60_000.0);
+    assert_near(pe.per_unit[1].bpf_ns.clone().unwrap().median, 60_000.0);
 
     let loss = r.workloads.iter().find(|w| w.key == "iperf3_loss").unwrap();
-    assert!(loss.versus_peer.factor.unwrap().median > 3.0);
+    assert!(loss.versus_peer.factor.clone().unwrap().median > 3.0);
     assert_outcome(&r.targets[3], Outcome::Met);
 
     assert!(r.setup.paired.tracer.contains("--netns CLIENT_NS"));

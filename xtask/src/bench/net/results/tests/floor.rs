@@ -51,7 +51,7 @@ fn the_floor_counts_on_stalltraces_paths_and_work_is_taken_over_it() {
     // program: 7248 ns under 24 720.
     let s = &f.workloads[0];
     assert_eq!(s.workload, "sockperf");
-    let median = |e: &Option<crate::bench::stats::Estimate>| e.unwrap().median;
+    let median = |e: &Option<crate::bench::stats::Estimate>| e.as_ref().unwrap().median;
     assert_near(median(&s.floor_ns_per_received_segment), 80.0);
     assert_near(median(&s.floor_ns_per_sent_segment), 80.0);
     assert_near(median(&s.floor_ns_per_unit), 7248.0);
