@@ -205,9 +205,8 @@ fn ci_rank(n: usize) -> Option<usize> {
     Some(k)
 }
 
-/// The most rounds [`rounds_to_decide`] looks at: past this, a suite run
-/// would take hours (block: ~45 s a round) and the host's drift would weigh
-/// more than the rounds' spread.
+/// The most rounds [`rounds_to_decide`] looks at: more would take hours
+/// (block: ~45 s a round), and the host's drift would outweigh the spread.
 pub const MAX_ROUNDS_TO_DECIDE: usize = 200;
 
 /// The fewest rounds (more than `sorted.len()`, at most
