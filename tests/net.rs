@@ -241,7 +241,12 @@ fn a_lost_response_s_probe_waits_as_long_as_the_wire_shows() {
     let pair = NetPair::new();
     let server = pair.sockperf_server(Side::A);
     let port = server.port.to_string();
-    let pcap = std::env::temp_dir().join(format!("{}.pcap", unique("stalltrace-probe")));
+    // A directory of its own, removed on every way out, a failed assertion included.
+    let dir = tempfile::Builder::new()
+        .prefix("stalltrace-probe")
+        .tempdir()
+        .expect("a temporary directory");
+    let pcap = dir.path().join("wire.pcap");
     let filter = format!("tcp port {port}");
     let mut tshark = pair.spawn(
         Side::A,
@@ -295,7 +300,6 @@ fn a_lost_response_s_probe_waits_as_long_as_the_wire_shows() {
         ])
         .output()
         .expect("tshark (run `cargo xtask setup`)");
-    let _ = std::fs::remove_file(&pcap);
     // Sequence number -> seconds since its first transmission, of its first
     // retransmission: a probe comes before any timeout of the same segment
     // (a lost probe is followed by the RTO's copy, later).
