@@ -46,9 +46,9 @@
 const volatile __u64 self_tgid = 0;
 
 /*
- * Set at load time when the run names disks (--disk): only those are traced,
- * at one hash lookup per hook. 0: every disk, and the verifier drops the
- * lookup.
+ * Set at load time to how many disks the run names (--disk): only those are
+ * traced, at one inlined array lookup and that many compares per hook. 0:
+ * every disk, and the verifier drops the lookup.
  */
 const volatile __u64 disk_filter = 0;
 
@@ -61,12 +61,20 @@ const volatile __u64 fault_skip_writes = 0;
 
 static __always_inline bool disk_watched(struct gendisk *disk)
 {
+	struct block_selected_disks *selected;
+	__u32 zero = 0, i;
 	__u64 id;
 
 	if (!disk_filter)
 		return true;
+	selected = bpf_map_lookup_elem(&block_selected_disks, &zero);
+	if (!selected)
+		return false;
 	id = ((__u64)KREAD(disk, major) << 32) | (__u32)KREAD(disk, first_minor);
-	return bpf_map_lookup_elem(&block_selected_disks, &id) != NULL;
+	for (i = 0; i < BLOCK_SELECTED_DISKS_MAX && i < disk_filter; i++)
+		if (selected->ids[i] == id)
+			return true;
+	return false;
 }
 
 /*

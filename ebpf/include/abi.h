@@ -83,6 +83,11 @@ struct block_stats {
 /* --disk: a run limited to disks names at most this many (block_selected_disks). */
 #define BLOCK_SELECTED_DISKS_MAX 64
 
+/* The disks --disk names, major << 32 | first minor, in its first `disk_filter` places. */
+struct block_selected_disks {
+	__u64 ids[BLOCK_SELECTED_DISKS_MAX];
+};
+
 /* --pid, --comm, --container (process_filter.bpf.h): how many of each a run may name. */
 #define PROCESS_FILTER_MAX 64
 /* The sockets the watched processes held at the start that the kernel is told of (tcp.bpf.c). */

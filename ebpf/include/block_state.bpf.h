@@ -56,14 +56,18 @@ struct {
 } block_disks SEC(".maps");
 
 /*
- * The disks --disk names (major << 32 | first minor), filled by the daemon
- * before it attaches; read only by a run that names disks (disk_filter).
+ * The disks --disk names, filled by the daemon before it attaches; read only
+ * by a run that names disks (disk_filter). One array entry, not a hash keyed
+ * by disk: the verifier inlines an array lookup, and a run names a few disks,
+ * so a few compares cost far less than the hash lookup that every hook paid
+ * (about 45 ns a hook, 135 ns per I/O: docs/BENCHMARKS.md, "Driving the cost
+ * down").
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, BLOCK_SELECTED_DISKS_MAX);
-	__type(key, __u64);
-	__type(value, __u8);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct block_selected_disks);
 } block_selected_disks SEC(".maps");
 
 #define BIO_SLOT_BITS BLOCK_BIO_SLOT_BITS

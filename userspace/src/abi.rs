@@ -15,6 +15,7 @@ include!(concat!(env!("OUT_DIR"), "/abi.rs"));
 unsafe impl aya::Pod for block_key {}
 unsafe impl aya::Pod for block_stats {}
 unsafe impl aya::Pod for block_disk {}
+unsafe impl aya::Pod for block_selected_disks {}
 unsafe impl aya::Pod for block_rq_slot {}
 unsafe impl aya::Pod for bio_slot {}
 unsafe impl aya::Pod for tcp_peer_key {}

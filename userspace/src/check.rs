@@ -169,7 +169,7 @@ fn run_defaults(family: &str) -> Vec<(&'static str, u64)> {
     match family {
         "block" => crate::block::load_globals(
             crate::cli::slow_io_threshold(crate::cli::DEFAULT_SLOW_IO_MS),
-            false,
+            0,
         )
         .to_vec(),
         "netdev" => crate::netdev::load_globals(host::kernel::hz().0).to_vec(),

@@ -3,6 +3,9 @@
 //! /proc/diskstats and fio's own count, and in flight back to zero. Bounds of
 //! tests/block.rs `completed_requests_match_fio_and_diskstats` (there: 16 in
 //! flight for 4 s on a loop device; here: 4 for 3 s on the guest's disk).
+//! The run names the disk (`--disk`), so every kernel of the matrix loads
+//! and runs the block programs' disk filter too; the other checks run
+//! without it.
 
 use std::process::Command;
 use std::time::Duration;
@@ -21,7 +24,7 @@ pub fn diskstats(opts: &Opts, judge: &mut Judge) {
         return;
     }
     let scheduler = std::fs::read_to_string(format!("{sys}/queue/scheduler")).unwrap_or_default();
-    let run = match Run::start(opts, &[]) {
+    let run = match Run::start(opts, &["--disk", &opts.disk]) {
         Ok(run) => run,
         Err(e) => return judge.fail(e),
     };

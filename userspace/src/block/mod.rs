@@ -121,12 +121,13 @@ pub struct BlockProbe {
 }
 
 /// The load-time globals of a run with `slow_io` (`check` loads a default run's).
-pub fn load_globals(slow_io: Option<Duration>, disk_filter: bool) -> [(&'static str, u64); 4] {
+/// `disks`: how many disks --disk names (0: every disk is traced).
+pub fn load_globals(slow_io: Option<Duration>, disks: usize) -> [(&'static str, u64); 4] {
     [
         ("slow_io_ns", slow_io.map_or(0, |d| d.as_nanos() as u64)),
         // Our own I/O (e.g. the --out stream on a traced disk) sends no slow_io events.
         ("self_tgid", u64::from(std::process::id())),
-        ("disk_filter", u64::from(disk_filter)),
+        ("disk_filter", disks as u64),
         ("fault_skip_writes", u64::from(fault_skip_writes())),
     ]
 }
@@ -149,7 +150,7 @@ fn fault_skip_writes() -> bool {
 
 impl BlockProbe {
     pub fn attach(opts: &BlockOptions, btf: &Btf) -> Result<Self, FamilyFailure> {
-        let mut globals = load_globals(opts.slow_io, !opts.disks.is_empty()).to_vec();
+        let mut globals = load_globals(opts.slow_io, opts.disks.len()).to_vec();
         globals.extend(probes::process_filter::load_globals(&opts.processes));
         let selected: Option<HashSet<(u32, u32)>> =
             (!opts.disks.is_empty()).then(|| opts.disks.iter().copied().collect());

@@ -5,16 +5,14 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use aya::maps::{
-    Array, HashMap as BpfHashMap, MapData, MapError, PerCpuHashMap, PerCpuValues, ProgramArray,
-};
+use aya::maps::{Array, MapData, MapError, PerCpuHashMap, PerCpuValues, ProgramArray};
 use aya::programs::Program;
 use aya::{Btf, Ebpf};
 
 use super::fast::FastDisks;
 use super::sweep;
 use super::sysfs::Sysfs;
-use crate::abi::{self, block_disk, block_key, block_stats};
+use crate::abi::{self, block_disk, block_key, block_selected_disks, block_stats};
 use crate::host::process_filter::ProcessFilter;
 use crate::probes;
 
@@ -41,13 +39,14 @@ pub fn before_attach(
         let map = ebpf
             .map_mut("block_selected_disks")
             .ok_or("the object has no map block_selected_disks")?;
-        let mut table: BpfHashMap<&mut MapData, u64, u8> =
-            BpfHashMap::try_from(map).map_err(|e| e.to_string())?;
-        for &disk in selected {
-            table
-                .insert(sweep::disk_id(disk), 1, 0)
-                .map_err(|e| e.to_string())?;
+        let mut table: Array<&mut MapData, block_selected_disks> =
+            Array::try_from(map).map_err(|e| e.to_string())?;
+        // The first `disk_filter` places (load_globals): as many as there are disks.
+        let mut ids = block_selected_disks::default();
+        for (place, &disk) in ids.ids.iter_mut().zip(selected) {
+            *place = sweep::disk_id(disk);
         }
+        table.set(0, ids, 0).map_err(|e| e.to_string())?;
     }
     let map = ebpf
         .map_mut("block_disks")
