@@ -82,6 +82,45 @@ struct {
 	__type(value, struct tds_turn);
 } tds_turns SEC(".maps");
 
+/*
+ * The local port of every socket ever given a turn (a byte per port, never
+ * cleared), checked before the tds_turns lookup: tcp_probe runs on every
+ * segment the host receives, and most belong to no worker. A port's byte
+ * spares those a hash lookup; a stale byte only costs the lookup it would
+ * have cost anyway. Bytes, not bits: setting one is a plain store, safe
+ * from two CPUs at once without the atomic OR that 5.10 lacks.
+ */
+struct tds_worker_ports {
+	__u8 seen[65536];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tds_worker_ports);
+} tds_worker_ports SEC(".maps");
+
+/* The byte of the socket's local port, NULL only if the map is missing. */
+static __always_inline __u8 *worker_port(const struct sock *sk)
+{
+	struct tds_worker_ports *ports;
+	__u32 zero = 0;
+
+	ports = bpf_map_lookup_elem(&tds_worker_ports, &zero);
+	if (!ports)
+		return NULL;
+	return &ports->seen[(__u16)KREAD(sk, __sk_common.skc_num)];
+}
+
+/* Could the socket have a turn? False for certain when its port never had one. */
+static __always_inline bool maybe_worker_socket(const struct sock *sk)
+{
+	__u8 *seen = worker_port(sk);
+
+	return seen && *seen;
+}
+
 /* Read every poll interval (100 ms): 1 MiB holds 18,000 requests. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -184,7 +223,12 @@ static __always_inline void turn_on_send(const struct sock *sk, const struct msg
 		fresh.ino = ino;
 		fresh.tgid = tgid;
 		fresh.received_end = rcv_nxt;
-		bpf_map_update_elem(&tds_turns, &key, &fresh, BPF_ANY);
+		if (bpf_map_update_elem(&tds_turns, &key, &fresh, BPF_ANY) == 0) {
+			__u8 *seen = worker_port(sk);
+
+			if (seen)
+				*seen = 1;
+		}
 		return;
 	}
 	now = bpf_ktime_get_ns();
@@ -223,7 +267,7 @@ static __always_inline void turn_on_receive(const struct sock *sk, const struct 
 	__u8 tcp_flags;
 	bool data;
 
-	if (!control_set(SQL_CTL_WORKERS_KNOWN) || !tp)
+	if (!control_set(SQL_CTL_WORKERS_KNOWN) || !tp || !maybe_worker_socket(sk))
 		return;
 	turn = bpf_map_lookup_elem(&tds_turns, &key);
 	if (!turn)
@@ -269,7 +313,7 @@ static __always_inline void turn_on_retransmit(const struct sock *sk, const stru
 	struct tds_turn *turn;
 	__u32 seq;
 
-	if (!control_set(SQL_CTL_WORKERS_KNOWN))
+	if (!control_set(SQL_CTL_WORKERS_KNOWN) || !maybe_worker_socket(sk))
 		return;
 	turn = bpf_map_lookup_elem(&tds_turns, &key);
 	if (!turn || !turn->request_at)
@@ -302,7 +346,7 @@ static __always_inline void turn_on_state(const struct sock *sk, int oldstate, i
 	struct tds_turn *turn;
 
 	if (oldstate != TCP_ESTABLISHED_STATE || newstate == TCP_ESTABLISHED_STATE ||
-	    !control_set(SQL_CTL_WORKERS_KNOWN))
+	    !control_set(SQL_CTL_WORKERS_KNOWN) || !maybe_worker_socket(sk))
 		return;
 	turn = bpf_map_lookup_elem(&tds_turns, &key);
 	if (!turn)
