@@ -233,9 +233,26 @@ fn odbc_requests_are_timed_as_the_driver_timed_them() {
     std::thread::sleep(Duration::from_millis(1500));
     let mut run = SqlClientRun::odbc(&odbc, client_side, &sim, &server, "yes", 4, 100, 12);
     run.wait_for_logins(&pair, sim.port, 4, Duration::from_secs(60));
+    let (client_before, server_before) = (pair.counters(Side::A), pair.counters(Side::B));
     pair.drop_random(Side::A, 5, Some(sim.port));
     let lossy = run.finish();
     pair.clear_drops(Side::A);
+    // What each side's TCP did meanwhile: a client's own timeout, which the
+    // server cannot see, would show here when the figures below disagree.
+    for (side, name, before) in [
+        (Side::A, "client", &client_before),
+        (Side::B, "server", &server_before),
+    ] {
+        let k = delta(before, &pair.counters(side));
+        eprintln!(
+            "ODBC, lossy: the {name}'s namespace: RetransSegs {}, TCPTimeouts {}, \
+             TCPLossProbes {}, TCPSpuriousRTOs {}",
+            k.get("Tcp.RetransSegs"),
+            k.get("TcpExt.TCPTimeouts"),
+            k.get("TcpExt.TCPLossProbes"),
+            k.get("TcpExt.TCPSpuriousRTOs"),
+        );
+    }
     std::thread::sleep(Duration::from_millis(1200));
     let records = tracer.stop();
     for (name, run) in [("ODBC, clean", &clean), ("ODBC, lossy", &lossy)] {
