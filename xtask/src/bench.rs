@@ -81,6 +81,25 @@ impl Drop for BinCopy {
     }
 }
 
+/// The stalltrace under test, and private copies of the simulator's
+/// binaries in `dir` (someone rebuilding target/release mid-run cannot swap
+/// the workload).
+fn sim_bins(dir: &Path) -> anyhow::Result<stalltrace_lab::Bins> {
+    util::build_release(&["stalltrace-sim"])?;
+    let release = util::workspace_root().join("target/release");
+    let copy = |name: &str| -> anyhow::Result<PathBuf> {
+        let to = dir.join(name);
+        std::fs::copy(release.join(name), &to)
+            .with_context(|| format!("cannot copy target/release/{name}"))?;
+        Ok(to)
+    };
+    Ok(stalltrace_lab::Bins {
+        stalltrace: stalltrace_bin(),
+        sqlservr: copy("sqlservr")?,
+        sqlclient: copy("sqlclient")?,
+    })
+}
+
 struct Suite {
     name: &'static str,
     run: fn() -> anyhow::Result<()>,

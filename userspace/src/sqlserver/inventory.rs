@@ -40,6 +40,11 @@ const RECENTLY_CLOSED_MAX: usize = 4096;
 
 /// Ports SQL Server backs up to: SMB and NFS shares.
 const BACKUP_SHARE_PORTS: [u16; 2] = [445, 2049];
+/// How long a process's TCP sockets as last read from /proc/PID/net/tcp{,6}
+/// stand when it has opened no socket since (see `Inventory::tcp_sockets_of`):
+/// a session's socket leaving ESTABLISHED while its descriptor stays open is
+/// seen this much later at most.
+const TCP_SOCKETS_FOR: Duration = Duration::from_secs(10);
 
 /// What changed in one refresh; each becomes a record.
 #[derive(Default, Debug)]
@@ -65,6 +70,9 @@ pub struct Inventory {
     /// When the last refresh ran (UTC ms).
     last_refresh_ms: Option<i64>,
     roles: HashMap<Disk, &'static str>,
+    /// Per candidate pid: its socket inodes' TCP sockets as last read (None:
+    /// not a TCP socket), and when.
+    tcp_read: HashMap<u32, (Instant, HashMap<u64, Option<procfs::TcpSocket>>)>,
 }
 
 impl Inventory {
@@ -165,7 +173,10 @@ impl Inventory {
         let mut instances = Vec::new();
         let mut files = Vec::new();
         let mut seen = HashMap::new();
-        for (pid, ppid) in self.candidates() {
+        let candidates = self.candidates();
+        self.tcp_read
+            .retain(|pid, _| candidates.iter().any(|(c, _)| c == pid));
+        for (pid, ppid) in candidates {
             let proc_pid = self.proc.join(pid.to_string());
             let open = procfs::open_files(&proc_pid);
             if open.denied {
@@ -177,12 +188,8 @@ impl Inventory {
                      sql_session records, no sql tags, disk roles or slow_io files",
                 );
             }
-            let sockets = procfs::tcp_sockets(&proc_pid);
-            let mine: Vec<_> = open
-                .sockets
-                .iter()
-                .filter_map(|ino| sockets.get(ino))
-                .collect();
+            let sockets = self.tcp_sockets_of(pid, &proc_pid, &open.sockets);
+            let mine: Vec<_> = sockets.iter().collect();
             let listening = listening_ports(mine.iter().copied());
             // The watchdog listens on nothing: skip it (unless named by --sql-pid).
             if listening.is_empty() && self.discovery.pid != Some(pid) {
@@ -290,6 +297,38 @@ impl Inventory {
         }
         self.instances = instances;
         changes
+    }
+
+    /// The TCP sockets among a process's socket inodes. Reading
+    /// /proc/PID/net/tcp{,6} walks the kernel's whole established-socket
+    /// hash table, however few sockets there are: with one idle worker that
+    /// was ~2% of a core at the default interval of 1 s (perf: the daemon's
+    /// time in established_get_first). So it is read again only when the
+    /// process has a socket inode not looked up yet, or after
+    /// `TCP_SOCKETS_FOR`.
+    fn tcp_sockets_of(
+        &mut self,
+        pid: u32,
+        proc_pid: &Path,
+        inodes: &[u64],
+    ) -> Vec<procfs::TcpSocket> {
+        let fresh = self.tcp_read.get(&pid).is_some_and(|(at, known)| {
+            at.elapsed() < TCP_SOCKETS_FOR && inodes.iter().all(|i| known.contains_key(i))
+        });
+        if !fresh {
+            let mut all = if inodes.is_empty() {
+                HashMap::new()
+            } else {
+                procfs::tcp_sockets(proc_pid)
+            };
+            let known = inodes.iter().map(|i| (*i, all.remove(i))).collect();
+            self.tcp_read.insert(pid, (Instant::now(), known));
+        }
+        let known = &self.tcp_read[&pid].1;
+        inodes
+            .iter()
+            .filter_map(|i| known.get(i)?.clone())
+            .collect()
     }
 
     fn remember_closed(&mut self, closed: &[Session]) {

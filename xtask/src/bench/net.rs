@@ -5,7 +5,9 @@
 //! sockperf ping-pong at a fixed message rate (round-trip p50 and p99),
 //! iperf3 unpaced (throughput, CPU-bound on veth), and iperf3 paced with 2%
 //! of its packets dropped at the receiver (the loss case, where retransmits
-//! fire the tracer's rare-event path). Each workload runs in many short
+//! fire the tracer's rare-event path). An idle SQL Server worker (the
+//! simulator) runs in the server namespace throughout, as on the hosts the
+//! tool is for (see `sql_worker`). Each workload runs in many short
 //! rounds (see `paired` for the order of play): untraced; traced as deployed
 //! (no accounting: the ratios and targets use it, each over the untraced run
 //! of the same round, and the daemon's CPU and RSS come from it); traced
@@ -25,10 +27,12 @@ mod segments;
 mod workload;
 
 use std::fs;
-use std::path::Path;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
+use stalltrace_lab::sql::{Placement, SqlServerSim};
 
 use super::engine;
 use super::netpair;
@@ -109,26 +113,33 @@ pub fn run() -> anyhow::Result<()> {
     let load_before = publish::load_average();
 
     let scratch = Scratch::on_tmpfs("net")?;
+    // The simulator's files (O_DIRECT: not on tmpfs) and binaries on disk.
+    let files = Scratch::under("/var/tmp", "net")?;
     let pair = netpair::create()?;
     let names = [pair.netns(netpair::CLIENT), pair.netns(netpair::SERVER)].map(String::from);
-    let measured = drive::measure(
-        &settings,
-        &bin,
-        &pair,
-        scratch.path(),
-        &mut quiet_host,
-        warnings,
-    );
+    let measured = sql_worker(&pair, files.path()).and_then(|sim| {
+        let measured = drive::measure(
+            &settings,
+            &bin,
+            &pair,
+            sim.worker,
+            scratch.path(),
+            &mut quiet_host,
+            warnings,
+        );
+        drop(sim);
+        measured
+    });
     // Tear down before judging the figures, and check that it happened.
     drop(pair);
-    let scratch_dir = scratch.path().to_path_buf();
-    drop(scratch);
+    let dirs = [scratch.path().to_path_buf(), files.path().to_path_buf()];
+    drop((scratch, files));
     let cleaned = format!(
-        "namespaces {} and {} deleted (veth and nft table with them), no server or stalltrace \
-         left",
+        "namespaces {} and {} deleted (veth and nft table with them), no server, simulator or \
+         stalltrace left",
         names[0], names[1]
     );
-    let measured = shell::torn_down(measured, leaks(&names, &scratch_dir), &cleaned)?;
+    let measured = shell::torn_down(measured, leaks(&names, &dirs), &cleaned)?;
 
     let results = results::aggregate(
         &settings,
@@ -138,6 +149,29 @@ pub fn run() -> anyhow::Result<()> {
         [load_before, publish::load_average()],
     );
     shell::print_and_publish("net", &render::markdown(&results), &results)
+}
+
+/// An idle SQL Server worker (the simulator, no session) in the server's
+/// namespace for the whole suite. A host this tool is for runs one, and
+/// once the daemon knows a worker its sqlserver programs check every
+/// segment on the host for a worker socket; without one they return at
+/// their first instruction and the suite would measure a host without SQL
+/// Server.
+fn sql_worker(pair: &netpair::NetPair, dir: &Path) -> anyhow::Result<SqlServerSim> {
+    let bins = super::sim_bins(dir)?;
+    let place = Placement::in_netns(pair.netns(netpair::SERVER));
+    // The lab's guard panics on failure: turn that into an error here.
+    let sim = catch_unwind(AssertUnwindSafe(|| {
+        SqlServerSim::start_small(&bins, place, dir, &[])
+    }))
+    .map_err(|_| anyhow::anyhow!("the SQL Server simulator did not start"))?;
+    eprintln!(
+        "bench: SQL Server simulator worker pid {} idle on port {} in {}",
+        sim.worker,
+        sim.port,
+        pair.netns(netpair::SERVER)
+    );
+    Ok(sim)
 }
 
 /// Why the host is not quiet right now, if it is not.
@@ -169,16 +203,17 @@ fn netdev_transmits(text: &str, iface: &str) -> Transmits {
 }
 
 /// What the bench may have left behind of its own.
-fn leaks(netns: &[String], scratch: &Path) -> Vec<String> {
+fn leaks(netns: &[String], dirs: &[PathBuf]) -> Vec<String> {
     let mut out: Vec<String> = netns
         .iter()
         .filter(|n| netpair::netns_exists(n))
         .map(|n| format!("namespace {n} still exists"))
         .collect();
-    if scratch.exists() {
-        out.push(format!("{} still exists", scratch.display()));
+    for dir in dirs.iter().filter(|d| d.exists()) {
+        out.push(format!("{} still exists", dir.display()));
     }
     out.extend(quiet::our_processes(LOAD_GENERATORS));
+    out.extend(quiet::our_processes(&["sqlservr"]));
     out
 }
 

@@ -25,13 +25,10 @@ mod render;
 mod results;
 mod workload;
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Context;
 use serde::Serialize;
-use stalltrace_lab::Bins;
 
 use super::engine;
 use super::paired;
@@ -40,7 +37,6 @@ use super::quiet::{self, Quiet};
 use super::settings::Settings;
 use super::shell::{self, Scratch};
 use super::tracer::{self, ProgramCost};
-use crate::util;
 use workload::{Run, Server};
 
 /// 12 rounds give a 96% interval from the 3rd to the 10th per-round value.
@@ -164,7 +160,6 @@ pub struct Measured {
 
 pub fn run() -> anyhow::Result<()> {
     let settings = Settings::for_suite("tls", ROUNDS, RUNTIME_S)?;
-    util::build_release(&["stalltrace-sim"])?;
     let source = publish::source();
     let began = Instant::now();
     let host = Host::this();
@@ -177,7 +172,7 @@ pub fn run() -> anyhow::Result<()> {
     // simulators' files (O_DIRECT: not on tmpfs) and binaries on disk.
     let out = Scratch::on_tmpfs("tls")?;
     let files = Scratch::under("/var/tmp", "tls")?;
-    let bins = bins(files.path())?;
+    let bins = super::sim_bins(files.path())?;
     let mut servers = Vec::new();
     for bio in BIOS {
         servers.push(Server::start(&bins, files.path(), bio)?);
@@ -241,24 +236,6 @@ fn disturbance(ours: &[u64]) -> Option<String> {
         ));
     }
     quiet::foreign_processes(OTHERS)
-}
-
-/// The stalltrace under test, and private copies of the simulator's
-/// binaries in `dir` (someone rebuilding target/release mid-run cannot swap
-/// the workload).
-fn bins(dir: &Path) -> anyhow::Result<Bins> {
-    let release = util::workspace_root().join("target/release");
-    let copy = |name: &str| -> anyhow::Result<PathBuf> {
-        let to = dir.join(name);
-        fs::copy(release.join(name), &to)
-            .with_context(|| format!("cannot copy target/release/{name}"))?;
-        Ok(to)
-    };
-    Ok(Bins {
-        stalltrace: super::stalltrace_bin(),
-        sqlservr: copy("sqlservr")?,
-        sqlclient: copy("sqlclient")?,
-    })
 }
 
 #[cfg(test)]

@@ -273,6 +273,38 @@ impl Tracer {
         })
     }
 
+    /// Wait until it has written a `sql_instance` record for `worker`: it
+    /// tells the kernel side a worker exists only at its first collection,
+    /// so a run started before that would measure a host without SQL Server.
+    pub fn wait_for_sql_worker(&mut self, worker: u32) -> anyhow::Result<()> {
+        let began = Instant::now();
+        loop {
+            interrupt::check()?;
+            let text = fs::read_to_string(&self.out).unwrap_or_default();
+            let found = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|r| r["type"] == "sql_instance" && r["pid"] == worker);
+            if found {
+                return Ok(());
+            }
+            if let Some((status, _)) = self.try_reap() {
+                bail!(
+                    "stalltrace exited ({}) before it found the SQL Server worker (pid {worker}): {}",
+                    describe(status),
+                    self.stderr_tail()
+                );
+            }
+            if began.elapsed() > START_TIMEOUT {
+                bail!(
+                    "stalltrace reported no sql_instance for the SQL Server worker (pid {worker}) \
+                     within {START_TIMEOUT:?}"
+                );
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Its process id (the soak reads its /proc entries and BPF maps).
     pub fn pid(&self) -> u32 {
         self.pid as u32

@@ -22,6 +22,8 @@ struct NetSuite<'a> {
     bin: &'a Path,
     scratch: &'a Path,
     filters: [&'a str; 2],
+    /// The idle SQL Server worker each daemon must know before its runs.
+    sql_worker: u32,
     /// The servers, restarted when someone else's cleanup kills one.
     servers: Servers<'a>,
     /// The quiet-host budget.
@@ -115,7 +117,8 @@ impl Suite for NetSuite<'_> {
     }
 
     fn start_daemon(&mut self, _: usize, _: usize, tag: &str) -> anyhow::Result<Daemon> {
-        let tracer = Tracer::start(self.bin, self.scratch, tag, false, &self.filters)?;
+        let mut tracer = Tracer::start(self.bin, self.scratch, tag, false, &self.filters)?;
+        tracer.wait_for_sql_worker(self.sql_worker)?;
         if self.hooks.is_empty() {
             self.hooks = tracer
                 .families()
@@ -167,6 +170,7 @@ pub fn measure(
     settings: &Settings,
     bin: &Path,
     pair: &NetPair,
+    sql_worker: u32,
     scratch: &Path,
     quiet_host: &mut Quiet,
     warnings: Vec<String>,
@@ -241,6 +245,7 @@ pub fn measure(
         bin,
         scratch,
         filters: ["--netns", client_netns.as_str()],
+        sql_worker,
         servers,
         quiet: quiet_host,
         restarted: Vec::new(),

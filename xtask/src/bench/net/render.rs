@@ -31,6 +31,10 @@ pub fn markdown(r: &NetResults) -> String {
          {}\n\
          - Command: `{}` (this suite took {:.0} s)\n\
          - Network: {}; congestion control `{}` (inherited from the host)\n\
+         - SQL Server: an idle simulator worker (`sqlservr`, no session) in the server \
+         namespace throughout, as on the hosts this tool is for: each daemon waits for its \
+         `sql_instance` record before its first run, so the sqlserver programs check every \
+         segment for a worker socket as they do there\n\
          - sockperf: `{}` (against `sockperf server --tcp` in the server namespace)\n\
          - iperf3, unpaced: `{}`\n\
          - iperf3, loss case: `{}`, with {}\n\
