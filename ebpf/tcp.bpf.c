@@ -149,10 +149,6 @@ static __always_inline struct tcp_peer_stats *peer_for(const struct tuple *t)
 	return bpf_map_lookup_elem(&tcp_peers, &key);
 }
 
-/*
- * Record the caller as the socket's owner when it is new or changed (one
- * lookup otherwise); returns the socket's entry, or NULL.
- */
 static __always_inline void fill_owner(struct tcp_retransmit_event *e, struct tcp_owner *owner)
 {
 	if (!owner)
@@ -325,8 +321,19 @@ HOOK(tcp_retransmit_synack, const struct sock *sk, const struct request_sock *re
 	struct tcp_retransmit_event e = {};
 	struct tcp_owner *owner = owner_of(sk, PROG_SYNACK);
 	struct tcp_peer_stats *peer;
+	struct tcp_sock *tp;
 	struct tuple t;
 
+	/*
+	 * sk is a listener, or a Fast Open connection's own socket, whose
+	 * total_retrans the kernel has just moved for this SYN-ACK: keep its
+	 * books with it, or the next retransmit would count it as unseen.
+	 */
+	if (owner && owner->seen_retrans && KREAD(sk, __sk_common.skc_state) != TCP_LISTEN_STATE) {
+		tp = TCP_SK(sk);
+		if (tp)
+			owner->last_total_retrans = KREAD(tp, total_retrans);
+	}
 	common_tuple(&req->__req_common, &t);
 	if (!wanted(&t) || !owner_wanted(sk, owner))
 		return 0;
@@ -440,8 +447,8 @@ OPTIONAL_FUNC_HOOK(sock_recv_length, tcp_recvmsg, struct sock *sk)
  * Attempts after a socket's last retransmit with no record of their own
  * (the hook skipped, see tcp_retransmit_skb): no later retransmit finds
  * them, so the close does, as long as the filters want the socket. The
- * baseline is dropped: a socket connected again (tcp_disconnect) starts its
- * count from zero.
+ * baseline is dropped: tcp_disconnect zeroes the count after this, and a
+ * socket that connects again takes a new one at SYN_SENT.
  */
 static __always_inline void retrans_unseen_at_close(const struct sock *sk)
 {
@@ -459,6 +466,13 @@ static __always_inline void retrans_unseen_at_close(const struct sock *sk)
 		return;
 	unseen = total_retrans - owner->last_total_retrans;
 	common_tuple((const struct sock_common *)sk, &t);
+	/*
+	 * Closing released a port the kernel picked (inet_put_port zeroes
+	 * skc_num before this tracepoint); inet_sport keeps it, so the segments
+	 * go to the connection's own peer entry.
+	 */
+	if (!t.sport)
+		t.sport = swap16(KREAD((const struct inet_sock *)sk, inet_sport));
 	if (!wanted(&t) || !owner_wanted(sk, owner))
 		return;
 	count_lost_n(LOST_TCP_RETRANS_UNSEEN, unseen);
@@ -481,7 +495,8 @@ HOOK(inet_sock_set_state, const struct sock *sk, const int oldstate, const int n
 	if (KREAD(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
 	if (newstate == TCP_SYN_SENT_STATE || newstate == TCP_LISTEN_STATE) {
-		note_owner(sk, PROG_SET_STATE);
+		/* a socket connecting again keeps its entry: its baseline was dropped at close */
+		retrans_baseline(sk, note_owner(sk, PROG_SET_STATE));
 	} else if (newstate == TCP_CLOSE_STATE) {
 		retrans_unseen_at_close(sk);
 		if (!owner_in_sk_storage()) {

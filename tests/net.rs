@@ -76,7 +76,7 @@ fn loss_matches_the_kernel_counters(family: Family) {
     eprintln!("not counted (err, segs): {uncounted:?}");
     // Segments the kernel counted with no record of their own (a run of the
     // hook the kernel skipped: on this VM, while PID 1 was interrupted), found
-    // on the socket's next record: only this connection's, given --port.
+    // at the socket's next record or close: only this connection's, given --port.
     let unseen: u64 = of_type(&records, "lost")
         .iter()
         .filter_map(|l| l["by_source"]["tcp.retransmit_unseen_segs"].as_u64())

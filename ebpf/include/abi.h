@@ -465,7 +465,7 @@ enum lost_source {
 	LOST_STALE_SLOT = 6,       /* a bio or request tracked for over 10 minutes was displaced: its completion had been missed */
 	LOST_TCP_RINGBUF = 7,      /* tcp_retransmit event: ring buffer full (the peer counters still have it) */
 	LOST_NETDEV_STATS_FULL = 8, /* per-interface entry could not be created */
-	LOST_TCP_RETRANS_UNSEEN = 9, /* segments: counted in RetransSegs on a socket between two records, with no record of their own */
+	LOST_TCP_RETRANS_UNSEEN = 9, /* segments: counted in RetransSegs on a socket with no record of their own (found at its next record or close) */
 	LOST_TLS_AMBIGUOUS = 10,   /* a worker thread wrote to a second TLS connection before sending the first: no SPID from either write */
 	LOST_TLS_UNPAIRED = 11,    /* a TLS write with a SPID whose thread's next TLS send did not fit it (kind, length, delay): SPID not used */
 	LOST_TLS_CONFLICT = 12,    /* a TLS pairing named another SPID than the socket had from TLS: the worker's TLS SPIDs are dropped */

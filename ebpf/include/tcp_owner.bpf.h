@@ -107,21 +107,32 @@ static __always_inline bool owner_wanted(const struct sock *sk, const struct tcp
 }
 
 /*
- * A socket's retransmission count when its owner is first noted: the
- * baseline its first retransmit is compared with, so that attempts before
- * it with no record of their own are found too (not only those between
- * two records).
+ * A socket's retransmission count when its owner is first noted (or it
+ * connects again): the baseline its first retransmit is compared with, so
+ * that attempts before it with no record of their own are found too, not
+ * only those between two records. Taken after the entry exists and only if
+ * no retransmit has set one meanwhile: read outside the socket's lock, a
+ * baseline stored over a newer retransmit's count would report that
+ * retransmit again as unseen.
  */
 static __always_inline void retrans_baseline(const struct sock *sk, struct tcp_owner *owner)
 {
 	struct tcp_sock *tp = TCP_SK(sk);
+	__u32 total_retrans;
 
-	if (!tp)
+	if (!owner || owner->seen_retrans || !tp)
 		return;
-	owner->last_total_retrans = KREAD(tp, total_retrans);
+	total_retrans = KREAD(tp, total_retrans);
+	if (owner->seen_retrans)
+		return;
+	owner->last_total_retrans = total_retrans;
 	owner->seen_retrans = 1;
 }
 
+/*
+ * Record the caller as the socket's owner when it is new or changed (one
+ * lookup otherwise); returns the socket's entry, or NULL.
+ */
 static __always_inline struct tcp_owner *note_owner(const struct sock *sk, __u32 program)
 {
 	__u64 id = bpf_get_current_pid_tgid(), key;
@@ -134,8 +145,7 @@ static __always_inline struct tcp_owner *note_owner(const struct sock *sk, __u32
 		/* created zeroed; updated in place (a retransmit racing a change of owner may see a mix) */
 		if (!owner) {
 			owner = bpf_sk_storage_get(&sock_owners, (void *)sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
-			if (owner)
-				retrans_baseline(sk, owner);
+			retrans_baseline(sk, owner);
 		}
 		if (!owner)
 			return NULL;
@@ -158,12 +168,12 @@ static __always_inline struct tcp_owner *note_owner(const struct sock *sk, __u32
 	if (owner) {
 		fresh.last_total_retrans = owner->last_total_retrans;
 		fresh.seen_retrans = owner->seen_retrans;
-	} else {
-		retrans_baseline(sk, &fresh);
 	}
 	key = ptr_key(sk, program);
 	bpf_map_update_elem(&sock_owners_by_addr, &key, &fresh, BPF_ANY);
-	return bpf_map_lookup_elem(&sock_owners_by_addr, &key);
+	owner = bpf_map_lookup_elem(&sock_owners_by_addr, &key);
+	retrans_baseline(sk, owner);
+	return owner;
 }
 
 #endif

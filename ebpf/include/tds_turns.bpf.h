@@ -339,14 +339,19 @@ static __always_inline void turn_forget(const struct sock *sk)
 	bpf_map_delete_elem(&tds_turns, &key);
 }
 
-/* The connection leaves ESTABLISHED: its last request ends, and its turns with it. */
+/*
+ * The connection leaves ESTABLISHED: its last request ends, and its turns
+ * with it. No port check (maybe_worker_socket): going straight to CLOSE (a
+ * reset) releases a port the kernel picked before this tracepoint, so the
+ * socket reads port 0; state changes are rare enough for the lookup.
+ */
 static __always_inline void turn_on_state(const struct sock *sk, int oldstate, int newstate)
 {
 	__u64 key = (__u64)sk;
 	struct tds_turn *turn;
 
 	if (oldstate != TCP_ESTABLISHED_STATE || newstate == TCP_ESTABLISHED_STATE ||
-	    !control_set(SQL_CTL_WORKERS_KNOWN) || !maybe_worker_socket(sk))
+	    !control_set(SQL_CTL_WORKERS_KNOWN))
 		return;
 	turn = bpf_map_lookup_elem(&tds_turns, &key);
 	if (!turn)

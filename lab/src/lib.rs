@@ -53,7 +53,7 @@ pub use disk::{Backing, DiskStats, LoopDevice};
 pub use fio::{Fio, fio, randread_4k};
 pub use records::{
     Buckets, HIST_BUCKET_ERROR, SqlSide, block_records, of_type, requests_untimed, retransmits_in,
-    retransmits_unjudged, sum_field, sum_segs,
+    retransmits_unjudged, retransmits_unseen, sql_retransmit_hooks_skipped, sum_field, sum_segs,
 };
 pub use tracer::{Tracer, parse_lines};
 pub use util::{ScratchDir, die_with_parent, require_root, sh, sh_stdin, strip_ansi, unique};

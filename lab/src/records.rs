@@ -95,13 +95,18 @@ pub fn requests_untimed(records: &[Value]) -> u64 {
 /// sqlserver family's verdict on them: those whose hook the kernel skipped,
 /// in either family.
 pub fn retransmits_unjudged(records: &[Value]) -> u64 {
-    lost_from(
-        records,
-        &[
-            "tcp.retransmit_unseen_segs",
-            "sqlserver.recursion_miss.on_tcp_retransmit_skb",
-        ],
-    )
+    retransmits_unseen(records) + sql_retransmit_hooks_skipped(records)
+}
+
+/// Retransmitted segments with no record of their own, as `lost` declares them.
+pub fn retransmits_unseen(records: &[Value]) -> u64 {
+    lost_from(records, &["tcp.retransmit_unseen_segs"])
+}
+
+/// Runs of the sqlserver family's retransmit hook the kernel skipped (a
+/// recursion miss): the tcp family may have recorded those retransmissions.
+pub fn sql_retransmit_hooks_skipped(records: &[Value]) -> u64 {
+    lost_from(records, &["sqlserver.recursion_miss.on_tcp_retransmit_skb"])
 }
 
 /// What the run's `lost` records counted from `sources`.

@@ -14,7 +14,10 @@ use stalltrace::records::sql_requests::{SLOW_REQUEST_MS, SqlRequestsRecord};
 use stalltrace_lab::net::{NetPair, Side};
 use stalltrace_lab::scenario::ScratchDir;
 use stalltrace_lab::sql::{ClientReport, Placement, SqlServerSim};
-use stalltrace_lab::{of_type, requests_untimed, retransmits_in, retransmits_unjudged, sum_segs};
+use stalltrace_lab::{
+    of_type, requests_untimed, retransmits_in, retransmits_unjudged, retransmits_unseen,
+    sql_retransmit_hooks_skipped, sum_segs,
+};
 
 /// The simulator in the B namespace of its own veth pair, its files in a
 /// scratch directory, started with `sim_args`, under a tracer that has found
@@ -236,7 +239,7 @@ pub fn assert_retransmits_held_up(
     unrecorded: u64,
 ) {
     let untimed = requests_untimed(records);
-    let skipped = untimed + retransmits_unjudged(records).max(unrecorded);
+    let skipped = untimed + retransmits_unjudged_or_unrecorded(records, unrecorded);
     for (&port, latencies) in client {
         let ours: Vec<&Value> = of_type(records, "tcp_retransmit")
             .into_iter()
@@ -304,9 +307,10 @@ pub fn assert_retransmits_held_up(
 /// `Tcp.RetransSegs` over the run) with no `tcp_retransmit` record: runs of the
 /// hook the kernel skipped (on this VM's kernel, silently, while the
 /// interrupted task is PID 1), which also cost the sqlserver family its verdict
-/// on them, so a request they held up counts as fast. `lost` declares such a
-/// segment (`tcp.retransmit_unseen_segs`) only between two recorded
-/// retransmissions of its socket: never a socket's first or last.
+/// on them, so a request they held up counts as fast. The kernel's count, not
+/// only stalltrace's own (`tcp.retransmit_unseen_segs`): that one cannot find
+/// those of a socket still open when the tracer stops, or whose close the
+/// kernel skipped too.
 pub fn retransmits_unrecorded(records: &[Value], netns: u64, kernel_segs: u64) -> u64 {
     let recorded = sum_segs(&retransmits_in(records, netns), |r| r["counted"] == true);
     let unrecorded = kernel_segs.saturating_sub(recorded);
@@ -317,6 +321,13 @@ pub fn retransmits_unrecorded(records: &[Value], netns: u64, kernel_segs: u64) -
         retransmits_unjudged(records)
     );
     unrecorded
+}
+
+/// Retransmissions that may have held up a request with no verdict: those
+/// the sqlserver family's hook skipped, and those with no record at all, as
+/// stalltrace declared them or as the kernel counted them, whichever is more.
+pub fn retransmits_unjudged_or_unrecorded(records: &[Value], unrecorded: u64) -> u64 {
+    sql_retransmit_hooks_skipped(records) + retransmits_unseen(records).max(unrecorded)
 }
 
 /// A run's requests against its client's clock, all but the network's time

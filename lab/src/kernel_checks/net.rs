@@ -108,7 +108,7 @@ pub fn loss(opts: &Opts, judge: &mut Judge) {
         return;
     }
     // Segments the kernel counted with no record of their own, found on the
-    // socket's next record (before 6.17: attempts that failed locally fire no
+    // socket's next record or close (before 6.17: attempts that failed locally fire no
     // tracepoint); only this connection's, given --port.
     let unseen: u64 = of_type(&records, "lost")
         .iter()

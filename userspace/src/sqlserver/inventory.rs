@@ -45,6 +45,15 @@ const BACKUP_SHARE_PORTS: [u16; 2] = [445, 2049];
 /// a session's socket leaving ESTABLISHED while its descriptor stays open is
 /// seen this much later at most.
 const TCP_SOCKETS_FOR: Duration = Duration::from_secs(10);
+/// How long a socket not yet listening or established when first looked up
+/// (made but not yet bound or connected, or connecting) keeps its process's
+/// sockets read again at every refresh: a listener or connection just
+/// opening is seen at the next interval. Past it (a unix or UDP socket, which
+/// never shows in /proc/PID/net/tcp), it stops costing a read.
+const TCP_SOCKET_SETTLES_IN: Duration = Duration::from_secs(5);
+
+/// A socket inode's TCP socket as last read, and when it was first looked up.
+type LookedUp = (Option<procfs::TcpSocket>, Instant);
 
 /// What changed in one refresh; each becomes a record.
 #[derive(Default, Debug)]
@@ -70,9 +79,10 @@ pub struct Inventory {
     /// When the last refresh ran (UTC ms).
     last_refresh_ms: Option<i64>,
     roles: HashMap<Disk, &'static str>,
-    /// Per candidate pid: its socket inodes' TCP sockets as last read (None:
-    /// not a TCP socket), and when.
-    tcp_read: HashMap<u32, (Instant, HashMap<u64, Option<procfs::TcpSocket>>)>,
+    /// Per candidate pid: when its sockets were last read, and each socket
+    /// inode's TCP socket then (None: not in /proc/PID/net/tcp{,6}) with
+    /// when it was first looked up.
+    tcp_read: HashMap<u32, (Instant, HashMap<u64, LookedUp>)>,
 }
 
 impl Inventory {
@@ -304,16 +314,23 @@ impl Inventory {
     /// hash table, however few sockets there are: with one idle worker that
     /// was ~2% of a core at the default interval of 1 s (perf: the daemon's
     /// time in established_get_first). So it is read again only when the
-    /// process has a socket inode not looked up yet, or after
-    /// `TCP_SOCKETS_FOR`.
+    /// process has a socket inode not looked up yet or one still settling
+    /// (`TCP_SOCKET_SETTLES_IN`), or after `TCP_SOCKETS_FOR`.
     fn tcp_sockets_of(
         &mut self,
         pid: u32,
         proc_pid: &Path,
         inodes: &[u64],
     ) -> Vec<procfs::TcpSocket> {
+        let settled = |s: &Option<procfs::TcpSocket>, first: &Instant| {
+            matches!(s, Some(s) if s.state == TCP_ESTABLISHED || s.state == TCP_LISTEN)
+                || first.elapsed() >= TCP_SOCKET_SETTLES_IN
+        };
         let fresh = self.tcp_read.get(&pid).is_some_and(|(at, known)| {
-            at.elapsed() < TCP_SOCKETS_FOR && inodes.iter().all(|i| known.contains_key(i))
+            at.elapsed() < TCP_SOCKETS_FOR
+                && inodes
+                    .iter()
+                    .all(|i| known.get(i).is_some_and(|(s, first)| settled(s, first)))
         });
         if !fresh {
             let mut all = if inodes.is_empty() {
@@ -321,13 +338,25 @@ impl Inventory {
             } else {
                 procfs::tcp_sockets(proc_pid)
             };
-            let known = inodes.iter().map(|i| (*i, all.remove(i))).collect();
-            self.tcp_read.insert(pid, (Instant::now(), known));
+            let before = self
+                .tcp_read
+                .remove(&pid)
+                .map(|(_, k)| k)
+                .unwrap_or_default();
+            let now = Instant::now();
+            let known = inodes
+                .iter()
+                .map(|i| {
+                    let first = before.get(i).map_or(now, |(_, first)| *first);
+                    (*i, (all.remove(i), first))
+                })
+                .collect();
+            self.tcp_read.insert(pid, (now, known));
         }
         let known = &self.tcp_read[&pid].1;
         inodes
             .iter()
-            .filter_map(|i| known.get(i)?.clone())
+            .filter_map(|i| known.get(i)?.0.clone())
             .collect()
     }
 
