@@ -472,7 +472,7 @@ static __always_inline void retrans_unseen_at_close(const struct sock *sk)
 	 * go to the connection's own peer entry.
 	 */
 	if (!t.sport)
-		t.sport = swap16(KREAD((const struct inet_sock *)sk, inet_sport));
+		t.sport = swap16(KREAD(tp, inet_conn.icsk_inet.inet_sport));
 	if (!wanted(&t) || !owner_wanted(sk, owner))
 		return;
 	count_lost_n(LOST_TCP_RETRANS_UNSEEN, unseen);

@@ -551,6 +551,17 @@ fn check_lists_every_hook_in_both_modes() {
         text.starts_with("verdict     ready: every family attaches as `run` attaches it ("),
         "{text}"
     );
+    // This kernel has BTF and tp_btf, so every family must take that, the
+    // cheapest flavour: a tp_btf object the verifier refuses only makes `run`
+    // fall back to raw_tp, which fails nothing and costs the tcp family twice
+    // as much per socket call.
+    let modes = text.lines().next().unwrap_or_default();
+    for family in ["block", "netdev", "sqlserver", "tcp"] {
+        assert!(
+            modes.contains(&format!("{family} tp_btf")),
+            "{family} does not attach in tp_btf here: {text}"
+        );
+    }
     for hook in [
         "block_bio_queue",
         "block_rq_issue",
