@@ -523,6 +523,54 @@ mod tests {
         assert!(inv.session_by_tuple(1, 1433, remote).is_none());
     }
 
+    /// /proc/PID/net/tcp{,6} are read again only for a socket not looked up
+    /// yet or still opening: a socket's state change alone waits for
+    /// `TCP_SOCKETS_FOR`.
+    #[test]
+    fn sockets_are_read_again_only_for_a_new_or_opening_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("net")).unwrap();
+        let header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n";
+        std::fs::write(dir.path().join("net/tcp6"), header).unwrap();
+        let write = |lines: &[(&str, u64)]| {
+            let body: String = lines
+                .iter()
+                .map(|(st, ino)| {
+                    format!(
+                        "   0: 0100007F:0599 0200007F:C350 {st} 00000000:00000000 00:00000000 00000000     0        0 {ino} 1\n"
+                    )
+                })
+                .collect();
+            std::fs::write(dir.path().join("net/tcp"), format!("{header}{body}")).unwrap();
+        };
+        let states = |inv: &mut Inventory, inodes: &[u64]| -> Vec<(u64, u8)> {
+            let got = inv.tcp_sockets_of(7, dir.path(), inodes);
+            got.iter().map(|s| (s.inode, s.state)).collect()
+        };
+        let mut inv = Inventory::new(Discovery::default());
+        // 100 listening, 101 established; 200 is no TCP socket (a unix one).
+        write(&[("0A", 100), ("01", 101)]);
+        assert_eq!(states(&mut inv, &[100, 101]), [(100, 10), (101, 1)]);
+        // 101 leaves ESTABLISHED: not read again, nothing new.
+        write(&[("0A", 100), ("08", 101)]);
+        assert_eq!(states(&mut inv, &[100, 101]), [(100, 10), (101, 1)]);
+        // A new socket, not yet in the table (made, not yet connected): read again.
+        write(&[("0A", 100), ("01", 101)]);
+        assert_eq!(states(&mut inv, &[100, 101, 102]), [(100, 10), (101, 1)]);
+        // Still opening: read again at the next refresh, which finds it.
+        write(&[("0A", 100), ("01", 101), ("01", 102)]);
+        assert_eq!(
+            states(&mut inv, &[100, 101, 102]),
+            [(100, 10), (101, 1), (102, 1)]
+        );
+        // Every socket settled again: a change waits.
+        write(&[("0A", 100), ("08", 101), ("08", 102)]);
+        assert_eq!(
+            states(&mut inv, &[100, 101, 102]),
+            [(100, 10), (101, 1), (102, 1)]
+        );
+    }
+
     #[test]
     fn finds_nothing_without_sql_server() {
         let mut inv = Inventory::new(Discovery::default());

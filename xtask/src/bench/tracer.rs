@@ -153,25 +153,37 @@ impl Tracer {
             stderr,
             start: serde_json::Value::Null,
         };
+        tracer.start = tracer.wait_for("its start record", |t| match t.first_record() {
+            Some(start) if start["type"] != "start" => {
+                bail!("stalltrace's first record is not `start`: {start}")
+            }
+            found => Ok(found),
+        })?;
+        Ok(tracer)
+    }
+
+    /// Poll `found` until it yields, failing if the daemon exits or
+    /// `START_TIMEOUT` passes first; `what` names what was awaited.
+    fn wait_for<T>(
+        &mut self,
+        what: &str,
+        mut found: impl FnMut(&Self) -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
         let began = Instant::now();
         loop {
             interrupt::check()?;
-            if let Some(start) = tracer.first_record() {
-                if start["type"] != "start" {
-                    bail!("stalltrace's first record is not `start`: {start}");
-                }
-                tracer.start = start;
-                return Ok(tracer);
+            if let Some(v) = found(self)? {
+                return Ok(v);
             }
-            if let Some((status, _)) = tracer.try_reap() {
+            if let Some((status, _)) = self.try_reap() {
                 bail!(
-                    "stalltrace exited ({}) before writing its start record: {}",
+                    "stalltrace exited ({}) before writing {what}: {}",
                     describe(status),
-                    tracer.stderr_tail()
+                    self.stderr_tail()
                 );
             }
             if began.elapsed() > START_TIMEOUT {
-                bail!("stalltrace wrote no start record within {START_TIMEOUT:?}");
+                bail!("stalltrace had not written {what} after {START_TIMEOUT:?}");
             }
             sleep(Duration::from_millis(20));
         }
@@ -277,32 +289,15 @@ impl Tracer {
     /// tells the kernel side a worker exists only at its first collection,
     /// so a run started before that would measure a host without SQL Server.
     pub fn wait_for_sql_worker(&mut self, worker: u32) -> anyhow::Result<()> {
-        let began = Instant::now();
-        loop {
-            interrupt::check()?;
-            let text = fs::read_to_string(&self.out).unwrap_or_default();
-            let found = text
+        let what = format!("a sql_instance record for the SQL Server worker (pid {worker})");
+        self.wait_for(&what, |t| {
+            let text = fs::read_to_string(&t.out).unwrap_or_default();
+            Ok(text
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|r| r["type"] == "sql_instance" && r["pid"] == worker);
-            if found {
-                return Ok(());
-            }
-            if let Some((status, _)) = self.try_reap() {
-                bail!(
-                    "stalltrace exited ({}) before it found the SQL Server worker (pid {worker}): {}",
-                    describe(status),
-                    self.stderr_tail()
-                );
-            }
-            if began.elapsed() > START_TIMEOUT {
-                bail!(
-                    "stalltrace reported no sql_instance for the SQL Server worker (pid {worker}) \
-                     within {START_TIMEOUT:?}"
-                );
-            }
-            sleep(Duration::from_millis(50));
-        }
+                .any(|r| r["type"] == "sql_instance" && r["pid"] == worker)
+                .then_some(()))
+        })
     }
 
     /// Its process id (the soak reads its /proc entries and BPF maps).
